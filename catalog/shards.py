@@ -1,0 +1,204 @@
+"""The one shard format of humanset: a WebDataset tar plus a Parquet index of the same rows.
+
+    OUT/{prefix}-00000.tar      {key}.jpg (original bytes), {key}.json (sidecar), ...
+    OUT/{prefix}-00000.parquet  one row per key: key, shard, members (name, offset, size), extra columns
+
+Keys contain no dots, so WebDataset splits `{key}.{ext}` the way we wrote it. The tar is renamed into
+place first, the index second: an index on disk means its tar is whole.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .io import atomic_path, tmp_name
+from .schema import conform
+
+_KEY_RE = re.compile(r"^[^.]+$")
+
+
+def split_member(name: str) -> tuple[str, str]:
+    """WebDataset's split: key = path up to the first dot of the basename, ext = the rest."""
+    folder, _, base = name.rpartition("/")
+    stem, dot, ext = base.partition(".")
+    return (f"{folder}/{stem}" if folder else stem), ext
+
+
+def unsafe_member(name: str) -> str | None:
+    """Why a tar member name escapes its shard, or None if it is safe."""
+    if name.startswith("/") or name.startswith("\\"):
+        return "absolute path"
+    parts = re.split(r"[/\\]", name)
+    if ".." in parts:
+        return "'..' in path"
+    return None
+
+
+class ShardTruncated(Exception):
+    """A tar ended early or is corrupt after some members were read."""
+
+
+@dataclass
+class TarRecord:
+    key: str
+    files: dict[str, bytes]  # ext -> bytes
+    members: list[tuple[str, int, int]] = field(default_factory=list)  # (name, data offset, size)
+    error: str | None = None  # e.g. a member escaping the shard
+
+
+def iter_tar(fileobj_or_path, *, name: str = "") -> Iterator[TarRecord]:
+    """Yield the samples of a WebDataset tar, grouping consecutive members by key.
+
+    Members whose names escape the shard come back as records with `error` set and no bytes.
+    A truncated or corrupt tar raises ShardTruncated after yielding every complete sample before
+    the damage (the sample being read when the damage hit is reported in the exception).
+    """
+    label = name or str(fileobj_or_path)
+    if isinstance(fileobj_or_path, (str, os.PathLike)):
+        fh = open(fileobj_or_path, "rb")
+        own = True
+    else:
+        fh, own = fileobj_or_path, False
+    current: TarRecord | None = None
+    try:
+        try:
+            tf = tarfile.open(fileobj=fh, mode="r|*")
+        except tarfile.TarError as e:
+            raise ShardTruncated(f"{label}: not a readable tar ({e})") from e
+        try:
+            for m in tf:
+                if not m.isfile():
+                    continue
+                why = unsafe_member(m.name)
+                if why:
+                    yield TarRecord(key=m.name, files={}, error=f"member {m.name!r} escapes the shard ({why}); skipped")
+                    continue
+                key, ext = split_member(m.name)
+                data = tf.extractfile(m).read()
+                if len(data) != m.size:
+                    raise tarfile.ReadError(f"member {m.name} cut short")
+                if current is not None and current.key != key:
+                    yield current
+                    current = None
+                if current is None:
+                    current = TarRecord(key=key, files={})
+                current.files[ext] = data
+                current.members.append((m.name, m.offset_data, m.size))
+        except (tarfile.TarError, EOFError, OSError, ValueError) as e:
+            lost = f"; sample {current.key!r} was being read" if current else ""
+            raise ShardTruncated(f"{label}: tar is truncated or corrupt ({e}){lost}") from e
+        if current is not None:
+            yield current
+    finally:
+        if own:
+            fh.close()
+
+
+def read_member(tar_path, offset: int, size: int) -> bytes:
+    """Random access to one member's bytes through the index's offsets."""
+    with open(tar_path, "rb") as fh:
+        fh.seek(offset)
+        return fh.read(size)
+
+
+class ShardWriter:
+    """Writes rolling shards `{prefix}-NNNNN.tar` + `.parquet` into `folder`, each atomically.
+
+    `add(key, files, row)`: files maps extension -> bytes (or a json-able dict for 'json');
+    `row` holds the index columns beyond key/shard/members. Returns the shard's name.
+    """
+
+    def __init__(self, folder, prefix: str, schema: pa.Schema, max_count: int = 10_000,
+                 max_bytes: int = 1 << 30):
+        self.folder = Path(folder)
+        self.prefix = prefix
+        self.schema = schema
+        self.max_count, self.max_bytes = max_count, max_bytes
+        self.index = 0
+        self.written: list[str] = []
+        self._tar = None
+
+    def _open(self):
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._name = f"{self.prefix}-{self.index:05d}.tar"
+        self._tmp = tmp_name(self.folder / self._name)
+        self._fh = open(self._tmp, "wb")
+        self._tar = tarfile.open(fileobj=self._fh, mode="w", format=tarfile.USTAR_FORMAT)
+        self._rows, self._bytes = [], 0
+
+    def add(self, key: str, files: dict, row: dict | None = None) -> str:
+        if not _KEY_RE.match(key):
+            raise ValueError(f"shard key {key!r} must not contain dots")
+        if self._tar is None:
+            self._open()
+        members = []
+        for ext, data in files.items():
+            if isinstance(data, (dict, list)):
+                data = json.dumps(data, sort_keys=True, default=str).encode()
+            info = tarfile.TarInfo(f"{key}.{ext}")
+            info.size = len(data)
+            info.mtime = 0  # reproducible bytes
+            info.mode = 0o644
+            header = len(info.tobuf(self._tar.format, self._tar.encoding, self._tar.errors))
+            offset = self._tar.offset + header
+            self._tar.addfile(info, io.BytesIO(data))
+            members.append({"name": info.name, "offset": offset, "size": len(data)})
+            self._bytes += len(data)
+        self._rows.append({**(row or {}), "key": key, "shard": self._name, "members": members})
+        name = self._name
+        if len(self._rows) >= self.max_count or self._bytes >= self.max_bytes:
+            self._finish()
+        return name
+
+    def _finish(self):
+        self._tar.close()
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+        os.replace(self._tmp, self.folder / self._name)
+        table = conform(self._rows, self.schema)
+        with atomic_path(self.folder / self._name.replace(".tar", ".parquet")) as tmp:
+            pq.write_table(table, tmp, compression="zstd")
+        self.written.append(self._name)
+        self._tar = None
+        self.index += 1
+
+    def close(self) -> list[str]:
+        if self._tar is not None:
+            self._finish()
+        return self.written
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *_):
+        if exc_type is None:
+            self.close()
+        elif self._tar is not None:  # leave nothing that looks whole
+            self._tar.close()
+            self._fh.close()
+            Path(self._tmp).unlink(missing_ok=True)
+            self._tar = None
+
+
+def list_shards(folder) -> list[Path]:
+    """Complete shards in `folder` (a tar with its index), sorted by name."""
+    folder = Path(folder)
+    return sorted(p.with_suffix(".tar") for p in folder.glob("*.parquet") if p.with_suffix(".tar").exists())
+
+
+def read_index(folder) -> pa.Table:
+    """The concatenated Parquet index of every shard in `folder` (empty table if none)."""
+    files = [str(p.with_suffix(".parquet")) for p in list_shards(folder)]
+    if not files:
+        raise FileNotFoundError(f"{folder}: no shards (tar + parquet index) found")
+    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")

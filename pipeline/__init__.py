@@ -1,0 +1,1 @@
+"""Curation engine on Ray Data: sources, stages, dedup, driver."""

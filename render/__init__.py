@@ -1,0 +1,1 @@
+"""Synthetic humans: BlenderProc renders of scans under HDRI light."""

@@ -1,0 +1,1 @@
+"""MAE pretraining and task fine-tuning on humanset shards."""
