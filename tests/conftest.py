@@ -34,3 +34,8 @@ def demo_run(demo_crawl, ray_local, tmp_path_factory):
     run = tmp_path_factory.mktemp("demo") / "run"
     manifest = curate([str(demo_crawl[0])], str(run), load_config(), progress=False)
     return run, manifest
+
+
+def pytest_collection_modifyitems(items):
+    """The loopback-cluster test runs last: it starts and stops a whole Ray cluster."""
+    items.sort(key=lambda item: item.nodeid.startswith("tests/test_cluster.py"))
