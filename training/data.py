@@ -95,7 +95,7 @@ def augment(img: Image.Image, size: int, rng: random.Random, scale=(0.2, 1.0)) -
     out = img.resize((size, size), Image.BICUBIC, box=(left, top, left + w, top + h))
     if rng.random() < 0.5:
         out = out.transpose(Image.FLIP_LEFT_RIGHT)
-    return np.asarray(out, dtype=np.uint8).transpose(2, 0, 1)
+    return np.ascontiguousarray(np.asarray(out, dtype=np.uint8).transpose(2, 0, 1))
 
 
 def center_resize(img: Image.Image, size: int) -> np.ndarray:
@@ -103,7 +103,7 @@ def center_resize(img: Image.Image, size: int) -> np.ndarray:
     side = min(img.width, img.height)
     left, top = (img.width - side) // 2, (img.height - side) // 2
     out = img.resize((size, size), Image.BICUBIC, box=(left, top, left + side, top + side))
-    return np.asarray(out, dtype=np.uint8).transpose(2, 0, 1)
+    return np.ascontiguousarray(np.asarray(out, dtype=np.uint8).transpose(2, 0, 1))
 
 
 def normalize(images_uint8: torch.Tensor, device=None) -> torch.Tensor:

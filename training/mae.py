@@ -95,8 +95,7 @@ class MaskedAutoencoder(nn.Module):
         patches = torch.gather(patches, 1, ids_restore.unsqueeze(-1).expand(-1, -1, x.shape[2]))
         x = torch.cat([x[:, :1, :], patches], dim=1) + self.decoder_pos_embed
         x = run_blocks(self.decoder_blocks, x, self.encoder.grad_checkpointing)
-        x = self.decoder_pred(self.decoder_norm(x))
-        return x[:, 1:, :]  # drop the cls token
+        return self.decoder_pred(self.decoder_norm(x)[:, 1:, :])  # the cls token is not predicted
 
     def target(self, images: torch.Tensor) -> torch.Tensor:
         target = self.patchify(images)
