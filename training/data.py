@@ -195,7 +195,7 @@ class ShardStream(torch.utils.data.IterableDataset):
         """Decoded, augmented samples from `pos` on; advances `pos` in place after each one."""
         while True:
             plan = epoch_plan(self.shards, pos.epoch, self.seed, consumer, n_consumers)
-            samples_before = pos.samples
+            fresh_epoch, samples_before = pos.shard == 0 and pos.row == 0, pos.samples
             while pos.shard < len(plan):
                 name, offset, stride = plan[pos.shard]
                 index = pq.read_table(self.folder / name.replace(".tar", ".parquet"), columns=["key", "members"])
@@ -218,7 +218,7 @@ class ShardStream(torch.utils.data.IterableDataset):
                         yield augment(img, self.image_size, sample_rng(self.seed, pos.epoch, name, row),
                                       self.crop_scale)
                 pos.shard, pos.row = pos.shard + 1, 0
-            if pos.samples == samples_before and (pos.shard > 0 or pos.bad):  # a whole epoch, nothing usable
+            if fresh_epoch and pos.samples == samples_before:  # a whole epoch without one usable sample
                 raise RuntimeError(f"{self.folder}: data stream {consumer} of {n_consumers} read a whole epoch "
                                    f"of its shards ({len(plan)}) without one decodable image")
             pos.epoch, pos.shard, pos.row = pos.epoch + 1, 0, 0
@@ -270,7 +270,9 @@ def ray_dataset(folder, image_size: int, crop_scale=(0.2, 1.0), rows_per_task: i
     indexes = [str(p.with_suffix(".parquet")) for p in catalog.list_shards(folder)]
     if not indexes:
         raise FileNotFoundError(f"{folder}: no curated shards (NAME.tar with NAME.parquet)")
-    ds = ray.data.read_parquet(indexes, columns=["key", "shard", "members"], shuffle="files")
+    # the training loop's bar and log report progress; per-operator bars would flood worker logs
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    ds = ray.data.read_parquet(indexes, shuffle="files").select_columns(["key", "shard", "members"])
     return ds.map_batches(decode_augment_batch, fn_kwargs=dict(
         folder=str(folder), image_size=image_size, crop_scale=tuple(crop_scale)),
         batch_size=rows_per_task, batch_format="numpy")

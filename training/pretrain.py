@@ -50,6 +50,7 @@ class PretrainConfig:
     crop_scale: tuple = (0.2, 1.0)
     seed: int = 0
     loader_workers: int = 4  # DataLoader processes per training process (torch loader)
+    cpu_threads: int = 0  # torch intra-op threads on CPU; 0 = torch's default (all cores)
     loader: str = "auto"  # torch | ray | auto (ray under Ray Train, torch otherwise)
     checkpoint_every: int = 1000
     keep_checkpoints: int = 3
@@ -217,6 +218,8 @@ def train_loop(config: dict) -> dict:
     """Train for cfg.steps optimiser steps; the body of every process. Returns a summary on rank 0."""
     cfg = config_from(config)
     ctx = ray_context() if cfg.workers else local_context()
+    if cfg.cpu_threads:  # on a shared or small CPU, fewer threads than cores avoids spin-wait thrash
+        torch.set_num_threads(cfg.cpu_threads)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     model = build_model(cfg)
     n_params = count_params(model)
