@@ -34,7 +34,7 @@ def steps_logged(out):
 
 
 def test_ray_train_ddp_two_cpu_workers_with_ray_data(ray_local, shards, tmp_path):
-    cfg = PretrainConfig(data=str(shards), output=str(tmp_path), model="micro", image_size=64, batch_size=4,
+    cfg = PretrainConfig(data=str(shards), output=str(tmp_path), model="micro", image_size=64, batch_size=2,
                          steps=2, workers=2, loader="ray", log_every=1, checkpoint_every=100, progress=False)
     summary = pretrain_ray(cfg)
     assert steps_logged(tmp_path) == [1, 2]

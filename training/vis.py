@@ -14,7 +14,8 @@ import torch
 from PIL import Image, ImageDraw
 
 from .checkpoint import load_checkpoint
-from .data import IMAGENET_MEAN, IMAGENET_STD, center_resize, decode_image, normalize
+from .data import normalize
+from .decode import IMAGENET_MEAN, IMAGENET_STD, center_resize, decode_image
 from .mae import MaskedAutoencoder
 
 log = logging.getLogger(__name__)
