@@ -124,3 +124,18 @@ def test_no_weight_decay_on_norms_biases_positions_tokens():
     assert "encoder.blocks.0.attn.qkv.weight" in decay_names and "decoder_pred.weight" in decay_names
     assert "encoder.pos_embed" not in decay_names | no_decay_names  # fixed: not optimised at all
     assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
+
+
+def test_flops_formula_matches_torch_flop_counter_and_the_model_card():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from training.flops import encoder_linear_macs, mae_forward_flops
+
+    model = micro(img=64)
+    x = torch.randn(2, 3, 64, 64)
+    with FlopCounterMode(display=False) as counter:
+        model(x)
+    assert counter.get_total_flops() / 2 == pytest.approx(mae_forward_flops("micro", 64), rel=0.02)
+    # Sapiens model cards: TFLOPs = linear multiply-adds of the encoder at 1024 px
+    for name, card in (("sapiens-0.3b", 1.242), ("sapiens-0.6b", 2.583), ("sapiens-1b", 4.647), ("sapiens-2b", 8.709)):
+        assert encoder_linear_macs(name, 1024) / 1e12 == pytest.approx(card, rel=0.01), name
