@@ -29,6 +29,10 @@ def shards(tmp_path_factory):
     return folder
 
 
+def losses(out):
+    return {r["step"]: r["loss"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines())}
+
+
 def steps_logged(out):
     return [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines()]
 
@@ -43,19 +47,25 @@ def test_ray_train_ddp_two_cpu_workers_with_ray_data(ray_local, shards, tmp_path
     assert ckpt.timm_encoder(tmp_path / "encoder.pth") is not None
 
 
-def test_pretrain_job_script_fsdp_two_cpu_workers(ray_local, shards, tmp_path):
+def test_pretrain_job_script_fsdp_two_cpu_workers_and_resume(ray_local, shards, tmp_path):
     spec = importlib.util.spec_from_file_location("pretrain_job", JOB)
     job = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(job)
-    rc = job.main(["--data", str(shards), "--output", str(tmp_path), "--model", "micro", "--image-size", "64",
-                   "--batch-size", "4", "--steps", "3", "--workers", "2", "--fsdp", "--set", "loader=torch",
-                   "--set", "loader_workers=0", "--set", "checkpoint_every=2", "--set", "log_every=1"])
-    assert rc == 0
-    assert steps_logged(tmp_path) == [1, 2, 3]
-    state = ckpt.load_checkpoint(tmp_path / "checkpoints" / "step-00000003.pt")
+    args = ["--data", str(shards), "--model", "micro", "--image-size", "64", "--batch-size", "4", "--steps", "3",
+            "--workers", "2", "--fsdp", "--set", "loader=torch", "--set", "loader_workers=0",
+            "--set", "checkpoint_every=2", "--set", "log_every=1", "--set", "base_lr=0.05"]
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    assert job.main(args + ["--output", str(full)]) == 0
+    assert steps_logged(full) == [1, 2, 3]
+    state = ckpt.load_checkpoint(full / "checkpoints" / "step-00000003.pt")
     assert state["config"]["strategy"] == "fsdp" and len(state["ranks"]) == 2
     # the gathered full state dict is a plain MAE state dict, optimiser state included
     model = MaskedAutoencoder.from_preset("micro", img_size=64)
     model.load_state_dict(state["model"], strict=True)
     assert state["optimizer"]["state"]
     assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+    # resume the sharded run from step 2: step 3 must repeat exactly
+    assert job.main(args + ["--output", str(resumed), "--resume", str(full / "checkpoints" / "step-00000002.pt")]) == 0
+    a, b = losses(full), losses(resumed)
+    assert sorted(b) == [3] and b[3] == pytest.approx(a[3], rel=1e-5)

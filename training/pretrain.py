@@ -10,7 +10,7 @@ import dataclasses
 import json
 import logging
 import math
-import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -281,8 +281,8 @@ def train_loop(config: dict) -> dict:
         sched.step()
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.steps or done == start + 1:
-            mean_loss = mean_over_ranks(loss.detach(), ctx)
-            bad = sum(p.get("bad", 0) for p in positions.values())
+            bad_here = sum(p.get("bad", 0) for p in positions.values())
+            mean_loss, bad = over_ranks(loss.detach(), bad_here, ctx)
             if logger:
                 logger.write(done, mean_loss, sched.get_last_lr()[0], float(grad_norm), global_batch, bad,
                              max(p.get("epoch", 0) for p in positions.values()))
@@ -296,12 +296,13 @@ def train_loop(config: dict) -> dict:
     return summary
 
 
-def mean_over_ranks(value: torch.Tensor, ctx: Context) -> float:
-    if ctx.world > 1:
-        value = value.float().clone()
-        dist.all_reduce(value)
-        value /= ctx.world
-    return float(value)
+def over_ranks(loss: torch.Tensor, bad: int, ctx: Context) -> tuple[float, int]:
+    """Mean loss and total skipped samples over all ranks (one small all-reduce, on log steps only)."""
+    if ctx.world == 1:
+        return float(loss), bad
+    both = torch.stack([loss.float(), torch.tensor(float(bad), device=loss.device)])
+    dist.all_reduce(both)
+    return float(both[0]) / ctx.world, int(both[1])
 
 
 def save(model, opt, sched, cfg: PretrainConfig, ctx: Context, step: int, positions: dict, mask_gen):
@@ -328,6 +329,7 @@ class RunLog:
     def __init__(self, path: Path, cfg: PretrainConfig, start: int):
         from tqdm import tqdm
 
+        self.write_line = tqdm.write
         self.fh = open(path, "a")
         self.cfg, self.start = cfg, start
         self.t0 = self.t_last = time.perf_counter()
@@ -346,8 +348,9 @@ class RunLog:
         self.fh.flush()
         self.bar.update(step - self.bar.n)
         self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", ips=f"{ips:.1f}")
-        log.info("step %d/%d loss %.4f lr %.3e grad %.2f %.1f img/s eta %s bad %d", step, self.cfg.steps,
-                 loss, lr, grad_norm, ips, _fmt_eta(eta), bad)
+        # stdout, above the bar (tqdm.write keeps the bar intact); the bar itself goes to stderr
+        self.write_line(f"step {step}/{self.cfg.steps} loss {loss:.4f} lr {lr:.3e} grad {grad_norm:.2f} "
+                        f"{ips:.1f} img/s eta {_fmt_eta(eta)} bad {bad}", file=sys.stdout)
         self.t_last, self.step_last = now, step
 
     def close(self):
