@@ -9,8 +9,8 @@ import torch
 from PIL import Image
 
 import catalog
-from training.data import (ShardStream, augment, crop_params, decode_image, epoch_plan, normalize,
-                           read_image_member)
+from training.data import ShardStream, epoch_plan, normalize
+from training.decode import augment, crop_params, decode_image, read_image_member
 from training.testing import encode, skimage_samples, write_curated_shards
 
 

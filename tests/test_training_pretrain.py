@@ -36,8 +36,8 @@ def test_demo_tiny_preset_learns(shards, tmp_path):
     last = sum(curve[s] for s in (20, 25, 30)) / 3
     assert last < first - 0.05, curve
     records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
-    assert {"loss", "lr", "images_per_s", "eta_s", "bad_samples"} <= set(records[-1])
-    assert records[-1]["bad_samples"] >= 1  # the broken member was met, counted and skipped
+    assert {"loss", "lr", "images_per_s", "eta_s", "skipped_reads"} <= set(records[-1])
+    assert records[-1]["skipped_reads"] >= 1  # the broken member was met, counted and skipped
     assert summary["final_loss"] == pytest.approx(curve[30])
     assert ckpt.latest_checkpoint(tmp_path).name == "step-00000030.pt"
     assert Image.open(summary["vis"]).width > 3 * 64

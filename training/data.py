@@ -24,8 +24,8 @@ import torch
 
 import catalog
 
-from .decode import (IMAGENET_MEAN, IMAGENET_STD, augment, crop_params, decode_augment_batch,  # noqa: F401
-                     decode_image, read_image_member, sample_rng)
+from .decode import (IMAGENET_MEAN, IMAGENET_STD, augment, decode_augment_batch, decode_image, read_image_member,
+                     sample_rng)
 
 log = logging.getLogger(__name__)
 

@@ -343,14 +343,14 @@ class RunLog:
         rate = (step - self.start) / max(now - self.t0, 1e-9)
         eta = (self.cfg.steps - step) / rate if rate > 0 else float("nan")
         record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "images_per_s": ips,
-                  "eta_s": eta, "bad_samples": bad, "epoch": epoch, "time": time.time()}
+                  "eta_s": eta, "skipped_reads": bad, "epoch": epoch, "time": time.time()}
         self.fh.write(json.dumps(record) + "\n")
         self.fh.flush()
         self.bar.update(step - self.bar.n)
         self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", ips=f"{ips:.1f}")
         # stdout, above the bar (tqdm.write keeps the bar intact); the bar itself goes to stderr
         self.write_line(f"step {step}/{self.cfg.steps} loss {loss:.4f} lr {lr:.3e} grad {grad_norm:.2f} "
-                        f"{ips:.1f} img/s eta {_fmt_eta(eta)} bad {bad}", file=sys.stdout)
+                        f"{ips:.1f} img/s eta {_fmt_eta(eta)} skipped {bad}", file=sys.stdout)
         self.t_last, self.step_last = now, step
 
     def close(self):
