@@ -139,3 +139,11 @@ def test_read_image_member_uses_index_offsets(shards):
 def test_missing_folder_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no curated shards"):
         ShardStream(tmp_path, 32, 4)
+
+
+def test_stream_positions_from_another_layout_restart_on_a_new_epoch(shards):
+    first = take(ShardStream(shards, 16, batch_size=2, seed=0), 2, workers=0)
+    positions = {b["consumer"]: b["position"] for b in first}
+    assert positions[0]["streams"] == 1
+    moved = take(ShardStream(shards, 16, batch_size=2, seed=0, rank=0, world_size=2, positions=positions), 1)
+    assert moved[0]["position"]["epoch"] == positions[0]["epoch"] + 1

@@ -64,6 +64,7 @@ class StreamPosition:
     row: int = 0  # ordinal in the shard's permuted rows (after the consumer's stride)
     samples: int = 0  # decoded samples yielded
     bad: int = 0  # samples skipped because their bytes would not decode
+    streams: int = 0  # ranks x workers when the position was saved: positions only map onto that layout
 
 
 class ShardStream(torch.utils.data.IterableDataset):
@@ -84,6 +85,7 @@ class ShardStream(torch.utils.data.IterableDataset):
         if not self.shards:
             raise FileNotFoundError(f"{self.folder}: no curated shards (NAME.tar with NAME.parquet); "
                                     f"pass the 'shards' folder of a curation run")
+        self.shard_ids = {name: i for i, name in enumerate(self.shards)}
         self.image_size, self.batch_size, self.seed = image_size, batch_size, seed
         self.rank, self.world_size = rank, world_size
         self.positions = {int(k): v for k, v in (positions or {}).items()}
@@ -97,11 +99,7 @@ class ShardStream(torch.utils.data.IterableDataset):
         logical = (physical + self.start_batch) % n_workers
         consumer = self.rank * n_workers + logical
         n_consumers = self.world_size * n_workers
-        pos = StreamPosition(**self.positions[consumer]) if consumer in self.positions else StreamPosition()
-        if self.positions and len(self.positions) != n_consumers and consumer == 0:
-            log.warning("resuming with %d data consumers instead of %d: streams restart where each "
-                        "saved position says, so some samples may repeat or be skipped this epoch",
-                        n_consumers, len(self.positions))
+        pos = self._start(consumer, n_consumers)
         images = []
         for img in self._samples(pos, consumer, n_consumers):
             images.append(img)
@@ -109,6 +107,21 @@ class ShardStream(torch.utils.data.IterableDataset):
                 yield {"images": torch.from_numpy(np.stack(images)), "consumer": consumer,
                        "position": asdict(pos)}
                 images = []
+
+    def _start(self, consumer: int, n_consumers: int) -> StreamPosition:
+        saved = list(self.positions.values())
+        if not saved:
+            return StreamPosition(streams=n_consumers)
+        if any(p.get("streams") != n_consumers for p in saved):
+            # another ranks x workers layout reads other shard subsets: start everyone on a new epoch
+            epoch = max(p.get("epoch", 0) for p in saved) + 1
+            if consumer == 0:
+                log.warning("data positions were saved with %s streams, this run has %d (ranks x loader "
+                            "workers): the data restarts at epoch %d", saved[0].get("streams"), n_consumers, epoch)
+            return StreamPosition(epoch=epoch, streams=n_consumers)
+        if consumer in self.positions:
+            return StreamPosition(**self.positions[consumer])
+        return StreamPosition(streams=n_consumers)  # this stream had not delivered a batch yet
 
     def _samples(self, pos: StreamPosition, consumer: int, n_consumers: int) -> Iterator[np.ndarray]:
         """Decoded, augmented samples from `pos` on; advances `pos` in place after each one."""
@@ -119,7 +132,7 @@ class ShardStream(torch.utils.data.IterableDataset):
                 name, offset, stride = plan[pos.shard]
                 index = pq.read_table(self.folder / name.replace(".tar", ".parquet"), columns=["key", "members"])
                 keys, members = index.column("key").to_pylist(), index.column("members").to_pylist()
-                order = row_order(len(keys), self.seed, pos.epoch, self.shards.index(name))[offset::stride]
+                order = row_order(len(keys), self.seed, pos.epoch, self.shard_ids[name])[offset::stride]
                 with open(self.folder / name, "rb") as fh:
                     while pos.row < len(order):
                         row = int(order[pos.row])
@@ -128,10 +141,10 @@ class ShardStream(torch.utils.data.IterableDataset):
                             img = decode_image(read_image_member(fh, members[row]))
                         except Exception as e:  # any undecodable sample is skipped, never fatal
                             pos.bad += 1
-                            # once per sample: later epochs meet the same bad bytes again
-                            (log.warning if pos.epoch == 0 else log.debug)("shard %s key %s: skipped, image does not decode (%s: %s); "
-                                        "%d skipped so far on this stream", name, keys[row],
-                                        type(e).__name__, e, pos.bad)
+                            # warn in the first epoch only: later epochs meet the same bad bytes again
+                            say = log.warning if pos.epoch == 0 else log.debug
+                            say("shard %s key %s: skipped, image does not decode (%s: %s); %d skipped so "
+                                "far on this stream", name, keys[row], type(e).__name__, e, pos.bad)
                             continue
                         pos.samples += 1
                         yield augment(img, self.image_size, sample_rng(self.seed, pos.epoch, name, row),
