@@ -147,3 +147,15 @@ def test_stream_positions_from_another_layout_restart_on_a_new_epoch(shards):
     assert positions[0]["streams"] == 1
     moved = take(ShardStream(shards, 16, batch_size=2, seed=0, rank=0, world_size=2, positions=positions), 1)
     assert moved[0]["position"]["epoch"] == positions[0]["epoch"] + 1
+
+
+def test_ray_data_decode_function_flags_bad_rows(shards):
+    from training.decode import decode_augment_batch
+
+    rows = catalog.read_index(shards).to_pylist()
+    batch = {"key": np.array([r["key"] for r in rows]), "shard": np.array([r["shard"] for r in rows]),
+             "members": np.array([r["members"] for r in rows], dtype=object)}
+    out = decode_augment_batch(batch, str(shards), 32)
+    assert out["image"].shape == (len(rows), 3, 32, 32) and out["image"].dtype == np.uint8
+    assert out["ok"].sum() == len(rows) - 1  # the broken member, flagged rather than dropped
+    assert out["image"][~out["ok"]].max() == 0
