@@ -62,25 +62,12 @@ examples:
 """
 
 
-def run_demo(args) -> int:
-    from .demo import run
-    return run(args.output, with_report=not args.no_report, progress=not args.no_progress)
-
-
 def register(sub) -> None:
     p = sub.add_parser("curate", help="curate an image crawl into a catalog and curated shards",
                        description=CURATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_curate_args(p)
     p.set_defaults(func=run_curate)
 
-    p = sub.add_parser("demo", help="build a small crawl from images shipped in installed packages and curate it",
-                       description="Builds runs/demo/crawl (WebDataset shards of real photos from installed "
-                                   "packages plus generated duplicates, crops, overlays, graphics and corrupt "
-                                   "files) and curates it into runs/demo/run. Nothing is downloaded.")
-    p.add_argument("--output", default="runs/demo", help="demo folder (default: runs/demo)")
-    p.add_argument("--no-report", action="store_true", help="skip the HTML report")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=run_demo)
     register_select(sub)
 
 

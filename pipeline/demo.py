@@ -202,7 +202,7 @@ def write_webdataset(folder: Path, samples, per_shard: int = 16) -> list[Path]:
     return paths
 
 
-def run(output: str = "runs/demo", with_report: bool = True, progress: bool = True) -> int:
+def run(output: str = "runs/demo", progress: bool = True) -> int:
     from catalog import connect
 
     from .config import load_config
