@@ -39,8 +39,8 @@ def union_area_frac(polygons: list[np.ndarray], height: int, width: int) -> floa
     import cv2
 
     mask = np.zeros((height, width), np.uint8)
-    cv2.fillPoly(mask, [np.round(np.asarray(p, dtype=np.float64)).astype(np.int32).reshape(-1, 2)
-                        for p in polygons], 1)
+    for p in polygons:  # one call per polygon: a single fillPoly call cuts overlaps out (even-odd)
+        cv2.fillPoly(mask, [np.round(np.asarray(p, dtype=np.float64)).astype(np.int32).reshape(-1, 2)], 1)
     return float(mask.mean())
 
 
