@@ -247,6 +247,10 @@ class PersonStage(Stage):
         return out
 
     # --- decide -----------------------------------------------------------------------------------
+    def derive(self, table: pa.Table) -> dict[str, list]:
+        """Threshold-dependent columns, recomputed from stored boxes whenever thresholds change."""
+        return {"person_n_pass": n_pass_column(table, self.cfg)}
+
     def reject(self, table: pa.Table) -> list[str | None]:
         min_score, min_box, rule = _thresholds(self.cfg)
         errors = table.column("person_error").to_pylist()
