@@ -170,9 +170,8 @@ def bench_plain(weights: str, files: list[Path], batch_size: int, imgsz: int) ->
     kept = 0
     for i in range(0, len(files), batch_size):
         for r in model.predict([str(f) for f in files[i:i + batch_size]], imgsz=imgsz, classes=[0], verbose=False):
-            b = r.boxes
-            sides = np.maximum(b.xywh[:, 2], b.xywh[:, 3]).cpu().numpy() if len(b) else np.zeros(0)
-            kept += bool(((b.conf.cpu().numpy() > 0.9) & (sides > 300)).any()) if len(b) else 0
+            xywh, conf = r.boxes.xywh.cpu().numpy(), r.boxes.conf.cpu().numpy()
+            kept += bool(((conf > 0.9) & (np.maximum(xywh[:, 2], xywh[:, 3]) > 300)).any())
     dt = time.perf_counter() - t0
     return {"images_per_s": round(len(files) / dt, 2), "seconds": round(dt, 2), "kept_by_person_rule": int(kept),
             "batch_size": batch_size, "imgsz": imgsz}
