@@ -90,6 +90,9 @@ def iter_tar(fileobj_or_path, *, name: str = "") -> Iterator[TarRecord]:
                     continue
                 why = unsafe_member(m.name)
                 if why:
+                    if current is not None:
+                        yield current
+                        current = None
                     yield TarRecord(key=m.name, files={}, error=f"member {m.name!r} escapes the shard ({why}); skipped")
                     continue
                 key, ext = split_member(m.name)

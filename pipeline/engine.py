@@ -353,7 +353,7 @@ def curate(inputs: list[str], output: str, config: dict | None = None, score_all
     """Run (or finish) a curation run. Returns the manifest."""
     cfg = config or load_config()
     run = Path(output)
-    units = list_units(inputs, cfg["input"]["files_per_unit"], cfg["input"]["extensions"])
+    units, repeated = list_units(inputs, cfg["input"]["files_per_unit"], cfg["input"]["extensions"])
     manifest_path = run / "manifest.json"
     manifest = {"config": cfg, "inputs": [str(i) for i in inputs], "score_all": score_all}
     if manifest_path.exists():
@@ -371,7 +371,7 @@ def curate(inputs: list[str], output: str, config: dict | None = None, score_all
         log.warning("stage %s skipped: %s", name, why)
     active = [s for s in stages if s.enabled]
     manifest.update(stages=[s.name for s in active], skipped_stages=skipped, versions=_versions(),
-                    status="running", units=len(units))
+                    status="running", units=len(units), repeated_inputs=repeated)
     catalog.write_json(manifest_path, manifest)
     removed = catalog.clean_tmp(run)
     if removed:

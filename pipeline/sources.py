@@ -70,8 +70,10 @@ def _is_shard_index(path: Path) -> bool:
     return path.suffix == ".parquet" and path.with_suffix(".tar").exists()
 
 
-def list_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -> list[Unit]:
-    """Cut the inputs into units. Raises InputError naming the input for anything unusable."""
+def list_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -> tuple[list[Unit], int]:
+    """Cut the inputs into units; also return how many repeated listings were dropped.
+
+    Raises InputError naming the input for anything unusable."""
     exts = tuple(e.lower().lstrip(".") for e in exts)
     units: list[Unit] = []
     for inp in inputs:
@@ -114,6 +116,7 @@ def list_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -
         if not (tars or manifests or loose):
             raise InputError(f"--input {inp}: no .tar shards, .parquet manifests or images "
                              f"({', '.join(exts)}) found in this folder")
+    units, repeated = _drop_repeats(units)
     # unit ids name files in RUN/: make them unique, keeping the readable stem
     seen: dict[str, int] = {}
     for u in units:
@@ -121,7 +124,29 @@ def list_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -
     for u in units:
         if seen[u.unit_id] > 1:
             u.unit_id = f"{u.unit_id}-{hashlib.blake2b(u.uri.encode(), digest_size=4).hexdigest()}"
-    return units
+    return units, repeated
+
+
+def _drop_repeats(units: list[Unit]) -> tuple[list[Unit], int]:
+    """A source listed twice (same tar, same file) is one sample: keep its first listing."""
+    seen: set[str] = set()
+    out, repeats = [], 0
+    for u in units:
+        if u.kind == "tar":
+            if u.uri in seen:
+                repeats += 1
+                continue
+            seen.add(u.uri)
+            out.append(u)
+            continue
+        keep = [(k, f) for k, f in zip(u.keys, u.files) if f not in seen and not seen.add(f)]
+        repeats += len(u.files) - len(keep)
+        if keep:
+            u.keys, u.files = [k for k, _ in keep], [f for _, f in keep]
+            out.append(u)
+    if repeats:
+        log.warning("%d inputs were listed more than once; each is curated once", repeats)
+    return out, repeats
 
 
 def _manifest_units(uri: str, files_per_unit: int) -> list[Unit]:
@@ -140,7 +165,7 @@ def _manifest_units(uri: str, files_per_unit: int) -> list[Unit]:
     stem = Path(uri).stem
     for i in range(0, len(files), files_per_unit):
         chunk = files[i:i + files_per_unit]
-        resolved = [f if _is_uri(f) or os.path.isabs(f) else str(base / f) for f in chunk]
+        resolved = [f if _is_uri(f) else os.path.normpath(f if os.path.isabs(f) else base / f) for f in chunk]
         out.append(Unit(f"{stem}-{i // files_per_unit:05d}", "files", uri, files=resolved,
                         keys=[str(i + j) for j in range(len(chunk))]))
     return out
