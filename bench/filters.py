@@ -38,6 +38,7 @@ from pipeline.config import load_config  # noqa: E402
 from pipeline.demo import encode, flat_graphic, photo_like, shipped_photos, with_caption  # noqa: E402
 from pipeline.imageio import probe  # noqa: E402
 
+CASCADE = ("decode", "size", "dedup", "person", "text", "watermark", "art")
 HUMAN = ("bus", "zidane", "astronaut", "camera")
 NON_HUMAN = ("coffee", "chelsea", "rocket", "motorcycle_left", "hubble_deep_field")
 
@@ -201,6 +202,7 @@ def main(argv=None) -> int:
     from pipeline.stages.person import PersonStage
 
     cfg = load_config()
+    cfg["stages"] = list(CASCADE)  # the whole cascade, whatever default.yaml enables today
     result: dict = {"machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                                 "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}}
     with tempfile.TemporaryDirectory(prefix="humanset-bench-") as tmp:
