@@ -2,6 +2,7 @@
 installed packages, plus the pure rule. Decisions are asserted on clear cases only."""
 from __future__ import annotations
 
+import importlib.util
 import io
 from importlib import resources
 from pathlib import Path
@@ -16,7 +17,8 @@ from pipeline.imageio import probe
 from pipeline.stages.person import (PersonStage, box_passes, count_passing, default_weights,
                                     n_pass_column)
 
-ASSETS = Path(str(resources.files("ultralytics") / "assets"))
+# located without importing ultralytics (its import-time network check must see YOLO_OFFLINE)
+ASSETS = Path(list(importlib.util.find_spec("ultralytics").submodule_search_locations)[0]) / "assets"
 SKIMAGE = Path(str(resources.files("skimage") / "data"))
 
 
@@ -178,3 +180,39 @@ def test_missing_weights_file_is_a_clear_error(tmp_path):
     assert s.skip_reason() is None  # configured: never silently skipped
     with pytest.raises(FileNotFoundError, match="person.weights=.*no such file.*never downloaded"):
         s.setup()
+
+
+NO_NETWORK_SCRIPT = r"""
+import json, socket, sys
+attempts = []
+def refuse(*args, **kw):
+    attempts.append(repr(args[:2])[:120])
+    raise OSError("network disabled by the test")
+socket.getaddrinfo = refuse
+socket.create_connection = refuse
+socket.socket.connect = lambda self, *a: refuse(*a)
+from pipeline.config import default_config
+from pipeline.stages.person import PersonStage
+from pipeline.stages.text import TextStage
+data = open(sys.argv[1], "rb").read()
+for cls in (PersonStage, TextStage):
+    stage = cls(default_config()[cls.name])
+    stage.setup()
+    out = stage.measure({"sample_id": ["a"], "image": [data], "width": [810], "height": [1080]})
+    assert out[cls.name + "_error"] == [None], out
+print(json.dumps(attempts))
+"""
+
+
+def test_models_load_and_run_without_network(tmp_path):
+    """Fresh interpreter (import-time checks included): no DNS lookup, no connection attempt."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "-c", NO_NETWORK_SCRIPT, str(ASSETS / "bus.jpg")], cwd=root,
+                       capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == []

@@ -1,6 +1,7 @@
 """text stage: the real PP-OCR models shipped in rapidocr on shipped photos and generated captions."""
 from __future__ import annotations
 
+import importlib.util
 import io
 from importlib import resources
 from pathlib import Path
@@ -13,7 +14,8 @@ import catalog
 from pipeline.config import default_config
 from pipeline.stages.text import TextStage, confirmed, union_area_frac
 
-ASSETS = Path(str(resources.files("ultralytics") / "assets"))
+# located without importing ultralytics (its import-time network check must see YOLO_OFFLINE)
+ASSETS = Path(list(importlib.util.find_spec("ultralytics").submodule_search_locations)[0]) / "assets"
 SKIMAGE = Path(str(resources.files("skimage") / "data"))
 
 

