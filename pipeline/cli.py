@@ -81,3 +81,38 @@ def register(sub) -> None:
     p.add_argument("--no-report", action="store_true", help="skip the HTML report")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run_demo)
+    register_select(sub)
+
+
+SELECT_HELP = """Re-apply thresholds to a finished run's stored scores and write a new run (catalog and
+curated shards; bytes copied from RUN's shards or the sources). No model runs.
+
+examples:
+  humanset select runs/r1 --set person.min_score=0.95 --set person.min_box_px=400 --output runs/r1-strict
+  humanset select runs/r1 --set dedup.max_distance=8 --output runs/r1-dedup8
+"""
+
+
+def run_select(args) -> int:
+    from catalog import connect
+
+    from .report import print_funnel
+    from .select import SelectError, select
+    try:
+        manifest = select(args.run, args.output, args.set, progress=not args.no_progress)
+    except (SelectError, FileNotFoundError, KeyError, ValueError) as e:
+        print(f"humanset select: error: {e}", file=sys.stderr)
+        return 2
+    print_funnel(manifest, connect(args.output))
+    return 0
+
+
+def register_select(sub) -> None:
+    p = sub.add_parser("select", help="re-cut a run with new thresholds from its stored scores (no models run)",
+                       description=SELECT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", metavar="RUN", help="a finished curation run")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", required=True,
+                   help="new threshold, e.g. --set person.min_score=0.95 (repeatable)")
+    p.add_argument("--output", required=True, metavar="RUN2", help="new run directory")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=run_select)

@@ -60,7 +60,7 @@ def cluster(samples: pa.Table, max_distance: int = 4, exact: bool = True) -> pa.
     # row order fixed by sample_id, so node numbers (and everything after) are deterministic
     con.execute("CREATE TEMP TABLE s AS SELECT row_number() OVER (ORDER BY sample_id) - 1 AS i, "
                 "sample_id, sha256, phash, coalesce(width, 0)::BIGINT * coalesce(height, 0) AS area FROM s0")
-    n = con.execute("SELECT count(*) FROM s").fetchone()[0]
+    n = con.execute("SELECT count(*) FROM s").fetchall()[0][0]
     edges = []
     if exact:
         edges.append("SELECT min(i) OVER (PARTITION BY sha256) AS a, i AS b FROM s WHERE sha256 IS NOT NULL")
