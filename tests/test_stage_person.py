@@ -216,3 +216,35 @@ def test_models_load_and_run_without_network(tmp_path):
                        env={**__import__("os").environ, "PYTHONPATH": str(root)})
     assert p.returncode == 0, p.stderr[-3000:]
     assert json.loads(p.stdout.strip().splitlines()[-1]) == []
+
+
+def test_cascade_through_the_engine(tmp_path, ray_local):
+    """person and text as Ray actors in the real engine: decisions, stored columns, skipped stages."""
+    from pipeline.config import load_config
+    from pipeline.demo import flat_graphic, with_caption
+    from pipeline.engine import curate
+
+    crawl = tmp_path / "crawl"
+    crawl.mkdir()
+    (crawl / "bus.jpg").write_bytes(_bytes(ASSETS / "bus.jpg"))
+    (crawl / "astronaut.png").write_bytes(_bytes(SKIMAGE / "astronaut.png"))
+    (crawl / "coffee.png").write_bytes(_bytes(SKIMAGE / "coffee.png"))
+    (crawl / "caption.jpg").write_bytes(_jpeg(with_caption(Image.open(SKIMAGE / "astronaut.png"))))
+    (crawl / "graphic.png").write_bytes(_jpeg(flat_graphic(800, 600, seed=3)))
+    cfg = load_config(sets=["stages=[decode, size, dedup, person, text, watermark, art]",
+                            "person.min_score=0.8"])  # the nano model scores these people 0.88-0.93
+    manifest = curate([str(crawl)], str(tmp_path / "run"), cfg, progress=False)
+    assert set(manifest["skipped_stages"]) == {"watermark", "art"}
+    con = catalog.connect(tmp_path / "run")
+    rows = {Path(r[0]).name: r[1:] for r in con.execute(
+        "SELECT source_uri, reject_reason, n_persons, person_n_pass, text_area_frac, scored_stages "
+        "FROM samples").fetchall()}
+    assert rows["bus.jpg"][0] is None and rows["astronaut.png"][0] is None
+    assert rows["coffee.png"][0] == "person:no_person" and rows["graphic.png"][0] == "person:no_person"
+    assert rows["caption.jpg"][0] == "text:text_area>0.03"
+    assert rows["bus.jpg"][1] >= 3 and rows["bus.jpg"][2] >= 3  # several people pass the rule
+    assert "text" in rows["bus.jpg"][4] and "text" not in rows["coffee.png"][4]  # the cascade
+    assert rows["coffee.png"][3] is None  # not measured: null, not 0
+    n_bus = con.execute("SELECT count(*) FROM persons p JOIN samples s USING (sample_id) "
+                        "WHERE s.source_uri LIKE '%bus.jpg' AND p.score > 0.8").fetchone()[0]
+    assert n_bus >= 3
