@@ -195,7 +195,8 @@ def _print_stage(stage: str, r: dict, print_fn) -> None:
     shown = curve if len(curve) <= 25 else [curve[round(i * (len(curve) - 1) / 24)] for i in range(25)]
     print_fn(f"  {'score >':>10} {'precision':>9} {'recall':>7} {'tp':>5} {'fp':>5} {'fn':>5}")
     for p in shown:
-        print_fn(f"  {p.threshold:>10.4f} {_fmt(p.precision):>9} {_fmt(p.recall):>7} {p.tp:>5} {p.fp:>5} {p.fn:>5}")
+        t = "(all)" if p is curve[0] else f"{p.threshold:.4f}"  # below every score: all positive
+        print_fn(f"  {t:>10} {_fmt(p.precision):>9} {_fmt(p.recall):>7} {p.tp:>5} {p.fp:>5} {p.fn:>5}")
     at = r["at_config"]
     if at is not None and not math.isnan(r["config_threshold"]):
         print_fn(f"  config {r['config_key']}={r['config_threshold']:g}: precision {_fmt(at.precision)}, "
