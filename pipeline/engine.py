@@ -48,8 +48,12 @@ class RunError(Exception):
 # --------------------------------------------------------------------------------------------
 # Stage application: one function for task stages, one class for actor-pool stages.
 
+# stage-to-stage columns that never reach the catalog
+INTERNAL_TYPES = {"_thumb": pa.binary()}
+
+
 def _typed(col: str, values: list) -> pa.Array:
-    return pa.array(values, type=SAMPLES.field(col).type)
+    return pa.array(values, type=INTERNAL_TYPES[col] if col in INTERNAL_TYPES else SAMPLES.field(col).type)
 
 
 def _set(table: pa.Table, col: str, arr) -> pa.Table:

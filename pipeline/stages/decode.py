@@ -14,7 +14,7 @@ class DecodeStage(Stage):
     phase = "measure"
     reads = ("image", "read_error")
     writes = ("file_bytes", "sha256", "format", "mode", "width", "height", "exif_orientation",
-              "n_frames", "decode_error")
+              "n_frames", "decode_error", "_thumb")
     default_batch_size = 64
 
     def measure(self, batch):
@@ -34,6 +34,7 @@ class DecodeStage(Stage):
             out["sha256"].append(out_sha)
             for c in ("format", "mode", "width", "height", "exif_orientation", "n_frames"):
                 out[c].append(info.get(c))
+            out["_thumb"].append(info.get("thumb"))
             out["decode_error"].append(error or (None if data is not None else "no bytes"))
         return out
 

@@ -1,4 +1,5 @@
-"""dedup: per sample, a 64-bit pHash; across the run, clusters by sha256 and pHash distance.
+"""dedup: per sample, a 64-bit pHash (of the decode stage's thumbnail); across the run, clusters
+by sha256 and pHash distance.
 
 The per-sample part runs here; the clustering runs once over the whole run (pipeline/dedup.py)
 and fills dup_of / dup_kind / dup_cluster_size.
@@ -10,34 +11,32 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image
 
-from ..imageio import ImageError, load_rgb
+from ..imageio import THUMB
 from .base import Stage
 
 
-def phash64(data: bytes) -> int:
+def phash64(image: Image.Image) -> int:
     """imagehash.phash (DCT of a 32x32 grey image, 8x8 low frequencies) as an unsigned int."""
-    rgb, _ = load_rgb(data, max_side=256)  # phash looks at 32x32: a draft decode is plenty
-    bits = imagehash.phash(Image.fromarray(rgb)).hash.flatten()
+    bits = imagehash.phash(image).hash.flatten()
     return int(np.packbits(bits.astype(np.uint8)).view(">u8")[0])
+
 
 
 class DedupStage(Stage):
     name = "dedup"
     phase = "measure"
-    reads = ("image", "decode_error")
+    reads = ("_thumb", "decode_error")
     writes = ("phash",)
     default_batch_size = 64
 
     def measure(self, batch):
+        """From the grey thumbnail the decode stage left (no second decode of the image)."""
         out = []
-        for data, err in zip(batch["image"], batch["decode_error"]):
-            if err or data is None:
+        for thumb, err in zip(batch["_thumb"], batch["decode_error"]):
+            if err or thumb is None:
                 out.append(None)
                 continue
-            try:
-                out.append(phash64(data))
-            except ImageError:
-                out.append(None)
+            out.append(phash64(Image.frombytes("L", (THUMB, THUMB), thumb)))
         return {"phash": out}
 
     def reject(self, table: pa.Table):
