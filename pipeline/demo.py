@@ -202,10 +202,18 @@ def write_webdataset(folder: Path, samples, per_shard: int = 16) -> list[Path]:
     return paths
 
 
+DEMO_CONFIG = Path(__file__).with_name("demo.yaml")
+
+
+def demo_config(sets: list[str] | None = None) -> dict:
+    """pipeline/default.yaml with the demo's overrides (pipeline/demo.yaml)."""
+    from .config import load_config
+    return load_config(DEMO_CONFIG, sets)
+
+
 def run(output: str = "runs/demo", progress: bool = True) -> int:
     from catalog import connect
 
-    from .config import load_config
     from .engine import curate
     from .report import print_funnel
     out = Path(output)
@@ -215,7 +223,7 @@ def run(output: str = "runs/demo", progress: bool = True) -> int:
         write_webdataset(crawl, samples)
     log.info("demo crawl: %d samples in %s", len(samples), crawl)
     run_dir = out / "run"
-    manifest = curate([str(crawl)], str(run_dir), load_config(), progress=progress)
+    manifest = curate([str(crawl)], str(run_dir), demo_config(), progress=progress)
     print_funnel(manifest, connect(run_dir))
     print(f"\ncatalog: {run_dir}/catalog/samples   curated shards: {run_dir}/shards")
     print(f"query it: humanset query {run_dir} \"SELECT reject_reason, count(*) FROM samples GROUP BY 1\"")

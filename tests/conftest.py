@@ -28,11 +28,11 @@ def demo_crawl(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def demo_run(demo_crawl, ray_local, tmp_path_factory):
-    """The demo crawl curated with the default config (the same run `make demo` makes)."""
-    from pipeline.config import load_config
+    """The demo crawl curated with the demo config, all seven stages (the run `make demo` makes)."""
+    from pipeline.demo import demo_config
     from pipeline.engine import curate
     run = tmp_path_factory.mktemp("demo") / "run"
-    manifest = curate([str(demo_crawl[0])], str(run), load_config(), progress=False)
+    manifest = curate([str(demo_crawl[0])], str(run), demo_config(), progress=False)
     return run, manifest
 
 

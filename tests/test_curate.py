@@ -12,7 +12,9 @@ import pytest
 import catalog
 from pipeline.config import load_config
 from pipeline.engine import RunError, curate
-from pipeline.sources import sample_id
+from pipeline.sources import iter_tar_members, sample_id
+
+CHEAP = ["stages=[decode,size,dedup]"]  # engine mechanics on generated images that hold no person
 
 
 def _samples(run):
@@ -59,7 +61,7 @@ def test_kept_samples_are_in_shards_with_their_original_bytes(demo_crawl, demo_r
             assert img == source[s["__key__"]], "curated bytes must be the original bytes"
             assert json.loads(s["json"])["sample_id"] == s["__key__"]
             seen += 1
-    assert seen == len(kept) > 10
+    assert seen == len(kept) >= 3
 
 
 @pytest.mark.parametrize("caption,reason", [
@@ -82,8 +84,10 @@ def test_exact_duplicate_points_at_its_canonical_across_shards(demo_run):
     (orig,) = _by_caption(rows, "zidane: original photo")
     # same bytes, same resolution: the canonical is the smaller sample_id (ids hash the path)
     canon, dup = sorted([copy, orig], key=lambda r: r["sample_id"])
-    assert dup["dup_of"] == canon["sample_id"] and dup["dup_kind"] == "exact" and not dup["keep"]
-    assert canon["dup_of"] is None and canon["keep"] and canon["dup_cluster_size"] >= 2
+    assert dup["dup_of"] == canon["sample_id"] and dup["dup_kind"] == "exact"
+    assert dup["reject_reason"] == "dedup:exact_duplicate"
+    assert canon["dup_of"] is None and canon["dup_cluster_size"] >= 2
+    assert not (canon["reject_reason"] or "").startswith("dedup:")
     assert copy["shard"] != orig["shard"], "dedup runs across the whole run, not per shard"
 
 
@@ -100,16 +104,36 @@ def test_unusual_but_valid_images_decode(demo_run, name, fmt, mode, frames):
 def test_exif_rotation_swaps_width_and_height(demo_run):
     from PIL import Image
     (row,) = _by_caption(_samples(demo_run[0]), "exif_rotated: bad or unusual input")
-    data = catalog.read_member(*_member(demo_run[0], row))
+    tar, member = row["source_uri"].rsplit("#", 1)
+    ((_, data),) = iter_tar_members(tar, {member})
     stored = Image.open(io.BytesIO(data)).size
     assert row["exif_orientation"] == 6 and (row["width"], row["height"]) == (stored[1], stored[0])
 
 
-def _member(run, row):
-    idx = catalog.read_index(run / "shards").to_pylist()
-    r = next(r for r in idx if r["sample_id"] == row["sample_id"])
-    m = next(m for m in r["members"] if not m["name"].endswith(".json"))
-    return run / "shards" / r["shard"], m["offset"], m["size"]
+def test_model_stages_decide_clear_cases(demo_run):
+    run, manifest = demo_run
+    rows = _samples(run)
+    # the original and its exact copy: the canonical one reached the model stages
+    (bus,) = [r for r in _by_caption(rows, "bus: original photo") + _by_caption(rows, "bus: exact copy")
+              if r["dup_of"] is None]
+    assert bus["n_persons"] >= 3 and bus["person_n_pass"] >= 1 and bus["keep"]
+    assert len(bus["person_keypoints"][0]) == 51  # COCO-17 (x, y, conf) from the pose model
+    for name in ("coffee", "chelsea", "hubble_deep_field"):
+        (r,) = [r for r in rows.values() if r["caption"] in (f"{name}: original photo", f"{name}: exact copy")
+                and r["dup_of"] is None]
+        assert r["reject_reason"].startswith("person:") and not r["person_n_pass"], name
+    graphics = _by_caption(rows, "graphic: flat synthetic graphic")
+    assert all(g["reject_reason"].startswith("person:") for g in graphics)
+    (meme,) = _by_caption(rows, "astronaut: caption overlay")
+    assert meme["reject_reason"].startswith("text:text_area>") and meme["text_area_frac"] > 0.03
+    # cascade: samples rejected before the person stage were never scored by it
+    (thumb,) = _by_caption(rows, "bus: thumbnail (too small)")
+    assert thumb["reject_reason"].startswith("size:") and thumb["person_scores"] is None
+    assert "person" not in thumb["scored_stages"] and "person" in bus["scored_stages"]
+    # stages without weights are skipped, said so, and leave null columns
+    assert set(manifest["skipped_stages"]) == {"watermark", "art"}
+    assert "weights" in manifest["skipped_stages"]["watermark"]
+    assert all(r["watermark_score"] is None and r["art_score"] is None for r in rows.values())
 
 
 def test_stats_markers_and_manifest(demo_run):
@@ -143,7 +167,7 @@ def test_damaged_tars_lose_nothing(tmp_path, ray_local):
     raw = _tar_bytes([("c.jpg", good[3]), ("c.txt", b"c"), ("d.jpg", good[4]), ("e.jpg", good[5])])
     (crawl / "cut.tar").write_bytes(raw[: len(raw) - 10240 - 1000])  # cut inside e.jpg
     run = tmp_path / "run"
-    curate([str(crawl)], str(run), load_config(), progress=False)
+    curate([str(crawl)], str(run), load_config(sets=CHEAP), progress=False)
     rows = _samples(run)
     by_key = {(r["shard"], r["key"]): r for r in rows.values()}
     assert by_key[("escape", "a")]["keep"] and by_key[("escape", "b")]["keep"]
@@ -172,7 +196,7 @@ def test_folder_and_manifest_inputs(tmp_path, ray_local):
                                       str(tmp_path / "missing.jpg")]}), manifest)
     run = tmp_path / "run"
     result = curate([str(tmp_path / "imgs"), str(manifest)], str(run),
-                    load_config(sets=["input.files_per_unit=2"]), progress=False)
+                    load_config(sets=["input.files_per_unit=2"] + CHEAP), progress=False)
     rows = _samples(run)
     assert len(rows) == 5 and result["repeated_inputs"] == 2
     assert {r["shard"] for r in rows.values()} == {"imgs-00000", "imgs-00001", "list-00001"}  # list-00000: repeats only

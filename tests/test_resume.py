@@ -37,7 +37,7 @@ def _catalog(run):
 
 def _driver(crawl, run):
     cmd = [sys.executable, str(ROOT / "pipeline" / "curate.py"), "--input", str(crawl), "--output", str(run),
-           "--no-progress", "--set", "ray.num_cpus=2"]
+           "--no-progress", "--set", "ray.num_cpus=2", "--set", "stages=[decode,size,dedup]"]
     return subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
 
@@ -45,7 +45,8 @@ def _driver(crawl, run):
 @pytest.fixture(scope="module")
 def clean(crawl, ray_local, tmp_path_factory):
     run = tmp_path_factory.mktemp("resume") / "clean"
-    curate([str(crawl)], str(run), load_config(sets=["ray.num_cpus=2"]), progress=False)
+    curate([str(crawl)], str(run), load_config(sets=["ray.num_cpus=2", "stages=[decode,size,dedup]"]),
+           progress=False)
     return _catalog(run)
 
 

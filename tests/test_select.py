@@ -34,17 +34,64 @@ def test_stricter_size_rejects_more_and_copies_bytes(demo_run, tmp_path):
             catalog.read_member(run / "shards" / old[r["sample_id"]]["shard"], m_old["offset"], m_old["size"])
 
 
-def test_looser_dedup_recomputes_clusters_and_reads_sources(demo_run, tmp_path):
-    run, _ = demo_run
+def test_cascade_skipped_samples_cannot_be_revived(demo_run, tmp_path):
+    """With dedup off, duplicates would reach the person stage, which never scored them."""
+    with pytest.raises(SelectError, match="never scored by it"):
+        select(str(demo_run[0]), str(tmp_path / "x"), ["dedup.max_distance=null", "dedup.exact=false"],
+               progress=False)
+    assert not (tmp_path / "x" / "manifest.json").exists()
+
+
+@pytest.fixture(scope="module")
+def score_all_run(ray_local, tmp_path_factory):
+    """A small crawl curated with --score-all: every stage scores every decodable sample."""
+    import io
+
+    from PIL import Image
+
+    from pipeline.demo import demo_config, encode, shipped_photos, with_caption, write_webdataset
+    from pipeline.engine import curate
+    photos = shipped_photos()
+    bus = Image.open(io.BytesIO(photos["bus"]))
+    samples = [("000", "jpg", photos["bus"], "bus"),
+               ("001", "jpg", encode(bus.resize((bus.width * 3 // 4, bus.height * 3 // 4)), quality=70), "bus small"),
+               ("002", "jpg", encode(bus.resize((bus.width // 4, bus.height // 4))), "bus thumb"),
+               ("003", "png", photos["coffee"], "coffee"),
+               ("004", "jpg", encode(with_caption(Image.open(io.BytesIO(photos["zidane"])))), "zidane meme")]
+    folder = tmp_path_factory.mktemp("scoreall")
+    write_webdataset(folder / "crawl", samples, per_shard=3)
+    curate([str(folder / "crawl")], str(folder / "run"), demo_config(), score_all=True, progress=False)
+    return folder / "run"
+
+
+def test_score_all_scores_every_decodable_sample(score_all_run):
+    rows = _rows(score_all_run)
+    assert len(rows) == 5
+    for r in rows.values():
+        assert {"person", "text"} <= set(r["scored_stages"]), r["caption"]
+    thumb = next(r for r in rows.values() if r["caption"] == "bus thumb")
+    assert thumb["reject_reason"].startswith("size:") and thumb["n_persons"] is not None
+    assert len(thumb["reject_reasons"]) >= 1
+
+
+def test_looser_dedup_recomputes_clusters_and_reads_sources(score_all_run, tmp_path):
+    before_run = score_all_run
     out = tmp_path / "nodedup"
-    select(str(run), str(out), ["dedup.max_distance=null", "dedup.exact=false"], progress=False)  # dedup off
-    before, after = _rows(run), _rows(out)
+    select(str(before_run), str(out), ["dedup.max_distance=null", "dedup.exact=false"], progress=False)
+    before, after = _rows(before_run), _rows(out)
     revived = [s for s, r in after.items() if r["keep"] and not before[s]["keep"]]
-    was = {before[s]["reject_reason"] for s in revived}
-    assert was == {"dedup:near_duplicate", "dedup:exact_duplicate"}
+    assert revived and all(before[s]["reject_reason"].startswith("dedup:") for s in revived)
     assert not any((r["reject_reason"] or "").startswith("dedup:") for r in after.values())
     shard_ids = set(catalog.read_index(out / "shards").column("sample_id").to_pylist())
     assert set(revived) <= shard_ids  # their bytes came from the input tars
+
+
+def test_stricter_person_threshold(score_all_run, tmp_path):
+    out = tmp_path / "strict"
+    select(str(score_all_run), str(out), ["person.min_score=0.99"], progress=False)
+    after = _rows(out)
+    assert not any(r["keep"] for r in after.values())
+    assert any(r["reject_reason"] == "person:score<=0.99" for r in after.values())
 
 
 def test_refuses_thresholds_of_stages_that_did_not_run(demo_run, tmp_path):

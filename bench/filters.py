@@ -1,0 +1,246 @@
+"""Benchmark of the human filters. Prints one JSON object.
+
+  per_stage:  images/s of each stage's measure() on batches (in this process, CPU unless a GPU
+              is visible), over the whole mixed crawl. watermark and art run randomly initialised
+              checkpoints of their real architectures: same compute, meaningless scores.
+  cascade:    `pipeline.engine.curate` on the mixed crawl (default config: decode -> size -> dedup
+              -> person -> text; watermark/art skipped without weights), Ray started beforehand.
+  plain:      what a user would write instead: an ultralytics predict loop over the same files
+              with the same weights, batches of person.batch_size file paths.
+  ratio:      cascade images/s / plain images/s (both over all inputs).
+  text_area:  text_area_frac of shipped photos and generated captions: the measurements behind
+              text.max_area_frac in pipeline/default.yaml.
+
+The crawl is generated (nothing is downloaded): shipped photos of people, re-cropped, flipped and
+rescaled into distinct images, some with captions; at least half are non-human (shipped photos
+without people, photo-like textures, flat graphics).
+
+usage: python bench/filters.py [--n 96] [--skip-art] [--out bench.json]
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.config import load_config  # noqa: E402
+from pipeline.demo import encode, flat_graphic, photo_like, shipped_photos, with_caption  # noqa: E402
+from pipeline.imageio import probe  # noqa: E402
+
+CASCADE = ("decode", "size", "dedup", "person", "text", "watermark", "art")
+HUMAN = ("bus", "zidane", "astronaut", "camera")
+NON_HUMAN = ("coffee", "chelsea", "rocket", "motorcycle_left", "hubble_deep_field")
+
+
+def _variant(im: Image.Image, rng: np.random.Generator) -> Image.Image:
+    """A distinct photo from a base: random crop (70-100%), flip, rescale, brightness."""
+    w, h = im.size
+    f = rng.uniform(0.7, 1.0)
+    cw, ch = int(w * f), int(h * f)
+    x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+    out = im.crop((x, y, x + cw, y + ch))
+    if rng.random() < 0.5:
+        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    s = rng.uniform(0.9, 2.0) * max(1.0, 480 / min(out.size))  # short side stays >= size.min_short_side
+    out = out.resize((int(out.width * s), int(out.height * s)), Image.BILINEAR)
+    a = np.asarray(out.convert("RGB"), np.float32) * rng.uniform(0.8, 1.2)
+    return Image.fromarray(np.clip(a, 0, 255).astype(np.uint8))
+
+
+def make_crawl(folder: Path, n: int, seed: int = 0) -> dict[str, str]:
+    """n JPEG files in folder; returns {file name: kind}. Half or more are non-human."""
+    rng = np.random.default_rng(seed)
+    photos = {k: Image.open(io.BytesIO(v)).convert("RGB") for k, v in shipped_photos().items()}
+    humans = [photos[k] for k in HUMAN if k in photos]
+    others = [photos[k] for k in NON_HUMAN if k in photos]
+    folder.mkdir(parents=True, exist_ok=True)
+    kinds = {}
+    n_human = n // 2 - n // 8
+    n_caption = n // 8
+    for i in range(n):
+        if i < n_human:
+            im, kind = _variant(humans[i % len(humans)], rng), "human"
+        elif i < n_human + n_caption:
+            im, kind = with_caption(_variant(humans[i % len(humans)], rng), "SUMMER SALE 50% OFF"), "human+caption"
+        else:
+            j = i - n_human - n_caption
+            if j % 3 == 0 and others:
+                im, kind = _variant(others[j % len(others)], rng), "non-human photo"
+            elif j % 3 == 1:
+                im = Image.open(io.BytesIO(photo_like(int(rng.integers(500, 1200)), int(rng.integers(500, 900)),
+                                                      seed=1000 + i)))
+                kind = "texture"
+            else:
+                im, kind = flat_graphic(int(rng.integers(600, 1200)), int(rng.integers(500, 900)), seed=i), "graphic"
+        name = f"{i:05d}.jpg"
+        (folder / name).write_bytes(encode(im.convert("RGB"), quality=90))
+        kinds[name] = kind
+    return kinds
+
+
+def _batch(files: list[Path]) -> dict[str, list]:
+    batch = {"sample_id": [], "image": [], "width": [], "height": [], "exif_orientation": [], "format": [],
+             "read_error": []}
+    for f in files:
+        data = f.read_bytes()
+        info = probe(data)
+        batch["sample_id"].append(f.name)
+        batch["image"].append(data)
+        batch["read_error"].append(None)
+        for k in ("width", "height", "exif_orientation", "format"):
+            batch[k].append(info[k])
+    return batch
+
+
+def bench_stage(stage, files: list[Path]) -> dict:
+    t0 = time.perf_counter()
+    stage.setup()
+    setup_s = time.perf_counter() - t0
+    bs = stage.batch_size
+    batches = [_batch(files[i:i + bs]) for i in range(0, len(files), bs)]
+    stage.measure({k: v[:1] for k, v in batches[0].items()})  # warm-up (first-call allocations)
+    t0 = time.perf_counter()
+    for b in batches:
+        stage.measure(b)
+    dt = time.perf_counter() - t0
+    return {"images_per_s": round(len(files) / dt, 2), "images": len(files), "batch_size": bs,
+            "seconds": round(dt, 2), "setup_s": round(setup_s, 2)}
+
+
+def random_checkpoints(folder: Path, with_art: bool) -> dict:
+    import torch
+
+    from pipeline.stages.watermark import build_model
+    out = {}
+    torch.manual_seed(0)
+    out["watermark"] = folder / "watermark_random.pt"
+    torch.save(build_model().state_dict(), out["watermark"])
+    if with_art:
+        import open_clip
+        out["art"] = folder / "vit_b32_random.pt"
+        torch.save(open_clip.create_model("ViT-B-32", pretrained=None).state_dict(), out["art"])
+    return out
+
+
+def text_area_cases() -> dict:
+    """text_area_frac on shipped photos and generated captions (the default's measurements)."""
+    from pipeline.stages.text import TextStage
+    photos = shipped_photos()
+
+    def cap(name, text, rel, bar=False):
+        im = Image.open(io.BytesIO(photos[name])).convert("RGB")
+        d = ImageDraw.Draw(im)
+        size = max(10, int(im.height * rel))
+        y = im.height - size * 1.5
+        if bar:
+            d.rectangle([0, y - size * 0.2, im.width, y + size * 1.3], fill=(0, 0, 0))
+        d.text((im.width * 0.05, y), text, font=ImageFont.load_default(size=size), fill="white",
+               stroke_width=max(1, size // 15), stroke_fill="black")
+        return encode(im, "PNG")
+
+    cases = {k: photos[k] for k in ("bus", "zidane", "astronaut", "camera", "coffee", "chelsea", "page") if k in photos}
+    cases.update({
+        "zidane + 1-line caption 4% high": cap("zidane", "Champions league final tonight", 0.04),
+        "zidane + 1-line caption 6% high": cap("zidane", "Champions league final tonight", 0.06),
+        "astronaut + caption 8% high on a bar": cap("astronaut", "First woman in space", 0.08, bar=True),
+        "bus + caption 5% high": cap("bus", "Summer sale 50% off", 0.05),
+        "astronaut + meme bands (demo)": encode(with_caption(Image.open(io.BytesIO(photos["astronaut"]))), "PNG"),
+    })
+    stage = TextStage(load_config()["text"])
+    out = stage.measure({"sample_id": list(cases), "image": list(cases.values())})
+    return {k: round(v, 4) if v is not None else None for k, v in zip(cases, out["text_area_frac"])}
+
+
+def bench_plain(weights: str, files: list[Path], batch_size: int, imgsz: int) -> dict:
+    from pipeline.stages.person import import_ultralytics_offline
+    YOLO = import_ultralytics_offline()
+    model = YOLO(weights)
+    model.predict([str(files[0])], imgsz=imgsz, verbose=False)  # warm-up
+    t0 = time.perf_counter()
+    kept = 0
+    for i in range(0, len(files), batch_size):
+        for r in model.predict([str(f) for f in files[i:i + batch_size]], imgsz=imgsz, classes=[0], verbose=False):
+            xywh, conf = r.boxes.xywh.cpu().numpy(), r.boxes.conf.cpu().numpy()
+            kept += bool(((conf > 0.9) & (np.maximum(xywh[:, 2], xywh[:, 3]) > 300)).any())
+    dt = time.perf_counter() - t0
+    return {"images_per_s": round(len(files) / dt, 2), "seconds": round(dt, 2), "kept_by_person_rule": int(kept),
+            "batch_size": batch_size, "imgsz": imgsz}
+
+
+def bench_cascade(crawl: Path, out: Path, cfg: dict) -> dict:
+    from pipeline import engine
+    engine.init_ray(cfg)  # cluster start-up is not part of the throughput
+    n = len(list(crawl.glob("*.jpg")))
+    t0 = time.perf_counter()
+    manifest = engine.curate([str(crawl)], str(out), cfg, progress=False)
+    dt = time.perf_counter() - t0
+    return {"images_per_s": round(n / dt, 2), "seconds": round(dt, 2), "funnel": manifest.get("funnel"),
+            "kept": manifest.get("counts", {}).get("kept"), "skipped_stages": manifest.get("skipped_stages")}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=96, help="images in the mixed crawl (default 96)")
+    p.add_argument("--skip-art", action="store_true", help="leave out the OpenCLIP stage timing")
+    p.add_argument("--skip-cascade", action="store_true", help="leave out the Ray cascade")
+    p.add_argument("--out", help="also write the JSON here")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    import torch
+    from pipeline.stages import stage_class
+    from pipeline.stages.person import PersonStage
+
+    cfg = load_config()
+    cfg["stages"] = list(CASCADE)  # the whole cascade, whatever default.yaml enables today
+    result: dict = {"machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                                "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}}
+    with tempfile.TemporaryDirectory(prefix="humanset-bench-") as tmp:
+        tmp = Path(tmp)
+        kinds = make_crawl(tmp / "crawl", args.n)
+        files = sorted((tmp / "crawl").glob("*.jpg"))
+        counts: dict[str, int] = {}
+        for k in kinds.values():
+            counts[k] = counts.get(k, 0) + 1
+        result["crawl"] = {"images": len(files), "kinds": counts,
+                           "non_human_fraction": round(sum(v for k, v in counts.items() if not k.startswith("human"))
+                                                       / len(files), 3)}
+        ckpts = random_checkpoints(tmp, with_art=not args.skip_art)
+        per_stage = {}
+        for name in ("decode", "person", "text", "watermark", "art"):
+            if name == "art" and args.skip_art:
+                continue
+            scfg = dict(cfg.get(name) or {})
+            if name in ckpts:
+                scfg["weights"] = str(ckpts[name])
+            per_stage[name] = bench_stage(stage_class(name)(scfg), files)
+            if name in ckpts:
+                per_stage[name]["weights"] = "random init of the real architecture (timing only)"
+        result["per_stage"] = per_stage
+        person = PersonStage(cfg["person"])
+        result["plain_ultralytics"] = bench_plain(str(person.weights_path()), files, person.batch_size, person.imgsz)
+        result["plain_ultralytics"]["weights"] = person.weights_path().name
+        if not args.skip_cascade:
+            result["cascade"] = bench_cascade(tmp / "crawl", tmp / "run", cfg)
+            result["ratio_cascade_over_plain"] = round(
+                result["cascade"]["images_per_s"] / result["plain_ultralytics"]["images_per_s"], 3)
+        result["text_area"] = text_area_cases()
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""art: is it a photograph? OpenCLIP zero-shot, bring your own weights.
+
+Each prompt group (photo, painting, drawing, cartoon, 3D render, text document) is the mean of its
+prompts' normalised text embeddings (CLIP's prompt ensembling). The image is classified over the
+groups with the model's own logit scale; art_score = 1 - P(photo), art_label = the best group.
+Set `art.weights` to a local OpenCLIP checkpoint of architecture `art.model` (e.g. the
+laion2b_s34b_b79k ViT-B-32 file); nothing is ever downloaded. With no weights the stage is skipped
+and its columns stay null.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from ..imageio import load_rgb
+from .base import Stage
+
+log = logging.getLogger(__name__)
+
+PHOTO = "photo"
+PROMPT_GROUPS: dict[str, tuple[str, ...]] = {
+    PHOTO: ("a photo of a person.", "a photograph of people.", "a candid photo.",
+            "a photo taken with a phone camera.", "a professional photograph."),
+    "painting": ("a painting.", "an oil painting of a person.", "a watercolor painting."),
+    "drawing": ("a drawing.", "a pencil sketch of a person.", "a line drawing."),
+    "cartoon": ("a cartoon.", "an anime illustration.", "a comic book panel."),
+    "3d render": ("a 3D render.", "a computer generated image of a person.", "a video game screenshot."),
+    "text document": ("a document with text.", "a screenshot of text.", "a poster with large text."),
+}
+
+
+def group_probs(image_emb: np.ndarray, group_emb: np.ndarray, logit_scale: float) -> np.ndarray:
+    """Softmax over groups of scaled cosine similarities; rows are images (embeddings normalised)."""
+    logits = logit_scale * image_emb @ group_emb.T
+    logits = logits - logits.max(axis=1, keepdims=True)
+    e = np.exp(logits)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+class ArtStage(Stage):
+    name = "art"
+    phase = "score"
+    reads = ("image",)
+    writes = ("art_score", "art_label", "art_error")
+    stateful = True
+    default_batch_size = 16
+
+    def __init__(self, cfg: dict | None = None):
+        super().__init__(cfg)
+        self.model = None
+
+    def skip_reason(self) -> str | None:
+        if not self.cfg.get("weights"):
+            return "art.weights not set: stage skipped, columns null"
+        return None
+
+    def setup(self) -> None:
+        w = self.cfg.get("weights")
+        if not w:
+            raise ValueError(self.skip_reason())
+        path = Path(str(w)).expanduser()
+        name = str(self.cfg.get("model", "ViT-B-32"))
+        if not path.is_file():
+            raise FileNotFoundError(f"art.weights={w}: no such file (a local OpenCLIP checkpoint for "
+                                    f"art.model={name}; weights are never downloaded)")
+        # some OpenCLIP tokenizers live on the Hugging Face hub: fail instead of downloading
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import open_clip
+        import torch
+
+        try:
+            model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=None)
+        except RuntimeError as e:
+            raise ValueError(f"art.model={name!r}: unknown OpenCLIP architecture ({e})") from e
+        try:
+            open_clip.load_checkpoint(model, str(path))
+        except Exception as e:
+            raise RuntimeError(f"art.weights={path}: does not load into OpenCLIP {name} ({e}); "
+                               f"set art.model to the checkpoint's architecture") from e
+        self.device = "cuda:0" if torch.cuda.is_available() else "cpu"
+        self.model = model.eval().to(self.device)
+        self.preprocess = preprocess
+        tokenizer = open_clip.get_tokenizer(name)
+        groups = list(PROMPT_GROUPS)
+        with torch.inference_mode():
+            embs = []
+            for g in groups:
+                t = self.model.encode_text(tokenizer(list(PROMPT_GROUPS[g])).to(self.device)).float()
+                t = t / t.norm(dim=-1, keepdim=True)
+                m = t.mean(dim=0)
+                embs.append(m / m.norm())
+            self.group_emb = torch.stack(embs).cpu().numpy()
+            self.logit_scale = float(self.model.logit_scale.exp().item())
+        self.groups = groups
+        self.input_px = max(_image_size(self.model))
+        log.info("art: OpenCLIP %s from %s on %s, %d prompt groups", name, path.name, self.device,
+                 len(groups))
+
+    def measure(self, batch: dict[str, list]) -> dict[str, list]:
+        import torch
+        from PIL import Image
+
+        if self.model is None:
+            self.setup()
+        n = len(batch["image"])
+        out: dict[str, list] = {c: [None] * n for c in self.writes}
+        rows, xs = [], []
+        for i, data in enumerate(batch["image"]):
+            try:
+                rgb, _ = load_rgb(data, max_side=2 * self.input_px)
+                xs.append(self.preprocess(Image.fromarray(rgb)))
+                rows.append(i)
+            except Exception as e:
+                out["art_error"][i] = f"decode: {e}"
+        if not rows:
+            return out
+        try:
+            with torch.inference_mode():
+                emb = self.model.encode_image(torch.stack(xs).to(self.device)).float()
+                emb = (emb / emb.norm(dim=-1, keepdim=True)).cpu().numpy()
+        except Exception as e:
+            for i in rows:
+                out["art_error"][i] = f"inference: {e}"
+            return out
+        probs = group_probs(emb, self.group_emb, self.logit_scale)
+        photo = self.groups.index(PHOTO)
+        for i, p in zip(rows, probs):
+            out["art_score"][i] = float(1.0 - p[photo])
+            out["art_label"][i] = self.groups[int(p.argmax())]
+        return out
+
+    def reject(self, table: pa.Table) -> list[str | None]:
+        limit = float(self.cfg.get("max_score", 0.5))
+        errors = table.column("art_error").to_pylist()
+        scores = table.column("art_score").to_pylist()
+        return ["error" if e is not None else None if s is None else
+                f"art>{limit:g}" if s > limit else None
+                for e, s in zip(errors, scores)]
+
+
+def _image_size(model) -> tuple[int, int]:
+    s = getattr(model.visual, "image_size", 224)
+    return (s, s) if isinstance(s, int) else tuple(s)

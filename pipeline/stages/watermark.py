@@ -1,0 +1,137 @@
+"""watermark: LAION's watermark classifier, bring your own weights.
+
+The model is LAION-5B-WatermarkDetection's: timm EfficientNet-B3 (`efficientnet_b3a`, which timm
+now names `efficientnet_b3`; same architecture) with a 1536-625-256-2 MLP head, fed 256x256 RGB
+with ImageNet normalisation. Softmax index 0 is "watermark" (LAION's convention). Set
+`watermark.weights` to a local copy of its `watermark_model_v1.pt` (a plain state dict); nothing is
+ever downloaded. With no weights the stage is skipped and its columns stay null.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from ..imageio import load_rgb
+from .base import Stage
+
+log = logging.getLogger(__name__)
+
+INPUT_PX = 256
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+WATERMARK_INDEX = 0
+
+
+def build_model():
+    """The LAION watermark classifier architecture with random weights."""
+    import timm
+    from torch import nn
+
+    model = timm.create_model("efficientnet_b3", pretrained=False, num_classes=2)
+    model.classifier = nn.Sequential(
+        nn.Linear(1536, 625), nn.ReLU(), nn.Dropout(p=0.3),
+        nn.Linear(625, 256), nn.ReLU(), nn.Linear(256, 2),
+    )
+    return model
+
+
+def load_state_dict(path: Path) -> dict:
+    """A checkpoint file -> plain state dict (unwraps {'state_dict': ...} and DataParallel keys)."""
+    import torch
+
+    sd = torch.load(str(path), map_location="cpu", weights_only=True)
+    for key in ("state_dict", "model", "model_state_dict"):
+        if isinstance(sd, dict) and isinstance(sd.get(key), dict):
+            sd = sd[key]
+    if not isinstance(sd, dict):
+        raise ValueError(f"{path}: expected a state dict, found {type(sd).__name__}")
+    return {k.removeprefix("module."): v for k, v in sd.items()}
+
+
+def to_input(rgb: np.ndarray) -> np.ndarray:
+    """RGB uint8 HxWx3 -> normalised float32 3x256x256 (LAION: squash-resize, no crop)."""
+    from PIL import Image
+
+    im = Image.fromarray(rgb).resize((INPUT_PX, INPUT_PX), Image.BILINEAR)
+    x = np.asarray(im, dtype=np.float32) / 255.0
+    x = (x - np.array(MEAN, np.float32)) / np.array(STD, np.float32)
+    return x.transpose(2, 0, 1)
+
+
+class WatermarkStage(Stage):
+    name = "watermark"
+    phase = "score"
+    reads = ("image",)
+    writes = ("watermark_score", "watermark_error")
+    stateful = True
+    default_batch_size = 16
+
+    def __init__(self, cfg: dict | None = None):
+        super().__init__(cfg)
+        self.model = None
+
+    def skip_reason(self) -> str | None:
+        if not self.cfg.get("weights"):
+            return "watermark.weights not set: stage skipped, columns null"
+        return None
+
+    def setup(self) -> None:
+        import torch
+
+        w = self.cfg.get("weights")
+        if not w:
+            raise ValueError(self.skip_reason())
+        path = Path(str(w)).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"watermark.weights={w}: no such file (a local copy of LAION's "
+                                    f"watermark_model_v1.pt; weights are never downloaded)")
+        model = build_model()
+        try:
+            sd = load_state_dict(path)
+            model.load_state_dict(sd, strict=True)
+        except Exception as e:
+            raise RuntimeError(f"watermark.weights={path}: not a LAION watermark checkpoint "
+                               f"(timm efficientnet_b3 + 1536-625-256-2 head): {e}") from e
+        self.device = "cuda:0" if torch.cuda.is_available() else "cpu"
+        self.model = model.eval().to(self.device)
+        log.info("watermark: %s on %s", path.name, self.device)
+
+    def measure(self, batch: dict[str, list]) -> dict[str, list]:
+        import torch
+
+        if self.model is None:
+            self.setup()
+        n = len(batch["image"])
+        out: dict[str, list] = {c: [None] * n for c in self.writes}
+        rows, xs = [], []
+        for i, data in enumerate(batch["image"]):
+            try:
+                rgb, _ = load_rgb(data, max_side=2 * INPUT_PX)  # draft decode, then squash to 256
+                xs.append(to_input(rgb))
+                rows.append(i)
+            except Exception as e:
+                out["watermark_error"][i] = f"decode: {e}"
+        if not rows:
+            return out
+        try:
+            with torch.inference_mode():
+                logits = self.model(torch.from_numpy(np.stack(xs)).to(self.device))
+                probs = torch.softmax(logits.float(), dim=1)[:, WATERMARK_INDEX].cpu().numpy()
+        except Exception as e:
+            for i in rows:
+                out["watermark_error"][i] = f"inference: {e}"
+            return out
+        for i, p in zip(rows, probs):
+            out["watermark_score"][i] = float(p)
+        return out
+
+    def reject(self, table: pa.Table) -> list[str | None]:
+        limit = float(self.cfg.get("max_score", 0.8))
+        errors = table.column("watermark_error").to_pylist()
+        scores = table.column("watermark_score").to_pylist()
+        return ["error" if e is not None else None if s is None else
+                f"watermark>{limit:g}" if s > limit else None
+                for e, s in zip(errors, scores)]

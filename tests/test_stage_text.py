@@ -1,0 +1,102 @@
+"""text stage: the real PP-OCR models shipped in rapidocr on shipped photos and generated captions."""
+from __future__ import annotations
+
+import importlib.util
+import io
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw, ImageFont
+
+import catalog
+from pipeline.config import default_config
+from pipeline.stages.text import TextStage, confirmed, union_area_frac
+
+# located without importing ultralytics (its import-time network check must see YOLO_OFFLINE)
+ASSETS = Path(list(importlib.util.find_spec("ultralytics").submodule_search_locations)[0]) / "assets"
+SKIMAGE = Path(str(resources.files("skimage") / "data"))
+
+
+def _png(im: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    im.convert("RGB").save(buf, "PNG")
+    return buf.getvalue()
+
+
+def meme(path: Path, top: str, bottom: str, rel: float = 0.09) -> bytes:
+    """Impact-style captions, top and bottom, text height `rel` of the image height."""
+    im = Image.open(path).convert("RGB")
+    d = ImageDraw.Draw(im)
+    size = int(im.height * rel)
+    font = ImageFont.load_default(size=size)
+    for text, y in ((top, size * 0.3), (bottom, im.height - size * 1.5)):
+        d.text((im.width * 0.05, y), text, font=font, fill="white", stroke_width=max(1, size // 15),
+               stroke_fill="black")
+    return _png(im)
+
+
+@pytest.fixture(scope="module")
+def scored():
+    stage = TextStage(default_config()["text"])
+    stage.setup()
+    cases = {
+        "bus": (ASSETS / "bus.jpg").read_bytes(),               # scene text: an ad on the bus
+        "coffee": (SKIMAGE / "coffee.png").read_bytes(),         # no text; det boxes the whole cup
+        "astronaut": (SKIMAGE / "astronaut.png").read_bytes(),
+        "meme": meme(SKIMAGE / "chelsea.png", "WHEN THE CODE", "COMPILES FIRST TRY"),
+        "page": (SKIMAGE / "page.png").read_bytes(),             # a scanned text page
+        "garbage": b"\x89PNG\r\n\x1a\n broken",
+    }
+    out = stage.measure({"sample_id": list(cases), "image": list(cases.values())})
+    table = catalog.conform([{k: v[i] for k, v in out.items()} for i in range(len(cases))], catalog.SAMPLES)
+    return stage, list(cases), out, table
+
+
+def _get(scored, name, col):
+    _, names, out, _ = scored
+    return out[col][names.index(name)]
+
+
+def test_captions_and_pages_are_rejected_scene_text_is_kept(scored):
+    stage, names, _, table = scored
+    reasons = dict(zip(names, stage.reject(table)))
+    assert reasons["meme"] == "text_area>0.03"
+    assert reasons["page"] == "text_area>0.03"
+    assert reasons["bus"] is None and reasons["astronaut"] is None and reasons["coffee"] is None
+    assert reasons["garbage"] == "error"
+
+
+def test_recognition_confirms_boxes(scored):
+    # the detector's box over the coffee cup reads as a single digit: not text
+    assert _get(scored, "coffee", "text_area_frac") == 0.0
+    assert _get(scored, "coffee", "text_n_boxes") == 0
+    strings = " ".join(_get(scored, "meme", "text_strings")).replace(" ", "")
+    assert "COMPILESFIRSTTRY" in strings
+    assert 0.0 < _get(scored, "bus", "text_area_frac") < 0.03
+    assert _get(scored, "page", "text_area_frac") > 0.3
+
+
+def test_error_column_and_nulls(scored):
+    assert "decode" in _get(scored, "garbage", "text_error")
+    assert _get(scored, "garbage", "text_area_frac") is None
+    assert _get(scored, "meme", "text_error") is None
+    unmeasured = catalog.conform([{"sample_id": "x"}], catalog.SAMPLES)
+    assert scored[0].reject(unmeasured) == [None]
+
+
+def test_union_area_counts_overlaps_once():
+    a = np.array([[0, 0], [50, 0], [50, 50], [0, 50]])
+    b = a + 25
+    assert union_area_frac([a], 100, 100) == pytest.approx(0.25, abs=0.02)
+    assert union_area_frac([a, a], 100, 100) == pytest.approx(0.25, abs=0.02)
+    assert union_area_frac([a, b], 100, 100) == pytest.approx((2 * 2500 - 625) / 10000, abs=0.03)
+    assert union_area_frac([], 100, 100) == 0.0
+
+
+def test_confirmed_needs_confidence_and_length():
+    texts = ["8", "SALE", "ab", "Hello world", "...."]
+    scores = [0.99, 0.95, 0.99, 0.5, 0.99]
+    assert confirmed(texts, scores, 0.7, 3) == [1]
+    assert confirmed(texts, scores, 0.4, 2) == [1, 2, 3]
