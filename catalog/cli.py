@@ -318,3 +318,16 @@ def cmd_report(args) -> int:
         return 2
     print(f"report: {path.resolve()}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """These commands without the rest of humanset: `python -m catalog.cli stats RUN`."""
+    parser = argparse.ArgumentParser(prog="python -m catalog.cli", description=__doc__)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

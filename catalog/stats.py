@@ -181,7 +181,7 @@ def geometry(con, p: str = "") -> dict:
     return out
 
 
-def _persons_sql(p: str) -> str:
+def persons_source(p: str) -> str:
     # every detected person, unnested directly: cheaper than the persons view's range join at scale
     return f"""(SELECT keep, s AS score,
                        greatest(b[3] - b[1], b[4] - b[2]) AS box_longer_side,
@@ -194,7 +194,7 @@ def persons(con, manifest: dict, p: str = "") -> dict:
     """Per detected person: score and box-side quantiles, all detections and those in kept images."""
     cols = ["score", "box_longer_side", "box_shorter_side"]
     parts = [_quantile_sql(c) for c in cols] + [_quantile_sql(c, "keep") for c in cols]
-    vals = con.execute(f"SELECT {', '.join(parts)} FROM {_persons_sql(p)}").fetchone()
+    vals = con.execute(f"SELECT {', '.join(parts)} FROM {persons_source(p)}").fetchone()
     out = {"detected": {}, "in_kept_images": {}}
     for i, scope in enumerate(out):
         for j, c in enumerate(cols):
