@@ -109,23 +109,22 @@ def reasons(con, p: str = "") -> list[dict]:
     """Reject reasons (normalised to 'stage:kind') with the number of samples they rejected first,
     and the number they failed at all (differs from `first` when later stages scored rejected rows)."""
     n = con.execute(f"SELECT count(*) FROM {p}samples").fetchone()[0]
-    kind = REASON_KIND.format(col="r")
-    rows = _rows(con, f"""
-        WITH first AS (SELECT {REASON_KIND.format(col='reject_reason')} AS r, count(*) AS n
-                       FROM {p}samples WHERE reject_reason IS NOT NULL GROUP BY 1),
-             every AS (SELECT {kind} AS r, count(DISTINCT sample_id) AS n
-                       FROM (SELECT sample_id, unnest(reject_reasons) AS r FROM {p}samples) GROUP BY 1)
-        SELECT coalesce(first.r, every.r) AS reason, coalesce(first.n, 0) AS first,
-               coalesce(every.n, first.n) AS "any", any_example.example
-        FROM first FULL JOIN every ON first.r = every.r
-        LEFT JOIN (SELECT {REASON_KIND.format(col='reject_reason')} AS r, min(reject_reason) AS example
-                   FROM {p}samples WHERE reject_reason IS NOT NULL GROUP BY 1) any_example
-               ON any_example.r = coalesce(first.r, every.r)
-        ORDER BY first DESC, "any" DESC, reason""")
-    for r in rows:
-        r["stage"] = r["reason"].split(":", 1)[0]
-        r["pct"] = _pct(r["first"], n)
-    return rows
+    # group the raw strings first: few distinct values, so the regex runs on those only
+    first = {r[0]: r[1:] for r in con.execute(f"""
+        SELECT {REASON_KIND.format(col='r')}, sum(n)::BIGINT, min(r)
+        FROM (SELECT reject_reason AS r, count(*) AS n FROM {p}samples WHERE reject_reason IS NOT NULL GROUP BY 1)
+        GROUP BY 1""").fetchall()}
+    every = dict(con.execute(f"""
+        SELECT {REASON_KIND.format(col='r')}, sum(n)::BIGINT
+        FROM (SELECT r, count(*) AS n FROM (SELECT unnest(reject_reasons) AS r FROM {p}samples
+                                            WHERE len(reject_reasons) > 0) GROUP BY 1)
+        GROUP BY 1""").fetchall())
+    rows = []
+    for kind in set(first) | set(every):
+        n_first, example = first.get(kind, (0, None))
+        rows.append({"reason": kind, "stage": kind.split(":", 1)[0], "first": n_first,
+                     "pct": _pct(n_first, n), "any": every.get(kind, n_first), "example": example})
+    return sorted(rows, key=lambda r: (-r["first"], -r["any"], r["reason"]))
 
 
 def decode_errors(con, p: str = "") -> list[dict]:
@@ -215,33 +214,40 @@ def scores(con, manifest: dict, p: str = "") -> list[dict]:
     """Distribution of every stored per-image score, with the run's active threshold on it.
 
     `fail_threshold` counts measured rows on the rejected side of the threshold, whatever stage
-    rejected them first.
+    rejected them first. One scan for all columns.
     """
+    measures = [(stage, col, key, side, threshold(manifest, stage, key))
+                for stage, ms in STAGE_SCORES.items() for col, key, side in ms]
+    parts = []
+    for stage, col, key, side, t in measures:
+        parts.append(_quantile_sql(col))
+        parts.append(_fails(col, side, t) if isinstance(t, (int, float)) else "NULL")
+    vals = con.execute(f"SELECT {', '.join(parts)} FROM {p}samples").fetchone()
     out = []
-    for stage, measures in STAGE_SCORES.items():
-        for col, key, side in measures:
-            t = threshold(manifest, stage, key)
-            fails = _fails(col, side, t) if isinstance(t, (int, float)) else "NULL"
-            row = con.execute(f"SELECT {_quantile_sql(col)}, {fails} FROM {p}samples").fetchone()
-            if not row[1]:
-                continue  # the run never measured it
-            d = {"stage": stage, "column": col, **_quantile_dict(*row[:3])}
-            d["threshold"] = ({"key": f"{stage}.{key}", "value": t, "keep": f"{side} {t}"}
-                              if fails != "NULL" else None)
-            if fails != "NULL":
-                d["fail_threshold"] = row[3]
-            out.append(d)
+    for i, (stage, col, key, side, t) in enumerate(measures):
+        qs, n, mean, fails = vals[4 * i: 4 * i + 4]
+        if not n:
+            continue  # the run never measured it
+        d = {"stage": stage, "column": col, **_quantile_dict(qs, n, mean), "threshold": None}
+        if isinstance(t, (int, float)):
+            d["threshold"] = {"key": f"{stage}.{key}", "value": t, "keep": f"{side} {t}"}
+            d["fail_threshold"] = fails
+        out.append(d)
     return out
 
 
 def per_source(con, p: str = "") -> list[dict]:
     """One row per input unit (shard): inputs, kept, decode errors and its most common reason."""
     rows = _rows(con, f"""
-        SELECT shard, count(*) AS inputs, count(*) FILTER (WHERE keep) AS kept,
-               count(*) FILTER (WHERE decode_error IS NOT NULL) AS decode_errors,
-               mode({REASON_KIND.format(col='reject_reason')}) FILTER (WHERE reject_reason IS NOT NULL)
-                   AS top_reason
-        FROM {p}samples GROUP BY shard ORDER BY shard""")
+        WITH raw AS (SELECT shard, reject_reason AS r, count(*) AS n FROM {p}samples
+                     WHERE reject_reason IS NOT NULL GROUP BY 1, 2),
+             kinds AS (SELECT shard, {REASON_KIND.format(col='r')} AS kind, sum(n) AS n FROM raw GROUP BY 1, 2),
+             top AS (SELECT shard, arg_max(kind, n) AS top_reason FROM kinds GROUP BY 1)
+        SELECT c.*, top.top_reason FROM (
+            SELECT shard, count(*) AS inputs, count(*) FILTER (WHERE keep) AS kept,
+                   count(*) FILTER (WHERE decode_error IS NOT NULL) AS decode_errors
+            FROM {p}samples GROUP BY shard) c
+        LEFT JOIN top ON c.shard IS NOT DISTINCT FROM top.shard ORDER BY c.shard""")
     for r in rows:
         r["kept_pct"] = _pct(r["kept"], r["inputs"])
     return rows
