@@ -46,6 +46,10 @@ def _strings(values: list[str], idx: np.ndarray) -> pa.Array:
     return pc.take(pa.array(values), pa.array(idx))
 
 
+def _null_where(arr: pa.Array, mask: np.ndarray) -> pa.Array:
+    return pc.if_else(pa.array(mask), pa.scalar(None, arr.type), arr)
+
+
 def _list(offsets: np.ndarray, values: pa.Array, null: np.ndarray | None = None) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values,
                                     mask=pa.array(null) if null is not None else None)
@@ -103,7 +107,7 @@ def chunk(rng: np.random.Generator, start: int, n: int) -> pa.Table:
     any_pass_score = np.bincount(owner, weights=scores >= 0.9, minlength=n) > 0
 
     text = rng.beta(0.6, 20, n).astype(np.float32)
-    watermark = rng.beta(0.5, 6, n).astype(np.float32)
+    watermark = np.where(rng.random(n) < 0.03, rng.beta(8, 2, n), rng.beta(0.5, 6, n)).astype(np.float32)
     art = rng.beta(0.7, 6, n).astype(np.float32)
 
     # the cascade: the first failing stage rejects; stages after it never see the row
@@ -135,16 +139,16 @@ def chunk(rng: np.random.Generator, start: int, n: int) -> pa.Table:
         "sample_id": sample_id, "source_uri": uri, "shard": shard, "key": key,
         "file_bytes": pa.array((width.astype(np.int64) * height * rng.uniform(0.15, 0.5, n)).astype(np.int64)),
         "sha256": _hex(rng, n, 32),
-        "format": pa.array(_strings(["JPEG", "PNG", "WEBP", "GIF"], fmt), mask=bad),
-        "mode": pa.array(_strings(["RGB"], np.zeros(n, np.int64)), mask=bad),
+        "format": _null_where(_strings(["JPEG", "PNG", "WEBP", "GIF"], fmt), bad),
+        "mode": _null_where(_strings(["RGB"], np.zeros(n, np.int64)), bad),
         "width": pa.array(width, mask=bad), "height": pa.array(height, mask=bad),
         "exif_orientation": pa.array(np.ones(n, np.int16), mask=bad),
         "n_frames": pa.array(np.ones(n, np.int32), mask=bad),
-        "decode_error": pa.array(_strings(DECODE_ERRORS, derr), mask=~bad),
+        "decode_error": _null_where(_strings(DECODE_ERRORS, derr), ~bad),
         "short_side": pa.array(short_side, mask=bad), "aspect": pa.array(aspect, mask=bad),
         "phash": pa.array(rng.integers(0, 2**63, n, dtype=np.uint64), mask=~seen("dedup")),
         "dup_of": pc.if_else(pa.array(is_dup), pc.take(sample_id, pa.array(canon)), pa.scalar(None, pa.string())),
-        "dup_kind": pa.array(_strings(["exact", "near"], np.where(dup_exact, 0, 1)), mask=~is_dup),
+        "dup_kind": _null_where(_strings(["exact", "near"], np.where(dup_exact, 0, 1)), ~is_dup),
         "dup_cluster_size": pa.array(cluster_size, mask=~seen("dedup")),
         "person_boxes": _list(offsets, boxes_arr, ~person_seen),
         "person_scores": _list(offsets, pa.array(scores), ~person_seen),
@@ -156,7 +160,7 @@ def chunk(rng: np.random.Generator, start: int, n: int) -> pa.Table:
         "text_n_boxes": pa.array((text > 0.01).astype(np.int32) * 3, mask=~seen("text")),
         "watermark_score": pa.array(watermark, mask=~seen("watermark")),
         "art_score": pa.array(art, mask=~seen("art")),
-        "art_label": pa.array(_strings(["photo", "painting"], (art > 0.5).astype(np.int64)), mask=~seen("art")),
+        "art_label": _null_where(_strings(["photo", "painting"], (art > 0.5).astype(np.int64)), ~seen("art")),
         "keep": pa.array(keep),
         "reject_reason": reason,
         "reject_reasons": _list(reason_off, pc.drop_null(reason)),
