@@ -51,6 +51,8 @@ def register(sub) -> None:
 # --- stats ------------------------------------------------------------------------------------
 
 def cmd_stats(args) -> int:
+    import duckdb
+
     from .stats import run_stats
 
     try:
@@ -58,6 +60,9 @@ def cmd_stats(args) -> int:
     except FileNotFoundError as e:
         print(f"humanset stats: {e}", file=sys.stderr)
         return 2
+    except duckdb.Error as e:  # e.g. a damaged Parquet file in the catalog
+        print(f"humanset stats: {e}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:
@@ -273,6 +278,9 @@ def cmd_query(args) -> int:
     except FileNotFoundError as e:
         print(f"humanset query: {e}", file=sys.stderr)
         return 2
+    except duckdb.Error as e:  # e.g. a Parquet file that is not one
+        print(f"humanset query: {args.run}: {e}", file=sys.stderr)
+        return 1
     try:
         rel = con.sql(args.sql)
         if rel is None:  # a statement without a result
@@ -308,6 +316,8 @@ def _parquet_rows(path) -> int:
 # --- report -----------------------------------------------------------------------------------
 
 def cmd_report(args) -> int:
+    import duckdb
+
     from .report import write_report
 
     out = Path(args.out) if args.out else Path(args.run) / "report.html"
@@ -316,6 +326,9 @@ def cmd_report(args) -> int:
     except FileNotFoundError as e:
         print(f"humanset report: {e}", file=sys.stderr)
         return 2
+    except duckdb.Error as e:
+        print(f"humanset report: {e}", file=sys.stderr)
+        return 1
     print(f"report: {path.resolve()}")
     return 0
 

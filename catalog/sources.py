@@ -10,6 +10,7 @@ so reading many thumbnails from one tar does not rescan it.
 """
 from __future__ import annotations
 
+import io
 import re
 import tarfile
 from functools import lru_cache
@@ -45,7 +46,9 @@ def _tar_members(tar: str) -> dict[str, tuple[int, int]]:
     A damaged tar keeps the members before the damage readable, as the curation did.
     """
     found = {}
-    with _open(tar) as fh:
+    with _open(tar) as raw:
+        # a large read buffer turns header-seek-header into one request per MiB on object stores
+        fh = io.BufferedReader(raw, buffer_size=1 << 20) if is_uri(tar) else raw
         try:
             with tarfile.open(fileobj=fh, mode="r:") as tf:
                 for m in tf:

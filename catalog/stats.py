@@ -30,7 +30,7 @@ STAGE_SCORES = {
     "art": [("art_score", "max_score", "<=")],
 }
 # columns whose values are probabilities: histograms over [0, 1] rather than over the data range
-UNIT_RANGE = {"person_score_max", "watermark_score", "art_score", "text_area_frac", "person_score"}
+UNIT_RANGE = {"person_score_max", "watermark_score", "art_score", "text_area_frac"}
 
 
 def read_manifest(run_dir) -> dict:
@@ -336,15 +336,18 @@ def open_runs(*run_dirs):
 
     con = duckdb.connect()
     prefixes = []
-    for i, run in enumerate(run_dirs):
-        if not Path(run).is_dir():
-            con.close()
-            raise FileNotFoundError(f"{run}: no such run directory")
-        prefix = "" if len(run_dirs) == 1 else f"r{i}_"
-        if f"{prefix}samples" not in register(con, run, prefix):
-            con.close()
-            raise FileNotFoundError(f"{run}: no catalog/samples/*.parquet in it; is it a curation run directory?")
-        prefixes.append(prefix)
+    try:
+        for i, run in enumerate(run_dirs):
+            if not Path(run).is_dir():
+                raise FileNotFoundError(f"{run}: no such run directory")
+            prefix = "" if len(run_dirs) == 1 else f"r{i}_"
+            if f"{prefix}samples" not in register(con, run, prefix):
+                raise FileNotFoundError(f"{run}: no catalog/samples/*.parquet in it; "
+                                        "is it a curation run directory?")
+            prefixes.append(prefix)
+    except BaseException:
+        con.close()
+        raise
     return con, prefixes
 
 
