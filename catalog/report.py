@@ -12,12 +12,13 @@ from __future__ import annotations
 import base64
 import html
 import io
+import time
 from pathlib import Path
 
 from . import stats as st
 from .io import write_bytes
 from .shards import read_member
-from .sources import read_source
+from .sources import is_uri, read_source
 
 THUMB_PX = 200
 KEEP_COLOR, FAIL_COLOR = "#1a9850", "#d73027"
@@ -149,6 +150,32 @@ def _tile(row: dict, data_fn, person: dict) -> str:
             f'<figcaption>{caption}<br><b>{detail}</b></figcaption></figure>')
 
 
+class SourceReader:
+    """read_source that stops asking a remote store whose first failure was slow (no network, no
+    credentials): one timeout per store instead of one per thumbnail. Missing files fail fast and
+    are not held against their store."""
+
+    slow_failure_s = 2.0
+
+    def __init__(self):
+        self.dead: dict[str, str] = {}
+
+    def __call__(self, uri: str) -> bytes:
+        from urllib.parse import urlsplit
+
+        u = urlsplit(uri) if is_uri(uri) else None
+        root = f"{u.scheme}://{u.netloc}" if u and u.scheme != "file" else None
+        if root in self.dead:
+            raise FileNotFoundError(f"not read, {root} failed before: {self.dead[root]}")
+        t0 = time.monotonic()
+        try:
+            return read_source(uri)
+        except FileNotFoundError as e:
+            if root and time.monotonic() - t0 >= self.slow_failure_s:
+                self.dead[root] = str(e)
+            raise
+
+
 def _row_dicts(cur) -> list[dict]:
     names = [d[0] for d in cur.description]
     return [dict(zip(names, r)) for r in cur.fetchall()]
@@ -158,12 +185,12 @@ SAMPLE_COLS = ("s.sample_id, s.key, s.source_uri, s.width, s.height, s.decode_er
                "s.person_n_pass, s.person_boxes, s.person_scores")
 
 
-def kept_sheet(con, run: Path, n: int, seed: int, person: dict) -> str:
+def kept_sheet(con, run: Path, n: int, seed: int, person: dict, read=read_source) -> str:
     """Random kept samples, bytes read from the curated shards through the index offsets."""
     if not st.has_view(con, "shards"):
         rows = _row_dicts(con.execute(
             f"SELECT {SAMPLE_COLS} FROM samples s WHERE keep ORDER BY hash(s.sample_id, ?) LIMIT ?", [seed, n]))
-        return "".join(_tile(r, lambda r=r: read_source(r["source_uri"]), person) for r in rows)
+        return "".join(_tile(r, lambda r=r: read(r["source_uri"]), person) for r in rows)
     rows = _row_dicts(con.execute(f"""
         SELECT {SAMPLE_COLS}, x.shard AS curated_shard, x.members
         FROM shards x LEFT JOIN samples s ON s.sample_id = x.sample_id
@@ -178,7 +205,8 @@ def kept_sheet(con, run: Path, n: int, seed: int, person: dict) -> str:
     return "".join(_tile(r, lambda r=r: data(r), person) for r in rows)
 
 
-def rejected_sheets(con, n: int, seed: int, person: dict, max_reasons: int) -> list[tuple[str, int, str]]:
+def rejected_sheets(con, n: int, seed: int, person: dict, max_reasons: int,
+                    read=read_source) -> list[tuple[str, int, str]]:
     """(reason, rejected count, tiles html) for the most common reasons, random samples of each."""
     kind = st.REASON_KIND.format(col="s.reject_reason")
     rows = _row_dicts(con.execute(f"""
@@ -190,7 +218,7 @@ def rejected_sheets(con, n: int, seed: int, person: dict, max_reasons: int) -> l
         by_kind.setdefault(r["kind"], []).append(r)
     top = sorted(by_kind, key=lambda k: (-by_kind[k][0]["kind_count"], k))[:max_reasons]
     return [(k, by_kind[k][0]["kind_count"],
-             "".join(_tile(r, lambda r=r: read_source(r["source_uri"]), person) for r in by_kind[k]))
+             "".join(_tile(r, lambda r=r: read(r["source_uri"]), person) for r in by_kind[k]))
             for k in top]
 
 
@@ -337,8 +365,9 @@ def render_report(run_dir, *, thumbs: int = 12, seed: int = 0, max_reasons: int 
 
         parts.append("<h2>Contact sheets</h2><p class=muted>Boxes: green passes the person rule, red does "
                      "not. Random samples (seed {}).</p>".format(seed))
-        parts.append(f'<h3>Kept</h3><div class="sheet">{kept_sheet(con, run, thumbs, seed, person)}</div>')
-        for reason, count, tiles in rejected_sheets(con, thumbs, seed, person, max_reasons):
+        read = SourceReader()
+        parts.append(f'<h3>Kept</h3><div class="sheet">{kept_sheet(con, run, thumbs, seed, person, read)}</div>')
+        for reason, count, tiles in rejected_sheets(con, thumbs, seed, person, max_reasons, read):
             parts.append(f'<h3>Rejected: {html.escape(reason)} ({count:,})</h3><div class="sheet">{tiles}</div>')
     finally:
         con.close()

@@ -112,3 +112,22 @@ def test_renders_in_headless_chromium_without_broken_images(report, tmp_path):
     assert m, f"chromium did not run the check (rc {p.returncode}): {p.stderr[-2000:]}"
     assert int(m[1]) == n_imgs + 1
     assert m[3] == '["deliberately broken"]', f"broken images in the report: {m[3]}"
+
+
+def test_source_reader_gives_up_on_a_slow_failing_store(monkeypatch):
+    from catalog import report
+
+    calls = []
+
+    def unreachable(uri):
+        calls.append(uri)
+        raise FileNotFoundError(f"{uri}: cannot read the source (could not resolve host)")
+
+    monkeypatch.setattr(report, "read_source", unreachable)
+    read = report.SourceReader()
+    read.slow_failure_s = 0.0  # every failure counts as slow
+    for uri in ["s3://bucket/a.tar#1.jpg", "s3://bucket/b.tar#2.jpg", "s3://other/c.jpg", "/local/d.jpg",
+                "/local/e.jpg"]:
+        with pytest.raises(FileNotFoundError):
+            read(uri)
+    assert calls == ["s3://bucket/a.tar#1.jpg", "s3://other/c.jpg", "/local/d.jpg", "/local/e.jpg"]
