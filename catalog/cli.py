@@ -86,7 +86,9 @@ def _num(v) -> str:
 def _is_number(v) -> bool:
     if isinstance(v, (int, float)):
         return True
-    return isinstance(v, str) and (v.lstrip("-")[:1].isdigit() or v in ("-", "", "skipped"))
+    # the strings this module makes from numbers: "1,234 (5.6%)", "-42"; names like "00017" stay text
+    return isinstance(v, str) and (v.endswith("%)") or v[:2].lstrip("-").isdigit() and v.startswith("-")
+                                   or v in ("-", "", "skipped"))
 
 
 def _table(header: list[str], rows: list[list], indent: str = "  ") -> str:
@@ -183,8 +185,10 @@ def format_stats(runs: list[dict], overlap: dict | None = None) -> str:
     for r in runs:
         buckets += [b for b in r["persons_per_kept_image"] if b not in buckets]
     rows = [[b] + [r["persons_per_kept_image"].get(b, 0) for r in runs] for b in buckets]
+    measured = any(n for r in runs for b, n in r["persons_per_kept_image"].items() if b != "not measured")
     section("Persons per kept image (persons passing the person rule)",
-            _table(["persons"] + [f"images {lab}".strip() for lab in labels], rows))
+            _table(["persons"] + [f"images {lab}".strip() for lab in labels], rows) if measured
+            else "  the person stage measured no kept image (did it run?)")
 
     qhead = [h for h, _ in QUANTILE_COLUMNS]
 
@@ -206,8 +210,9 @@ def format_stats(runs: list[dict], overlap: dict | None = None) -> str:
             for lab, r in zip(labels, runs):
                 rows.append(qrow(f"{col} {scope} {lab}".strip(), r["persons"][scope][col]))
     p0 = runs[0]["persons"]
+    detected = any(r["persons"]["detected"]["score"].get("n") for r in runs)
     section(f"Detected persons (rule: score >= {p0['min_score']}, box {p0['box_rule']} >= {p0['min_box_px']} px)",
-            _table(["measure", "n"] + qhead, rows))
+            _table(["measure", "n"] + qhead, rows) if detected else "  no person boxes in the catalog")
 
     rows = []
     keys = []

@@ -247,7 +247,8 @@ def _alt(name: str, key, value) -> str:
 def _html_table(header: list[str], rows: list[list]) -> str:
     def cell(v):
         if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return f'<td class="n">{v:,}</td>' if isinstance(v, int) else f'<td class="n">{v:.4g}</td>'
+            text = f"{v:,}" if isinstance(v, int) else f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+            return f'<td class="n">{text}</td>'
         return f"<td>{html.escape('' if v is None else str(v))}</td>"
 
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
@@ -304,8 +305,12 @@ def render_report(run_dir, *, thumbs: int = 12, seed: int = 0, max_reasons: int 
 
         parts.append("<h2>Persons per kept image</h2>")
         ppi = s["persons_per_kept_image"]
-        parts.append(_img(bar_chart(list(ppi), list(ppi.values()), "Persons per kept image (passing the person rule)",
-                                    "persons", color="#4575b4", horizontal=False), "persons per image chart"))
+        if any(n for b, n in ppi.items() if b != "not measured"):
+            parts.append(_img(bar_chart(list(ppi), list(ppi.values()),
+                                        "Persons per kept image (passing the person rule)", "persons",
+                                        color="#4575b4", horizontal=False), "persons per image chart"))
+        else:
+            parts.append("<p class=muted>The person stage measured no kept image (did it run?).</p>")
 
         parts.append("<h2>Score distributions (active threshold in red, rejected side shaded)</h2>")
         charts = []
@@ -340,9 +345,12 @@ def render_report(run_dir, *, thumbs: int = 12, seed: int = 0, max_reasons: int 
         parts.append(_html_table(QHEAD, _quantile_rows(
             [(f"{c} ({scope})", g[scope][c]) for c in ("width", "height", "aspect", "short_side", "file_bytes")
              for scope in ("decoded", "kept")])))
-        parts.append(_html_table(QHEAD, _quantile_rows(
-            [(f"person {c} ({scope})", person[scope][c]) for c in ("score", "box_longer_side", "box_shorter_side")
-             for scope in ("detected", "in_kept_images")])))
+        if person["detected"]["score"].get("n"):
+            parts.append(_html_table(QHEAD, _quantile_rows(
+                [(f"person {c} ({scope})", person[scope][c])
+                 for c in ("score", "box_longer_side", "box_shorter_side") for scope in ("detected", "in_kept_images")])))
+        else:
+            parts.append("<p class=muted>No person boxes in the catalog.</p>")
 
         parts.append("<h2>Duplicates</h2>")
         d = s["duplicates"]

@@ -369,14 +369,17 @@ def run_stats(*run_dirs) -> dict:
 def histogram(con, expr: str, source: str, bins: int = 40, lo=None, hi=None, where: str = "") -> dict:
     """Counts of `expr` over `source` in equal bins, computed in SQL (nothing is fetched per row).
 
-    Without lo/hi the range is the data's 0.5th..99.5th percentile; values outside land in the
-    first/last bin and are counted in `clipped`.
+    Without lo/hi the range is the data's 0.5th..99.5th percentile (its min..max below 1000 values),
+    so one outlier cannot squash the chart; values outside land in the first/last bin and are
+    counted in `clipped`.
     """
     w = f"WHERE ({expr}) IS NOT NULL" + (f" AND ({where})" if where else "")
     if lo is None or hi is None:
-        qlo, qhi = con.execute(f"SELECT quantile_cont({expr}, 0.005), quantile_cont({expr}, 0.995) "
-                               f"FROM {source} {w}").fetchone()
-        if qlo is None:
+        n, qlo, qhi = con.execute(
+            f"SELECT count(*), CASE WHEN count(*) < 1000 THEN min({expr}) ELSE quantile_cont({expr}, 0.005) END, "
+            f"CASE WHEN count(*) < 1000 THEN max({expr}) ELSE quantile_cont({expr}, 0.995) END "
+            f"FROM {source} {w}").fetchone()
+        if not n:
             return {"edges": [], "counts": [], "clipped": 0}
         lo = qlo if lo is None else lo
         hi = qhi if hi is None else hi
