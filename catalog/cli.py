@@ -202,7 +202,10 @@ def format_stats(runs: list[dict], overlap: dict | None = None) -> str:
         for scope in ("decoded", "kept"):
             for lab, r in zip(labels, runs):
                 rows.append(qrow(f"{col} {scope} {lab}".strip(), r["geometry"][scope][col]))
-    section("Image size (decoded images / kept images)", _table(["measure", "n"] + qhead, rows))
+    approx = any(r["geometry"]["decoded"]["width"].get("approximate") for r in runs)
+    section("Image size (decoded images / kept images)"
+            + (" -- quantiles from a reservoir sample, min/max exact" if approx else ""),
+            _table(["measure", "n"] + qhead, rows))
 
     rows = []
     for col in ("score", "box_longer_side", "box_shorter_side"):

@@ -13,6 +13,8 @@ from .duck import register
 
 QUANTILES = (0.0, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0)
 PERSON_BUCKETS = ("1", "2", "3", "4", "5+")
+EXACT_MAX_ROWS = 20_000_000  # above this many samples quantiles come from a reservoir sample
+RESERVOIR = 1_000_000
 
 # "decode:truncated: image file is truncated" -> "decode:truncated"; "size:short_side<300" stays
 REASON_KIND = "trim(regexp_extract({col}, '^([^:]*(:[^:]*)?)', 1))"
@@ -154,30 +156,43 @@ def persons_per_image(con, p: str = "") -> dict:
     return out
 
 
-def _quantile_sql(expr: str, where: str = "") -> str:
+def _quantile_sql(expr: str, where: str = "", exact: bool = True) -> str:
+    """quantiles, n, mean, min, max of expr. Exact quantiles hold every value in memory, so large
+    catalogs use a reservoir sample (RESERVOIR values); min and max stay exact either way."""
     qs = ", ".join(str(q) for q in QUANTILES)
     f = f" FILTER (WHERE {where})" if where else ""
-    return f"quantile_cont({expr}, [{qs}]){f}, count({expr}){f}, avg({expr}){f}"
+    q = f"quantile_cont({expr}, [{qs}])" if exact else f"reservoir_quantile({expr}, [{qs}], {RESERVOIR})"
+    return f"{q}{f}, count({expr}){f}, avg({expr}){f}, min({expr}){f}, max({expr}){f}"
 
 
-def _quantile_dict(qs, n, mean) -> dict:
+N_QUANTILE_SQL = 5  # values _quantile_sql yields
+
+
+def _quantile_dict(qs, n, mean, lo, hi, exact: bool = True) -> dict:
     if not n:
         return {"n": 0}
-    return {"n": n, "mean": round(float(mean), 4),
-            "quantiles": {f"p{round(q * 100):g}": round(float(v), 4) for q, v in zip(QUANTILES, qs)}}
+    q = {f"p{round(q * 100):g}": round(float(v), 4) for q, v in zip(QUANTILES, qs)}
+    q["p0"], q["p100"] = round(float(lo), 4), round(float(hi), 4)
+    return {"n": n, "mean": round(float(mean), 4), "quantiles": q, **({} if exact else {"approximate": True})}
 
 
-def geometry(con, p: str = "") -> dict:
-    """Quantiles of width, height, aspect, short side and file size, over decoded and kept images."""
-    cols = ["width", "height", "aspect", "short_side", "file_bytes"]
-    parts = [_quantile_sql(c) for c in cols] + [_quantile_sql(c, "keep") for c in cols]
-    vals = con.execute(f"SELECT {', '.join(parts)} FROM {p}samples WHERE decode_error IS NULL").fetchone()
-    out = {"decoded": {}, "kept": {}}
-    for i, scope in enumerate(("decoded", "kept")):
-        for j, c in enumerate(cols):
-            k = 3 * (i * len(cols) + j)
-            out[scope][c] = _quantile_dict(*vals[k:k + 3])
+def _quantile_block(con, cols: list[str], scopes: dict[str, str], source: str, exact: bool) -> dict:
+    """{scope: {col: quantile dict}} in one scan; scopes map a name to a filter ('' = all rows)."""
+    parts = [_quantile_sql(c, where, exact) for where in scopes.values() for c in cols]
+    vals = con.execute(f"SELECT {', '.join(parts)} FROM {source}").fetchone()
+    out, k = {}, 0
+    for scope in scopes:
+        out[scope] = {}
+        for c in cols:
+            out[scope][c] = _quantile_dict(*vals[k:k + N_QUANTILE_SQL], exact=exact)
+            k += N_QUANTILE_SQL
     return out
+
+
+def geometry(con, p: str = "", exact: bool = True) -> dict:
+    """Quantiles of width, height, aspect, short side and file size, over decoded and kept images."""
+    return _quantile_block(con, ["width", "height", "aspect", "short_side", "file_bytes"],
+                           {"decoded": "", "kept": "keep"}, f"{p}samples WHERE decode_error IS NULL", exact)
 
 
 def persons_source(p: str) -> str:
@@ -189,16 +204,10 @@ def persons_source(p: str) -> str:
                       FROM {p}samples WHERE len(person_scores) > 0))"""
 
 
-def persons(con, manifest: dict, p: str = "") -> dict:
+def persons(con, manifest: dict, p: str = "", exact: bool = True) -> dict:
     """Per detected person: score and box-side quantiles, all detections and those in kept images."""
-    cols = ["score", "box_longer_side", "box_shorter_side"]
-    parts = [_quantile_sql(c) for c in cols] + [_quantile_sql(c, "keep") for c in cols]
-    vals = con.execute(f"SELECT {', '.join(parts)} FROM {persons_source(p)}").fetchone()
-    out = {"detected": {}, "in_kept_images": {}}
-    for i, scope in enumerate(out):
-        for j, c in enumerate(cols):
-            k = 3 * (i * len(cols) + j)
-            out[scope][c] = _quantile_dict(*vals[k:k + 3])
+    out = _quantile_block(con, ["score", "box_longer_side", "box_shorter_side"],
+                          {"detected": "", "in_kept_images": "keep"}, persons_source(p), exact)
     out["min_score"] = threshold(manifest, "person", "min_score")
     out["min_box_px"] = threshold(manifest, "person", "min_box_px")
     out["box_rule"] = threshold(manifest, "person", "box_rule")
@@ -210,7 +219,7 @@ def _fails(col: str, side: str, value) -> str:
     return f"count(*) FILTER (WHERE {col} {op} {float(value)!r})"
 
 
-def scores(con, manifest: dict, p: str = "") -> list[dict]:
+def scores(con, manifest: dict, p: str = "", exact: bool = True) -> list[dict]:
     """Distribution of every stored per-image score, with the run's active threshold on it.
 
     `fail_threshold` counts measured rows on the rejected side of the threshold, whatever stage
@@ -220,15 +229,16 @@ def scores(con, manifest: dict, p: str = "") -> list[dict]:
                 for stage, ms in STAGE_SCORES.items() for col, key, side in ms]
     parts = []
     for stage, col, key, side, t in measures:
-        parts.append(_quantile_sql(col))
+        parts.append(_quantile_sql(col, exact=exact))
         parts.append(_fails(col, side, t) if isinstance(t, (int, float)) else "NULL")
     vals = con.execute(f"SELECT {', '.join(parts)} FROM {p}samples").fetchone()
     out = []
+    k = N_QUANTILE_SQL + 1
     for i, (stage, col, key, side, t) in enumerate(measures):
-        qs, n, mean, fails = vals[4 * i: 4 * i + 4]
-        if not n:
+        *q, fails = vals[k * i: k * i + k]
+        if not q[1]:
             continue  # the run never measured it
-        d = {"stage": stage, "column": col, **_quantile_dict(qs, n, mean), "threshold": None}
+        d = {"stage": stage, "column": col, **_quantile_dict(*q, exact=exact), "threshold": None}
         if isinstance(t, (int, float)):
             d["threshold"] = {"key": f"{stage}.{key}", "value": t, "keep": f"{side} {t}"}
             d["fail_threshold"] = fails
@@ -255,22 +265,19 @@ def per_source(con, p: str = "") -> list[dict]:
 
 def duplicates(con, p: str = "") -> dict:
     """Duplicate clusters: how many, how large, exact vs near, and the largest one's canonical."""
-    n_dup, clusters, largest, exact, near = con.execute(f"""
-        SELECT count(*) FILTER (WHERE dup_of IS NOT NULL AND dup_of <> sample_id),
-               count(DISTINCT dup_of) FILTER (WHERE dup_of IS NOT NULL AND dup_of <> sample_id),
+    n_dup, clusters, largest, canonical, exact, near = con.execute(f"""
+        SELECT count(*) FILTER (WHERE dup_of <> sample_id),
+               count(DISTINCT dup_of) FILTER (WHERE dup_of <> sample_id),
                max(dup_cluster_size),
+               arg_max(coalesce(dup_of, sample_id), dup_cluster_size) FILTER (WHERE dup_cluster_size > 1),
                count(*) FILTER (WHERE dup_kind = 'exact' AND dup_of <> sample_id),
                count(*) FILTER (WHERE dup_kind = 'near' AND dup_of <> sample_id)
         FROM {p}samples""").fetchone()
-    canonical = con.execute(f"""
-        SELECT coalesce(dup_of, sample_id) FROM {p}samples
-        WHERE dup_cluster_size > 1 ORDER BY dup_cluster_size DESC, 1 LIMIT 1""").fetchone()
     sizes = _rows(con, f"""
         SELECT dup_cluster_size AS size, count(*) // dup_cluster_size AS clusters FROM {p}samples
         WHERE dup_cluster_size > 1 GROUP BY 1 ORDER BY 1""")
     return {"duplicates": n_dup, "clusters": clusters, "largest_cluster": largest or 1,
-            "largest_canonical": canonical[0] if canonical else None, "exact": exact, "near": near,
-            "cluster_sizes": sizes}
+            "largest_canonical": canonical, "exact": exact, "near": near, "cluster_sizes": sizes}
 
 
 def has_view(con, name: str) -> bool:
@@ -291,19 +298,25 @@ def run_info(manifest: dict, run_dir) -> dict:
     return {"run": str(run_dir), "has_manifest": bool(manifest), **{k: manifest.get(k) for k in keys}}
 
 
-def collect(con, manifest: dict, run_dir, p: str = "") -> dict:
-    """Every statistic of one run registered on `con` with view prefix `p`."""
+def collect(con, manifest: dict, run_dir, p: str = "", exact: bool | None = None) -> dict:
+    """Every statistic of one run registered on `con` with view prefix `p`.
+
+    Quantiles are exact up to EXACT_MAX_ROWS samples and from a reservoir sample above (exact=None).
+    """
+    tot = totals(con, p)
+    if exact is None:
+        exact = tot["inputs"] <= EXACT_MAX_ROWS
     return {
         "run": run_info(manifest, run_dir),
-        "totals": totals(con, p),
+        "totals": tot,
         "funnel": funnel(con, manifest, p),
         "reasons": reasons(con, p),
         "decode_errors": decode_errors(con, p),
         "formats": formats(con, p),
         "persons_per_kept_image": persons_per_image(con, p),
-        "geometry": geometry(con, p),
-        "persons": persons(con, manifest, p),
-        "scores": scores(con, manifest, p),
+        "geometry": geometry(con, p, exact),
+        "persons": persons(con, manifest, p, exact),
+        "scores": scores(con, manifest, p, exact),
         "per_source": per_source(con, p),
         "duplicates": duplicates(con, p),
         "curated": curated(con, p),

@@ -173,3 +173,21 @@ def test_read_source_tar_member_file_and_uri(run):
         read_source(f"{tar}#nope.jpg")
     with pytest.raises(FileNotFoundError):
         read_source(loose_row["source_uri"] + ".gone")
+
+
+def test_reservoir_quantiles_for_large_catalogs_agree_on_small_ones(run):
+    """Above EXACT_MAX_ROWS quantiles come from a reservoir sample; with fewer values than the
+    reservoir holds, they must equal the exact ones."""
+    run_dir, _ = run
+    con, (p,) = stats.open_runs(run_dir)
+    manifest = stats.read_manifest(run_dir)
+    exact = stats.collect(con, manifest, run_dir, p, exact=True)
+    approx = stats.collect(con, manifest, run_dir, p, exact=False)
+    con.close()
+    assert approx["geometry"]["kept"]["width"]["approximate"] is True
+    for scope, col in [("decoded", "aspect"), ("kept", "short_side")]:
+        a, e = approx["geometry"][scope][col]["quantiles"], exact["geometry"][scope][col]["quantiles"]
+        assert a["p0"] == e["p0"] and a["p100"] == e["p100"]
+        assert a["p50"] == pytest.approx(e["p50"], rel=0.05)
+    assert [x["n"] for x in approx["scores"]] == [x["n"] for x in exact["scores"]]
+    assert approx["persons"]["detected"]["score"]["n"] == exact["persons"]["detected"]["score"]["n"]
