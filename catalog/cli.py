@@ -181,6 +181,20 @@ def format_stats(runs: list[dict], overlap: dict | None = None) -> str:
     section("Decode errors by kind",
             _table(["kind"] + [f"count {lab}".strip() for lab in labels] + ["example"], rows) if rows else "  none")
 
+    fmts = []
+    for r in runs:
+        fmts += [x["format"] for x in r["formats"] if x["format"] not in fmts]
+    rows = []
+    for fmt in fmts:
+        row = [fmt]
+        for r in runs:
+            x = next((x for x in r["formats"] if x["format"] == fmt), None)
+            row += [x["count"], x["kept"]] if x else [0, 0]
+        rows.append(row)
+    section("Formats of decoded images",
+            _table(["format"] + [h for lab in labels for h in (f"decoded {lab}".strip(), f"kept {lab}".strip())], rows)
+            if rows else "  none")
+
     buckets = []
     for r in runs:
         buckets += [b for b in r["persons_per_kept_image"] if b not in buckets]

@@ -303,6 +303,10 @@ def render_report(run_dir, *, thumbs: int = 12, seed: int = 0, max_reasons: int 
                                                                   for d in s["decode_errors"]])
                      if s["decode_errors"] else "<p class=muted>none</p>")
 
+        parts.append("<h3>Formats of decoded images</h3>")
+        parts.append(_html_table(["format", "decoded", "kept"], [[f["format"], f["count"], f["kept"]]
+                                                                  for f in s["formats"]]))
+
         parts.append("<h2>Persons per kept image</h2>")
         ppi = s["persons_per_kept_image"]
         if any(n for b, n in ppi.items() if b != "not measured"):

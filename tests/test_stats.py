@@ -50,6 +50,9 @@ def test_decode_errors_persons_and_duplicates(run):
     kinds = Counter(r["decode_error"].split(":")[0] for r in rows if r.get("decode_error"))
     assert {d["kind"]: d["count"] for d in s["decode_errors"]} == dict(kinds)
 
+    decoded = [r for r in rows if r.get("decode_error") is None]
+    assert s["formats"] == [{"format": "JPEG", "count": len(decoded), "kept": sum(r["keep"] for r in rows)}]
+
     per_image = Counter(min(r["person_n_pass"], 5) for r in rows if r["keep"])
     assert s["persons_per_kept_image"] == {"1": per_image[1], "2": per_image[2], "3": per_image[3],
                                            "4": per_image[4], "5+": per_image[5]}
