@@ -207,19 +207,27 @@ def kept_sheet(con, run: Path, n: int, seed: int, person: dict, read=read_source
 
 def rejected_sheets(con, n: int, seed: int, person: dict, max_reasons: int,
                     read=read_source) -> list[tuple[str, int, str]]:
-    """(reason, rejected count, tiles html) for the most common reasons, random samples of each."""
-    kind = st.REASON_KIND.format(col="s.reject_reason")
-    rows = _row_dicts(con.execute(f"""
-        SELECT {SAMPLE_COLS}, {kind} AS kind, count(*) OVER (PARTITION BY {kind}) AS kind_count
-        FROM samples s WHERE s.reject_reason IS NOT NULL
-        QUALIFY row_number() OVER (PARTITION BY {kind} ORDER BY hash(s.sample_id, ?)) <= ?""", [seed, n]))
-    by_kind: dict[str, list[dict]] = {}
-    for r in rows:
-        by_kind.setdefault(r["kind"], []).append(r)
-    top = sorted(by_kind, key=lambda k: (-by_kind[k][0]["kind_count"], k))[:max_reasons]
-    return [(k, by_kind[k][0]["kind_count"],
-             "".join(_tile(r, lambda r=r: read(r["source_uri"]), person) for r in by_kind[k]))
-            for k in top]
+    """(reason, rejected count, tiles html) for the most common reasons, random samples of each.
+
+    One scan keeps the n smallest hash(sample_id, seed) per raw reason (no sort of all rejected
+    rows); raw reasons are then merged into kinds, and a second scan fetches the chosen rows.
+    """
+    picks: dict[str, list] = {}
+    counts: dict[str, int] = {}
+    for reason, count, top in con.execute("""
+            SELECT reject_reason, count(*), min_by({'h': hash(sample_id, ?), 'id': sample_id}, hash(sample_id, ?), ?)
+            FROM samples WHERE reject_reason IS NOT NULL GROUP BY 1""", [seed, seed, max(n, 1)]).fetchall():
+        kind = st.reason_kind(reason)
+        counts[kind] = counts.get(kind, 0) + count
+        picks[kind] = sorted(picks.get(kind, []) + list(top), key=lambda x: x["h"])[:n]
+    kinds = sorted(counts, key=lambda k: (-counts[k], k))[:max_reasons]
+    ids = [x["id"] for k in kinds for x in picks[k]]
+    rows = {r["sample_id"]: r for r in _row_dicts(con.execute(
+        f"SELECT {SAMPLE_COLS} FROM samples s WHERE s.sample_id IN (SELECT unnest(?::VARCHAR[]))", [ids]))} \
+        if ids else {}
+    return [(k, counts[k], "".join(_tile(rows[x["id"]], lambda r=rows[x["id"]]: read(r["source_uri"]), person)
+                                   for x in picks[k] if x["id"] in rows))
+            for k in kinds]
 
 
 # --- HTML ------------------------------------------------------------------------------------
@@ -321,19 +329,20 @@ def render_report(run_dir, *, thumbs: int = 12, seed: int = 0, max_reasons: int 
         for sc in s["scores"]:
             col = sc["column"]
             unit = col in st.UNIT_RANGE
-            hist = st.histogram(con, col, f"{p}samples", lo=0.0 if unit else None, hi=1.0 if unit else None)
+            hist = st.histogram_from(con, col, f"{p}samples", sc, lo=0.0 if unit else None, hi=1.0 if unit else None)
             t = sc["threshold"]
             charts.append(_img(histogram_chart(hist, f"{sc['stage']}: {col} (n={sc['n']:,})", col,
                                                t["value"] if t else None, t["keep"].split()[0] if t else None),
                                _alt(f"{col} histogram", t and t["key"], t and t["value"])))
         persons_src = st.persons_source(p)
         if person["detected"]["score"].get("n"):
-            charts.append(_img(histogram_chart(st.histogram(con, "score", persons_src, lo=0.0, hi=1.0),
+            charts.append(_img(histogram_chart(st.histogram_from(con, "score", persons_src,
+                                                                 person["detected"]["score"], lo=0.0, hi=1.0),
                                                "person: score of every detected person", "score",
                                                person["min_score"], ">="),
                                _alt("person score histogram", "person.min_score", person["min_score"])))
             side = "box_shorter_side" if person["box_rule"] in ("shorter_side", "both") else "box_longer_side"
-            charts.append(_img(histogram_chart(st.histogram(con, side, persons_src),
+            charts.append(_img(histogram_chart(st.histogram_from(con, side, persons_src, person["detected"][side]),
                                                f"person: {side} of every detected person", f"{side} (px)",
                                                person["min_box_px"], ">="),
                                _alt("person box histogram", "person.min_box_px", person["min_box_px"])))

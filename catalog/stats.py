@@ -7,6 +7,7 @@ bench/stats.py share these functions; nothing is loaded into pandas.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from .duck import register
@@ -18,6 +19,12 @@ RESERVOIR = 1_000_000
 
 # "decode:truncated: image file is truncated" -> "decode:truncated"; "size:short_side<300" stays
 REASON_KIND = "trim(regexp_extract({col}, '^([^:]*(:[^:]*)?)', 1))"
+_REASON_KIND_RE = re.compile(r"^([^:]*(:[^:]*)?)")
+
+
+def reason_kind(reason: str) -> str:
+    """REASON_KIND in Python."""
+    return _REASON_KIND_RE.match(reason).group(1).strip()
 FAILED = "NOT coalesce(keep, false)"
 
 # stage -> stored per-image measurements its thresholds cut: (column, config key, kept side).
@@ -396,7 +403,21 @@ def histogram(con, expr: str, source: str, bins: int = 40, lo=None, hi=None, whe
             return {"edges": [], "counts": [], "clipped": 0}
         lo = qlo if lo is None else lo
         hi = qhi if hi is None else hi
-    lo, hi = float(lo), float(hi)
+    return _binned(con, expr, source, w, bins, float(lo), float(hi))
+
+
+def histogram_from(con, expr: str, source: str, q: dict, bins: int = 40, lo=None, hi=None) -> dict:
+    """histogram() with its range taken from a quantile dict of collect(): p1..p99 (min..max below
+    1000 values). Saves the range scan when the statistics are already there."""
+    if not q.get("n"):
+        return {"edges": [], "counts": [], "clipped": 0}
+    small = q["n"] < 1000
+    lo = q["quantiles"]["p0" if small else "p1"] if lo is None else lo
+    hi = q["quantiles"]["p100" if small else "p99"] if hi is None else hi
+    return _binned(con, expr, source, f"WHERE ({expr}) IS NOT NULL", bins, float(lo), float(hi))
+
+
+def _binned(con, expr: str, source: str, w: str, bins: int, lo: float, hi: float) -> dict:
     if hi <= lo:
         hi = lo + 1.0
     width = (hi - lo) / bins

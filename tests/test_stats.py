@@ -194,3 +194,15 @@ def test_reservoir_quantiles_for_large_catalogs_agree_on_small_ones(run):
         assert a["p50"] == pytest.approx(e["p50"], rel=0.05)
     assert [x["n"] for x in approx["scores"]] == [x["n"] for x in exact["scores"]]
     assert approx["persons"]["detected"]["score"]["n"] == exact["persons"]["detected"]["score"]["n"]
+
+
+@pytest.mark.parametrize("reason, kind", [
+    ("decode:truncated: image file is truncated (12 bytes)", "decode:truncated"),
+    ("size:short_side<300", "size:short_side<300"), ("dedup", "dedup"), (" text:area_frac>0.05 ", "text:area_frac>0.05"),
+])
+def test_reason_kind_in_python_and_sql_agree(reason, kind):
+    import duckdb
+
+    assert stats.reason_kind(reason) == kind
+    sql = duckdb.connect().execute(f"SELECT {stats.REASON_KIND.format(col='?')}", [reason]).fetchone()[0]
+    assert sql == kind
