@@ -44,7 +44,14 @@ def unsafe_member(name: str) -> str | None:
 
 
 class ShardTruncated(Exception):
-    """A tar ended early or is corrupt after some members were read."""
+    """A tar ended early or is corrupt after some members were read.
+
+    `key` names the sample that was being read when the damage hit (None if between samples).
+    """
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass
@@ -60,7 +67,8 @@ def iter_tar(fileobj_or_path, *, name: str = "") -> Iterator[TarRecord]:
 
     Members whose names escape the shard come back as records with `error` set and no bytes.
     A truncated or corrupt tar raises ShardTruncated after yielding every complete sample before
-    the damage (the sample being read when the damage hit is reported in the exception).
+    the damage (the sample being read when the damage hit is reported in the exception). A cut
+    inside a header is only detectable on a seekable file (trailing bytes that are not zeros).
     """
     label = name or str(fileobj_or_path)
     if isinstance(fileobj_or_path, (str, os.PathLike)):
@@ -69,9 +77,11 @@ def iter_tar(fileobj_or_path, *, name: str = "") -> Iterator[TarRecord]:
     else:
         fh, own = fileobj_or_path, False
     current: TarRecord | None = None
+    reading: str | None = None  # key whose member data is being read (None while reading headers)
     try:
         try:
-            tf = tarfile.open(fileobj=fh, mode="r|*")
+            seekable = fh.seekable() if hasattr(fh, "seekable") else False
+            tf = tarfile.open(fileobj=fh, mode="r:" if seekable else "r|")
         except tarfile.TarError as e:
             raise ShardTruncated(f"{label}: not a readable tar ({e})") from e
         try:
@@ -80,12 +90,17 @@ def iter_tar(fileobj_or_path, *, name: str = "") -> Iterator[TarRecord]:
                     continue
                 why = unsafe_member(m.name)
                 if why:
+                    if current is not None:
+                        yield current
+                        current = None
                     yield TarRecord(key=m.name, files={}, error=f"member {m.name!r} escapes the shard ({why}); skipped")
                     continue
                 key, ext = split_member(m.name)
+                reading = key
                 data = tf.extractfile(m).read()
                 if len(data) != m.size:
                     raise tarfile.ReadError(f"member {m.name} cut short")
+                reading = None
                 if current is not None and current.key != key:
                     yield current
                     current = None
@@ -93,9 +108,19 @@ def iter_tar(fileobj_or_path, *, name: str = "") -> Iterator[TarRecord]:
                     current = TarRecord(key=key, files={})
                 current.files[ext] = data
                 current.members.append((m.name, m.offset_data, m.size))
+            if seekable:  # tarfile stops quietly at a cut header; what follows the last member must be zeros
+                fh.seek(tf.offset)
+                rest = fh.read(1 << 20)
+                if rest.strip(b"\0"):
+                    raise tarfile.ReadError(f"{len(rest)} bytes after the last whole member are not a tar header")
+                if not rest:
+                    raise tarfile.ReadError("no end-of-archive marker after the last member")
         except (tarfile.TarError, EOFError, OSError, ValueError) as e:
-            lost = f"; sample {current.key!r} was being read" if current else ""
-            raise ShardTruncated(f"{label}: tar is truncated or corrupt ({e}){lost}") from e
+            # members read whole before the damage are kept; the sample hit by it is reported
+            if current is not None and current.key != reading:
+                yield current
+            lost = f"; sample {reading!r} was being read" if reading else ""
+            raise ShardTruncated(f"{label}: tar is truncated or corrupt ({e}){lost}", key=reading) from e
         if current is not None:
             yield current
     finally:

@@ -41,11 +41,16 @@ def _open(data: bytes, max_pixels: int | None) -> Image.Image:
             Image.MAX_IMAGE_PIXELS = old
 
 
+THUMB = 32  # side of the grey thumbnail probe() keeps: what a 64-bit pHash looks at
+
+
 def probe(data: bytes, max_pixels: int | None = None, verify: bool = True) -> dict:
     """Format, mode, size after EXIF orientation, frame count - from the header.
 
     With verify=True the pixel data is decoded too (JPEG in draft mode at 1/8 scale, which still
-    reads every entropy-coded byte), so truncated files are caught without a full-size decode.
+    reads every entropy-coded byte), so truncated files are caught without a full-size decode, and
+    the decoded pixels leave a THUMBxTHUMB grey thumbnail ("thumb", EXIF-oriented, first frame) for
+    the perceptual hash, so no stage decodes the image twice.
     """
     im = _open(data, max_pixels)
     try:
@@ -67,6 +72,8 @@ def probe(data: bytes, max_pixels: int | None = None, verify: bool = True) -> di
                 im.load()
         except (OSError, ValueError, SyntaxError, EOFError) as e:
             raise ImageError(f"truncated or corrupt pixel data: {e}") from e
+        small = ImageOps.exif_transpose(im) if orientation != 1 else im
+        info["thumb"] = to_rgb(small).convert("L").resize((THUMB, THUMB), Image.LANCZOS).tobytes()
     return info
 
 

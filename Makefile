@@ -1,0 +1,26 @@
+# Two commands for a fresh Debian/Ubuntu machine with Python 3.11:
+#   make demo   installs everything (apt + virtualenv) and runs the demo on embedded data
+#   make test   same install, then the test suite
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/install.sh $(wildcard deps/*.txt)
+	bash scripts/install.sh $(VENV)
+	touch $@
+
+demo: install
+	$(VENV)/bin/humanset demo --output runs/demo
+
+test: install
+	$(PY) -m pytest tests
+
+bench: install
+	$(PY) bench/curate.py
+
+clean:
+	rm -rf runs .pytest_cache

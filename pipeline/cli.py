@@ -1,0 +1,118 @@
+"""`humanset curate`, `humanset demo`: the curation commands."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+log = logging.getLogger("humanset.curate")
+
+
+def add_curate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", action="append", required=True, metavar="PATH",
+                   help="a folder of images or WebDataset shards, a .tar shard, or a .parquet manifest "
+                        "with a column of file paths/URIs (repeatable)")
+    p.add_argument("--output", required=True, metavar="RUN",
+                   help="run directory (rerun the same command on it to resume after a crash)")
+    p.add_argument("--config", metavar="FILE", help="YAML overriding pipeline/default.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config value, e.g. --set person.min_score=0.95 (repeatable)")
+    p.add_argument("--score-all", action="store_true",
+                   help="score every sample with every stage (default: later stages see only survivors)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run_curate(args) -> int:
+    from catalog import connect
+
+    from .config import load_config
+    from .engine import RunError, curate
+    from .report import print_funnel
+    from .sources import InputError
+    try:
+        cfg = load_config(args.config, args.set)
+        manifest = curate(args.input, args.output, cfg, score_all=args.score_all, progress=not args.no_progress)
+    except (InputError, RunError, FileNotFoundError, KeyError, ValueError) as e:
+        print(f"humanset curate: error: {e}", file=sys.stderr)
+        return 2
+    print_funnel(manifest, connect(args.output))
+    return 0
+
+
+def main_curate(argv: list[str] | None = None) -> int:
+    """Entry point of pipeline/curate.py (a Ray driver script)."""
+    p = argparse.ArgumentParser(prog="curate.py", description=CURATE_HELP,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_curate_args(p)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    return run_curate(args)
+
+
+CURATE_HELP = """Curate an image crawl into a catalog (one row per input sample) and curated shards.
+
+Stages (pipeline/default.yaml): decode -> size -> dedup -> person -> text -> watermark -> art.
+Writes RUN/catalog/samples/*.parquet, RUN/shards/*.tar|.parquet, RUN/stats/*.json, RUN/manifest.json.
+
+examples:
+  humanset curate --input crawl/ --output runs/r1
+  humanset curate --input s3://bucket/crawl/00000.tar --output runs/r1 --set dedup.max_distance=6
+  ray submit cluster/local.yaml pipeline/curate.py -- --input /data/crawl --output /data/runs/r1
+"""
+
+
+def run_demo(args) -> int:
+    from .demo import run
+    return run(args.output, with_report=not args.no_report, progress=not args.no_progress)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("curate", help="curate an image crawl into a catalog and curated shards",
+                       description=CURATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_curate_args(p)
+    p.set_defaults(func=run_curate)
+
+    p = sub.add_parser("demo", help="build a small crawl from images shipped in installed packages and curate it",
+                       description="Builds runs/demo/crawl (WebDataset shards of real photos from installed "
+                                   "packages plus generated duplicates, crops, overlays, graphics and corrupt "
+                                   "files) and curates it into runs/demo/run. Nothing is downloaded.")
+    p.add_argument("--output", default="runs/demo", help="demo folder (default: runs/demo)")
+    p.add_argument("--no-report", action="store_true", help="skip the HTML report")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=run_demo)
+    register_select(sub)
+
+
+SELECT_HELP = """Re-apply thresholds to a finished run's stored scores and write a new run (catalog and
+curated shards; bytes copied from RUN's shards or the sources). No model runs.
+
+examples:
+  humanset select runs/r1 --set person.min_score=0.95 --set person.min_box_px=400 --output runs/r1-strict
+  humanset select runs/r1 --set dedup.max_distance=8 --output runs/r1-dedup8
+"""
+
+
+def run_select(args) -> int:
+    from catalog import connect
+
+    from .report import print_funnel
+    from .select import SelectError, select
+    try:
+        manifest = select(args.run, args.output, args.set, progress=not args.no_progress)
+    except (SelectError, FileNotFoundError, KeyError, ValueError) as e:
+        print(f"humanset select: error: {e}", file=sys.stderr)
+        return 2
+    print_funnel(manifest, connect(args.output))
+    return 0
+
+
+def register_select(sub) -> None:
+    p = sub.add_parser("select", help="re-cut a run with new thresholds from its stored scores (no models run)",
+                       description=SELECT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", metavar="RUN", help="a finished curation run")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", required=True,
+                   help="new threshold, e.g. --set person.min_score=0.95 (repeatable)")
+    p.add_argument("--output", required=True, metavar="RUN2", help="new run directory")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=run_select)

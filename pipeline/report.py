@@ -1,0 +1,28 @@
+"""The funnel table printed at the end of a run."""
+from __future__ import annotations
+
+
+def funnel_table(manifest: dict) -> str:
+    rows = manifest.get("funnel", [])
+    total = manifest.get("counts", {}).get("inputs", 0) or 0
+    lines = [f"{'stage':<12}{'in':>10}{'out':>10}{'dropped':>10}{'kept %':>9}"]
+    for r in rows:
+        pct = 100.0 * r["out"] / total if total else 0.0
+        lines.append(f"{r['stage']:<12}{r['in']:>10}{r['out']:>10}{r['in'] - r['out']:>10}{pct:>8.1f}%")
+    kept = manifest.get("counts", {}).get("kept", 0)
+    lines.append(f"{'kept':<12}{'':>10}{kept:>10}{'':>10}{(100.0 * kept / total if total else 0):>8.1f}%")
+    for name, why in (manifest.get("skipped_stages") or {}).items():
+        lines.append(f"skipped: {name}: {why}")
+    return "\n".join(lines)
+
+
+def print_funnel(manifest: dict, con=None) -> None:
+    print("\nfunnel")
+    print(funnel_table(manifest))
+    if con is not None:
+        reasons = con.execute("SELECT reject_reason, count(*) FROM samples WHERE reject_reason IS NOT NULL "
+                              "GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 15").fetchall()
+        if reasons:
+            print("\nreject reasons")
+            for reason, n in reasons:
+                print(f"  {n:>8}  {reason}")

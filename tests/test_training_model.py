@@ -1,0 +1,141 @@
+"""ViT / MAE model: Sapiens parameter counts, masking, the loss, timm compatibility, lr rules."""
+import math
+
+import pytest
+import torch
+
+from training.lr import param_groups, scaled_lr, warmup_cosine
+from training.mae import MaskedAutoencoder, count_params
+from training.vit import PRESETS, VisionTransformer, sincos_pos_embed
+
+
+@pytest.mark.parametrize("name", ["sapiens-0.3b", "sapiens-0.6b", "sapiens-1b", "sapiens-2b"])
+def test_sapiens_parameter_counts_match_the_paper(name):
+    # the published figure counts encoder + MAE decoder at 1024 px (see training/vit.py)
+    with torch.device("meta"):
+        model = MaskedAutoencoder.from_preset(name, img_size=1024)
+    published = PRESETS[name].published_params * 1e9
+    total = count_params(model)
+    assert abs(total / published - 1) < 0.01, (name, total, published)
+    assert next(model.parameters()).device.type == "meta"  # no memory spent
+    # the encoder alone is clearly smaller for the small models: the figure is not encoder-only
+    assert count_params(model.encoder) < total
+
+
+def test_sapiens_dimensions():
+    p = PRESETS["sapiens-1b"]
+    assert (p.width, p.depth, p.heads, p.mlp) == (1536, 40, 24, 6144)
+    assert (p.decoder_width, p.decoder_depth, p.decoder_heads) == (512, 8, 16)
+
+
+def test_sincos_table_is_fixed_and_distinct():
+    table = sincos_pos_embed(64, 4)
+    assert table.shape == (17, 64)
+    assert torch.all(table[0] == 0)  # cls row
+    assert torch.cdist(table[1:], table[1:]).add(torch.eye(16)).min() > 0.1  # every position distinct
+
+
+def micro(img=64, **kw):
+    torch.manual_seed(0)
+    return MaskedAutoencoder.from_preset("micro", img_size=img, **kw).init_weights()
+
+
+def test_patchify_roundtrip_and_masking():
+    model = micro()
+    x = torch.randn(3, 3, 64, 64)
+    assert torch.equal(model.unpatchify(model.patchify(x)), x)
+    tokens = torch.randn(3, 16, 8)
+    kept, mask, restore = model.random_masking(tokens, 0.75, torch.Generator().manual_seed(1))
+    assert kept.shape == (3, 4, 8)
+    assert mask.sum(1).tolist() == [12, 12, 12]
+    for b in range(3):  # kept tokens are exactly the unmasked ones
+        visible = tokens[b][mask[b] == 0]
+        assert sorted(map(tuple, visible.tolist())) == sorted(map(tuple, kept[b].tolist()))
+    assert torch.equal(torch.sort(restore, 1).values, torch.arange(16).expand(3, -1))
+    assert not torch.equal(mask[0], mask[1])  # per-sample masks
+
+
+def test_loss_counts_masked_patches_only():
+    model = micro()
+    x = torch.randn(2, 3, 64, 64)
+    loss, pred, mask = model(x, generator=torch.Generator().manual_seed(0))
+    assert loss.ndim == 0 and math.isfinite(loss.item())
+    changed = pred.detach().clone()
+    changed[mask == 0] += 100.0  # visible patches: no effect
+    assert torch.allclose(model.forward_loss(x, changed, mask), loss)
+    changed[mask == 1] += 1.0  # masked patches: effect
+    assert model.forward_loss(x, changed, mask) > loss
+    # per-patch normalised targets: zero mean, unit variance per patch
+    t = model.target(x)
+    assert torch.allclose(t.mean(-1), torch.zeros(2, 16), atol=1e-5)
+    assert torch.allclose(t.var(-1), torch.ones(2, 16), atol=1e-3)
+
+
+def test_grad_checkpointing_gives_the_same_gradients():
+    x = torch.randn(2, 3, 64, 64)
+    grads = []
+    for ckpt in (False, True):
+        model = micro(grad_checkpointing=ckpt)
+        loss, _, _ = model(x, generator=torch.Generator().manual_seed(0))
+        loss.backward()
+        grads.append(model.encoder.blocks[0].mlp.fc1.weight.grad.clone())
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_encoder_loads_into_timm_strict_and_computes_the_same():
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    enc = micro().encoder.eval()
+    timm_model = TimmViT(**enc.timm_kwargs()).eval()
+    timm_model.load_state_dict(enc.state_dict(), strict=True)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.allclose(timm_model.forward_features(x), enc(x), atol=1e-5)
+
+
+def test_sapiens_encoder_keys_match_timm_on_meta():
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    with torch.device("meta"):
+        enc = VisionTransformer.from_preset("sapiens-0.3b", img_size=1024)
+        timm_model = TimmViT(**enc.timm_kwargs())
+    ours = {k: tuple(v.shape) for k, v in enc.state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in timm_model.state_dict().items()}
+    assert ours == theirs
+
+
+def test_lr_rules():
+    assert scaled_lr(1.5e-4, 4096) == pytest.approx(2.4e-3)
+    lrs = [warmup_cosine(s, 100, 10) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))  # cosine decays monotonically
+    assert lrs[-1] < 0.001
+    assert warmup_cosine(10 + 45, 100, 10) == pytest.approx(0.5)  # halfway down the cosine
+
+
+def test_no_weight_decay_on_norms_biases_positions_tokens():
+    model = micro()
+    decay, no_decay = param_groups(model, 0.05)
+    names = {id(p): n for n, p in model.named_parameters()}
+    no_decay_names = {names[id(p)] for p in no_decay["params"]}
+    decay_names = {names[id(p)] for p in decay["params"]}
+    assert "encoder.cls_token" in no_decay_names and "mask_token" in no_decay_names
+    assert "encoder.blocks.0.norm1.weight" in no_decay_names and "encoder.blocks.0.attn.qkv.bias" in no_decay_names
+    assert "encoder.blocks.0.attn.qkv.weight" in decay_names and "decoder_pred.weight" in decay_names
+    assert "encoder.pos_embed" not in decay_names | no_decay_names  # fixed: not optimised at all
+    assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
+
+
+def test_flops_formula_matches_torch_flop_counter_and_the_model_card():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from training.flops import encoder_linear_macs, mae_forward_flops
+
+    model = micro(img=64)
+    x = torch.randn(2, 3, 64, 64)
+    with FlopCounterMode(display=False) as counter:
+        model(x)
+    assert counter.get_total_flops() / 2 == pytest.approx(mae_forward_flops("micro", 64), rel=0.02)
+    # Sapiens model cards: TFLOPs = linear multiply-adds of the encoder at 1024 px
+    for name, card in (("sapiens-0.3b", 1.242), ("sapiens-0.6b", 2.583), ("sapiens-1b", 4.647), ("sapiens-2b", 8.709)):
+        assert encoder_linear_macs(name, 1024) / 1e12 == pytest.approx(card, rel=0.01), name

@@ -1,0 +1,131 @@
+"""Training checkpoints (one file per step) and the encoder export that loads into timm.
+
+A checkpoint is a plain `torch.save` dict:
+    model       full state dict of the MaskedAutoencoder (keys `encoder.*`, `decoder_*`, `mask_token`)
+    optimizer   AdamW state (full, also under FSDP)
+    scheduler   LambdaLR state
+    step        optimiser steps done
+    config      the PretrainConfig as a dict
+    ranks       per rank: masking RNG, torch / numpy / python RNG, data stream positions
+It is written to a temporary name and renamed, so a crash never leaves a file that looks whole.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import catalog
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^step-(\d{8})\.pt$")
+
+
+def checkpoint_dir(output) -> Path:
+    return Path(output) / "checkpoints"
+
+
+def checkpoint_path(output, step: int) -> Path:
+    return checkpoint_dir(output) / f"step-{step:08d}.pt"
+
+
+def list_checkpoints(output) -> list[Path]:
+    folder = checkpoint_dir(output)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if _NAME.match(p.name))
+
+
+def latest_checkpoint(output) -> Path | None:
+    found = list_checkpoints(output)
+    return found[-1] if found else None
+
+
+def rng_state(mask_generator: torch.Generator) -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+             "mask": mask_generator.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict, mask_generator: torch.Generator):
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    mask_generator.set_state(state["mask"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save_checkpoint(output, step: int, payload: dict, keep: int = 3) -> Path:
+    """Write `payload` as the checkpoint of `step`, then delete all but the newest `keep`."""
+    path = checkpoint_path(output, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with catalog.atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+    for old in list_checkpoints(output)[:-keep] if keep > 0 else []:
+        old.unlink(missing_ok=True)
+    log.info("checkpoint: step %d -> %s", step, path)
+    return path
+
+
+def load_checkpoint(path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path}: no such file (checkpoints live in OUT/checkpoints/)")
+    # weights_only=False: the payload holds RNG states (numpy / python tuples) next to tensors
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def resolve_resume(resume, output) -> Path | None:
+    """--resume: True / 'auto' means the newest checkpoint in OUT (None if there is none), a path means it."""
+    if resume in (None, False, ""):
+        return None
+    if resume is True or resume == "auto":
+        return latest_checkpoint(output)
+    return Path(resume)
+
+
+# --- export ------------------------------------------------------------------------------------
+def encoder_state_dict(model_state: dict) -> dict:
+    """The encoder part of an MAE state dict, with timm VisionTransformer keys (no prefix)."""
+    out = {k[len("encoder."):]: v for k, v in model_state.items() if k.startswith("encoder.")}
+    if not out:
+        raise KeyError("no 'encoder.*' keys in this state dict; is it a humanset MAE checkpoint?")
+    return out
+
+
+def export_encoder(checkpoint, out_path) -> Path:
+    """Write the encoder of a checkpoint (path or loaded dict) as a plain state dict for timm.
+
+    Load it with `timm.models.vision_transformer.VisionTransformer(**json.load(open(OUT.json)))`
+    and `load_state_dict(torch.load(OUT), strict=True)`.
+    """
+    ckpt = load_checkpoint(checkpoint) if not isinstance(checkpoint, dict) else checkpoint
+    state = {k: v.detach().cpu().contiguous() for k, v in encoder_state_dict(ckpt["model"]).items()}
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with catalog.atomic_path(out_path) as tmp:
+        torch.save(state, tmp)
+    catalog.write_json(out_path.with_suffix(".json"), ckpt["timm_kwargs"])
+    log.info("encoder: %d tensors -> %s (timm VisionTransformer args in %s)", len(state), out_path,
+             out_path.with_suffix(".json").name)
+    return out_path
+
+
+def timm_encoder(path):
+    """Load an exported encoder into timm's VisionTransformer (strict), for users without humanset."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    path = Path(path)
+    kwargs = json.loads(path.with_suffix(".json").read_text())
+    model = VisionTransformer(**kwargs)
+    model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True), strict=True)
+    return model

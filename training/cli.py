@@ -1,0 +1,123 @@
+"""`humanset pretrain`, `humanset pretrain-vis` and `humanset pretrain-export`."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PRESET_HELP = "sapiens-0.3b, sapiens-0.6b, sapiens-1b, sapiens-2b, base, small, tiny, micro"
+
+
+def add_pretrain_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--data", required=True, help="folder of curated shards (a curation run's RUN/shards)")
+    p.add_argument("--output", required=True, help="run folder: checkpoints/, log.jsonl, encoder.pth")
+    p.add_argument("--model", default="sapiens-0.3b", help=f"encoder preset: {PRESET_HELP} (default %(default)s)")
+    p.add_argument("--image-size", type=int, help="square input side in px, multiple of 16 (default 1024)")
+    p.add_argument("--batch-size", type=int, help="images per worker per step (default 32)")
+    p.add_argument("--steps", type=int, help="optimiser steps (default 1000)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="run under Ray Train with N workers (DDP); 0 = this process (default)")
+    p.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs per Ray Train worker (0 = CPU, gloo)")
+    p.add_argument("--fsdp", action="store_true",
+                   help="shard parameters and optimiser state across workers (FSDP2), for sapiens-1b / 2b")
+    p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
+                   help="continue from CKPT, or without a value from the newest checkpoint in --output")
+    p.add_argument("--config", help="YAML file of settings (names as in --set)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any setting, e.g. --set base_lr=1e-4 --set checkpoint_every=500 "
+                        "--set grad_checkpointing=true (repeatable; see training/pretrain.py PretrainConfig)")
+    return p
+
+
+def config_from_args(args):
+    import yaml
+
+    from .pretrain import PretrainConfig, config_from
+
+    values: dict = {}
+    if args.config:
+        path = Path(args.config)
+        if not path.is_file():
+            raise FileNotFoundError(f"--config {path}: no such file")
+        values.update(yaml.safe_load(path.read_text()) or {})
+    for item in args.set:
+        if "=" not in item:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set base_lr=1e-4")
+        key, value = item.split("=", 1)
+        values[key.strip()] = yaml.safe_load(value)
+    known = {f.name for f in dataclasses.fields(PretrainConfig)}
+    bad = sorted(set(values) - known)
+    if bad:
+        raise KeyError(f"unknown settings {bad}; known: {', '.join(sorted(known))}")
+    flags = {"data": args.data, "output": args.output, "model": args.model, "image_size": args.image_size,
+             "batch_size": args.batch_size, "steps": args.steps, "workers": args.workers,
+             "gpus_per_worker": args.gpus_per_worker, "resume": args.resume,
+             "strategy": "fsdp" if args.fsdp else None}
+    values.update({k: v for k, v in flags.items() if v is not None})
+    return config_from(values)
+
+
+def cmd_pretrain(args) -> int:
+    from .pretrain import pretrain
+
+    summary = pretrain(config_from_args(args))
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_vis(args) -> int:
+    from .vis import pretrain_vis
+
+    print(pretrain_vis(args.checkpoint, args.image, args.out, args.mask_ratio, args.seed))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .checkpoint import export_encoder
+
+    print(export_encoder(args.checkpoint, args.out))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .pretrain import demo
+
+    print(json.dumps(demo(args.data, args.output, args.steps), indent=2))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "pretrain", help="MAE-pretrain a Sapiens ViT on curated shards",
+        description="Masked-autoencoder pretraining as in Sapiens: 75 % masking, per-patch normalised "
+                    "pixel loss, AdamW (0.9, 0.95), lr = base_lr x batch / 256, warmup + cosine. "
+                    "Writes OUT/log.jsonl, OUT/checkpoints/step-N.pt and OUT/encoder.pth (loads into "
+                    "timm's VisionTransformer). Example:\n  humanset pretrain --data RUN/shards "
+                    "--model tiny --image-size 64 --steps 40 --batch-size 16 --output RUN/pretrain",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_pretrain_args(p).set_defaults(func=cmd_pretrain)
+
+    v = sub.add_parser("pretrain-vis", help="original | masked | reconstruction figure of a checkpoint")
+    v.add_argument("checkpoint", help="OUT/checkpoints/step-N.pt")
+    v.add_argument("image", help="any image file")
+    v.add_argument("--out", default="vis.png", help="PNG to write (default %(default)s)")
+    v.add_argument("--mask-ratio", type=float, default=0.75, help="fraction of patches removed (default 0.75)")
+    v.add_argument("--seed", type=int, default=0, help="seed of the random mask")
+    v.set_defaults(func=cmd_vis)
+
+    d = sub.add_parser("pretrain-demo", help="a one-minute CPU pretraining (tiny preset, 64 px) + its figure",
+                       description="Short pretraining on a shards folder for `make demo`: tiny preset, 64 px, "
+                                   "batch 16, a raised lr so the loss visibly falls; then OUT/vis.png.")
+    d.add_argument("--data", required=True, help="folder of curated shards (RUN/shards)")
+    d.add_argument("--output", required=True, help="run folder")
+    d.add_argument("--steps", type=int, default=40, help="optimiser steps (default %(default)s)")
+    d.set_defaults(func=cmd_demo)
+
+    e = sub.add_parser("pretrain-export", help="write a checkpoint's encoder as a timm state dict")
+    e.add_argument("checkpoint", help="OUT/checkpoints/step-N.pt")
+    e.add_argument("--out", required=True, help="encoder .pth (its timm arguments go next to it as .json)")
+    e.set_defaults(func=cmd_export)

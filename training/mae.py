@@ -1,0 +1,121 @@
+"""Masked autoencoder (He et al. 2021) as Sapiens pretrains it: a ViT encoder sees 25 % of the patches,
+a light decoder (width 512, depth 8, 16 heads) predicts the pixels of the rest, and the loss is the MSE
+on masked patches only, against per-patch normalised pixels.
+
+Reads top to bottom: patchify -> random_masking -> forward_encoder -> forward_decoder -> forward_loss.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .vit import Block, VisionTransformer, init_linear_and_norm, preset, run_blocks, sincos_pos_embed
+
+
+class MaskedAutoencoder(nn.Module):
+    def __init__(self, encoder: VisionTransformer, decoder_width: int = 512, decoder_depth: int = 8,
+                 decoder_heads: int = 16, mask_ratio: float = 0.75, norm_pix_loss: bool = True):
+        super().__init__()
+        if not 0.0 <= mask_ratio < 1.0:
+            raise ValueError(f"mask_ratio must be in [0, 1), got {mask_ratio}")
+        self.encoder = encoder
+        self.mask_ratio = mask_ratio
+        self.norm_pix_loss = norm_pix_loss
+        p = encoder.patch_size
+        self.decoder_embed = nn.Linear(encoder.width, decoder_width)
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, decoder_width))
+        self.decoder_pos_embed = nn.Parameter(torch.zeros(1, encoder.grid ** 2 + 1, decoder_width),
+                                              requires_grad=False)
+        self.decoder_blocks = nn.ModuleList(
+            Block(decoder_width, decoder_heads, 4 * decoder_width) for _ in range(decoder_depth))
+        self.decoder_norm = nn.LayerNorm(decoder_width, eps=1e-6)
+        self.decoder_pred = nn.Linear(decoder_width, p * p * 3)
+
+    @classmethod
+    def from_preset(cls, name: str, img_size: int = 1024, mask_ratio: float = 0.75, norm_pix_loss: bool = True,
+                    grad_checkpointing: bool = False) -> "MaskedAutoencoder":
+        p = preset(name)
+        enc = VisionTransformer(p.width, p.depth, p.heads, p.mlp, img_size=img_size,
+                                grad_checkpointing=grad_checkpointing)
+        return cls(enc, p.decoder_width, p.decoder_depth, p.decoder_heads, mask_ratio, norm_pix_loss)
+
+    def init_weights(self) -> "MaskedAutoencoder":
+        self.encoder.init_weights()
+        with torch.no_grad():
+            self.decoder_pos_embed.copy_(
+                sincos_pos_embed(self.decoder_pos_embed.shape[-1], self.encoder.grid).unsqueeze(0))
+        nn.init.normal_(self.mask_token, std=0.02)
+        for module in (self.decoder_embed, self.decoder_blocks, self.decoder_norm, self.decoder_pred):
+            module.apply(init_linear_and_norm)
+        return self
+
+    # --- pixels <-> patches -------------------------------------------------------------------
+    def patchify(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) -> (B, N, p*p*3), patches in row-major order, pixels as (py, px, channel)."""
+        p, g = self.encoder.patch_size, self.encoder.grid
+        x = images.reshape(images.shape[0], 3, g, p, g, p)
+        return torch.einsum("nchpwq->nhwpqc", x).reshape(images.shape[0], g * g, p * p * 3)
+
+    def unpatchify(self, patches: torch.Tensor) -> torch.Tensor:
+        p, g = self.encoder.patch_size, self.encoder.grid
+        x = patches.reshape(patches.shape[0], g, g, p, p, 3)
+        return torch.einsum("nhwpqc->nchpwq", x).reshape(patches.shape[0], 3, g * p, g * p)
+
+    # --- masking ------------------------------------------------------------------------------
+    def random_masking(self, x: torch.Tensor, mask_ratio: float, generator: torch.Generator | None = None):
+        """Keep a random (1 - mask_ratio) subset of the tokens of each sample, by sorting noise.
+
+        Returns the kept tokens (B, n_keep, D), the binary mask (B, N; 1 = removed) and the indices that
+        restore the original order (B, N).
+        """
+        b, n, d = x.shape
+        n_keep = int(n * (1 - mask_ratio))
+        noise = torch.rand(b, n, device=x.device, generator=generator)
+        ids_shuffle = torch.argsort(noise, dim=1)  # ascending: the smallest noise is kept
+        ids_restore = torch.argsort(ids_shuffle, dim=1)
+        ids_keep = ids_shuffle[:, :n_keep]
+        kept = torch.gather(x, 1, ids_keep.unsqueeze(-1).expand(-1, -1, d))
+        mask = torch.ones(b, n, device=x.device)
+        mask[:, :n_keep] = 0
+        mask = torch.gather(mask, 1, ids_restore)
+        return kept, mask, ids_restore
+
+    # --- encoder / decoder / loss --------------------------------------------------------------
+    def forward_encoder(self, images, mask_ratio: float, generator=None):
+        x = self.encoder.tokens(images)
+        x, mask, ids_restore = self.random_masking(x, mask_ratio, generator)
+        return self.encoder.forward_tokens(x), mask, ids_restore
+
+    def forward_decoder(self, latent: torch.Tensor, ids_restore: torch.Tensor) -> torch.Tensor:
+        x = self.decoder_embed(latent)
+        b, n = ids_restore.shape
+        # mask tokens fill the removed positions, then everything is put back in image order
+        mask_tokens = self.mask_token.expand(b, n + 1 - x.shape[1], -1)
+        patches = torch.cat([x[:, 1:, :], mask_tokens], dim=1)
+        patches = torch.gather(patches, 1, ids_restore.unsqueeze(-1).expand(-1, -1, x.shape[2]))
+        x = torch.cat([x[:, :1, :], patches], dim=1) + self.decoder_pos_embed
+        x = run_blocks(self.decoder_blocks, x, self.encoder.grad_checkpointing)
+        return self.decoder_pred(self.decoder_norm(x)[:, 1:, :])  # the cls token is not predicted
+
+    def target(self, images: torch.Tensor) -> torch.Tensor:
+        target = self.patchify(images)
+        if self.norm_pix_loss:
+            mean = target.mean(dim=-1, keepdim=True)
+            var = target.var(dim=-1, keepdim=True)
+            target = (target - mean) / (var + 1.0e-6) ** 0.5
+        return target
+
+    def forward_loss(self, images, pred, mask):
+        per_patch = ((pred.float() - self.target(images).float()) ** 2).mean(dim=-1)
+        return (per_patch * mask).sum() / mask.sum()  # masked patches only
+
+    def forward(self, images: torch.Tensor, mask_ratio: float | None = None, generator=None):
+        ratio = self.mask_ratio if mask_ratio is None else mask_ratio
+        latent, mask, ids_restore = self.forward_encoder(images, ratio, generator)
+        pred = self.forward_decoder(latent, ids_restore)
+        return self.forward_loss(images, pred, mask), pred, mask
+
+
+def count_params(module: nn.Module) -> int:
+    """Every parameter, trainable or frozen (the fixed position tables count, as in the published sizes)."""
+    return sum(p.numel() for p in module.parameters())
