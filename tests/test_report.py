@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import html
 import io
 import re
 import shutil
@@ -131,3 +132,23 @@ def test_source_reader_gives_up_on_a_slow_failing_store(monkeypatch):
         with pytest.raises(FileNotFoundError):
             read(uri)
     assert calls == ["s3://bucket/a.tar#1.jpg", "s3://other/c.jpg", "/local/d.jpg", "/local/e.jpg"]
+
+
+def test_demo_run_stats_agree_with_its_manifest_and_the_report_renders(demo_run, tmp_path):
+    """The real curation output (the run `make demo` makes), not a synthetic one."""
+    from catalog.stats import run_stats
+
+    run_dir, manifest = demo_run
+    s = run_stats(run_dir)
+    assert s["totals"]["inputs"] == manifest["counts"]["inputs"]
+    assert s["totals"]["kept"] == manifest["counts"]["kept"] == s["curated"]["samples"]
+    ours = {f["stage"]: f["count"] for f in s["funnel"]}
+    for f in manifest["funnel"]:
+        assert ours[f["stage"]] == f["out"], f
+    page = write_report(run_dir, tmp_path / "demo.html", thumbs=THUMBS).read_text()
+    for _, _, b64 in _imgs(page):
+        Image.open(io.BytesIO(base64.b64decode(b64))).verify()
+    kept = page.split("<h3>Kept</h3>")[1].split("<h3>")[0]
+    assert kept.count("<img") == THUMBS  # read back from the curated shards
+    rejected = [r for r in s["reasons"] if not r["reason"].startswith("decode:")]
+    assert rejected and all(f"<h3>Rejected: {html.escape(r['reason'])} (" in page for r in rejected)
