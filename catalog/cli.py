@@ -163,7 +163,7 @@ def format_stats(runs: list[dict], overlap: dict | None = None) -> str:
         row = [reason]
         for r in runs:
             x = next((x for x in r["reasons"] if x["reason"] == reason), None)
-            row += [_count_pct(x["first"], x["pct"]) if x else "0", x["any"] if x else 0]
+            row += [_count_pct(x["first"], x["pct"]) if x else 0, x["any"] if x else 0]
         rows.append(row)
     section("Reject reasons (first: rejected the sample first; any: failed it, counting rows later "
             "stages still scored)",
