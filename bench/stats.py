@@ -1,7 +1,7 @@
 """Benchmark `humanset stats` / `query` / `report` on a synthetic curation catalog (10 million rows by default).
 
-    python bench/stats.py --out /tmp/bench-run            # generate (once) and measure
-    python bench/stats.py --out /tmp/bench-run --rows 200000
+    python bench/stats.py --out runs/bench-stats        # generate (once) and measure
+    python bench/stats.py --out runs/bench-stats-small --rows 200000
 
 The catalog is written in chunks with pyarrow, conforming to catalog.SAMPLES, with realistic columns:
 crawl-like sizes and formats, ~1.5% decode errors, duplicate clusters, 0..N person boxes per image and
