@@ -1,7 +1,7 @@
 """`humanset demo` / `make demo`: every room on embedded data, offline, on a CPU.
 
 1. curation: a small crawl from photos shipped in installed packages (plus generated duplicates,
-   overlays, graphics and broken files) -> catalog, curated shards, funnel
+   overlays, graphics and broken files) -> catalog, curated shards, funnel, HTML report
 2. MAE pretraining for a few dozen steps on the curated shards + a reconstruction figure
 Rerunning resumes or skips what is already there.
 """
@@ -19,8 +19,12 @@ def run(output: str = "runs/demo", progress: bool = True, pretrain_steps: int = 
     from training.pretrain import demo as pretrain_demo
 
     out = Path(output)
+    from catalog.report import write_report
+
     curate_demo(str(out), progress=progress)
     run_dir = out / "run"
+    report = write_report(run_dir, out / "report.html")
+    print(f"\nreport: {report.resolve()}   (humanset stats {run_dir} for the same in the terminal)")
 
     print("\n== MAE pretraining on the curated shards (tiny preset, 64 px)")
     pre = out / "pretrain"
@@ -31,7 +35,8 @@ def run(output: str = "runs/demo", progress: bool = True, pretrain_steps: int = 
         losses = [json.loads(line)["loss"] for line in (pre / "log.jsonl").read_text().splitlines() if line.strip()]
         print(f"MAE loss {losses[0]:.3f} -> {losses[-1]:.3f} over {summary['steps']} steps; "
               f"reconstruction figure: {summary['vis']}")
-    print(f"\ndemo outputs in {out}/: crawl/, run/ (catalog, shards, stats), pretrain/")
+    print(f"\ndemo outputs in {out}/: crawl/, run/ (catalog, shards, stats), report.html, pretrain/")
+    print(f"report: {report.resolve()}")
     return 0
 
 

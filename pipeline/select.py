@@ -14,12 +14,12 @@ import pyarrow.compute as pc
 
 import catalog
 from catalog import CURATED_INDEX, SAMPLES
+from catalog.sources import read_source
 
 from . import dedup as dedup_mod
 from .config import apply_sets
 from .decide import decide, funnel
 from .engine import _now, _versions
-from .sources import iter_tar_members, open_input
 from .stages import REGISTRY, build_stages
 
 log = logging.getLogger("humanset.select")
@@ -160,24 +160,11 @@ def _stored_members(run: Path) -> dict[str, tuple[Path, int, int]]:
 
 
 def _images(run: Path, keep: pa.Table, stored: dict) -> dict[str, bytes]:
-    """Original bytes of the kept samples: from the run's shards, else from the sources."""
-    out, from_tars, from_files = {}, defaultdict(dict), {}
+    """Original bytes of the kept samples: from the run's shards, else from their sources."""
+    out = {}
     for sid, uri in zip(keep.column("sample_id").to_pylist(), keep.column("source_uri").to_pylist()):
-        if sid in stored:
-            out[sid] = catalog.read_member(*stored[sid])
-        elif "#" in uri:
-            tar, member = uri.rsplit("#", 1)
-            from_tars[tar][member] = sid
-        else:
-            from_files[sid] = uri
-    for tar, members in from_tars.items():
-        for name, data in iter_tar_members(tar, set(members)):
-            out[members[name]] = data
-    for sid, uri in from_files.items():
-        with open_input(uri) as fh:
-            out[sid] = fh.read()
-    missing = set(keep.column("sample_id").to_pylist()) - set(out)
-    if missing:
-        raise SelectError(f"{len(missing)} kept samples could not be read from {run}/shards or their sources "
-                          f"(e.g. {keep.filter(pc.is_in(keep.column('sample_id'), pa.array(sorted(missing)))).column('source_uri')[0]})")
+        try:
+            out[sid] = catalog.read_member(*stored[sid]) if sid in stored else read_source(uri)
+        except (FileNotFoundError, OSError) as e:
+            raise SelectError(f"sample {sid}: cannot read its bytes from {run}/shards or {uri}: {e}") from e
     return out

@@ -237,18 +237,6 @@ def _tar_row(unit: Unit, rec) -> dict:
     return _row(unit, rec.key, f"{unit.uri}#{rec.key}.{img_ext}", rec.files[img_ext], None, caption, meta_s)
 
 
-def iter_tar_members(uri: str, names: set[str]) -> Iterator[tuple[str, bytes]]:
-    """(member name, bytes) of the wanted members of a tar, in one pass."""
-    with open_input(uri) as fh:
-        try:
-            for rec in iter_tar(fh, name=uri):
-                for ext, data in rec.files.items():
-                    if f"{rec.key}.{ext}" in names:
-                        yield f"{rec.key}.{ext}", data
-        except ShardTruncated:
-            return  # what was readable came out; the caller reports what is missing
-
-
 def iter_unit_images(unit: Unit, wanted: set[str]) -> Iterator[tuple[str, bytes]]:
     """(sample_id, bytes) for the wanted samples of a unit, reading it once (for shard writing)."""
     rows, _ = read_unit(unit)

@@ -12,7 +12,8 @@ import pytest
 import catalog
 from pipeline.config import load_config
 from pipeline.engine import RunError, curate
-from pipeline.sources import iter_tar_members, sample_id
+from catalog.sources import read_source
+from pipeline.sources import sample_id
 
 CHEAP = ["stages=[decode,size,dedup]"]  # engine mechanics on generated images that hold no person
 
@@ -104,9 +105,7 @@ def test_unusual_but_valid_images_decode(demo_run, name, fmt, mode, frames):
 def test_exif_rotation_swaps_width_and_height(demo_run):
     from PIL import Image
     (row,) = _by_caption(_samples(demo_run[0]), "exif_rotated: bad or unusual input")
-    tar, member = row["source_uri"].rsplit("#", 1)
-    ((_, data),) = iter_tar_members(tar, {member})
-    stored = Image.open(io.BytesIO(data)).size
+    stored = Image.open(io.BytesIO(read_source(row["source_uri"]))).size
     assert row["exif_orientation"] == 6 and (row["width"], row["height"]) == (stored[1], stored[0])
 
 
