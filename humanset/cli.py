@@ -10,7 +10,7 @@ import logging
 import sys
 
 # modules exposing register(subparsers); each adds its commands with set_defaults(func=...)
-COMMAND_MODULES = ["pipeline.cli", "training.cli"]
+COMMAND_MODULES = ["pipeline.cli", "training.cli", "training.cli_finetune"]
 
 
 def build_parser() -> argparse.ArgumentParser:
