@@ -86,7 +86,7 @@ def cmd_evaluate(args) -> int:
 def cmd_predict(args) -> int:
     from .predict import predict
 
-    for path in predict(args.task, args.checkpoint, args.images, args.out):
+    for path in predict(args.task, args.checkpoint, args.images, args.out, args.masks):
         print(path)
     return 0
 
@@ -127,4 +127,6 @@ def register(sub) -> None:
     r.add_argument("--checkpoint", required=True, help="fine-tuning checkpoint OUT/checkpoints/step-N.pt")
     r.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
     r.add_argument("--out", required=True, help="folder for the figures")
+    r.add_argument("--masks", nargs="+", metavar="MASK",
+                   help="person masks, one per image (> 0 = person): depth / normal pictures show the person only")
     r.set_defaults(func=cmd_predict)

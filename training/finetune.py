@@ -575,8 +575,8 @@ def demo_config(task: str, data, output, steps: int = 30, encoder: str = "") -> 
     """A short CPU run: tiny preset at 128x96 with narrow heads; the lr is raised so a few dozen steps
     show the loss falling. Everything else is the real recipe."""
     return FinetuneConfig(task=task, data=str(data), output=str(output), encoder=encoder, model="tiny",
-                          image_size=(128, 96), head_width=64, batch_size=4, steps=steps,
-                          warmup_steps=max(1, steps // 10), lr=2e-3, loader_workers=0, cpu_threads=2,
+                          image_size=(128, 96), head_width=32, batch_size=4, steps=steps,
+                          warmup_steps=max(1, steps // 10), lr=2e-3, loader_workers=0, cpu_threads=1,
                           checkpoint_every=steps, log_every=5)
 
 
@@ -587,14 +587,16 @@ def demo(render_dir, out_dir, steps: int = 30, encoder: str = "") -> dict:
 
     out_dir = Path(out_dir)
     frames = RenderFrames(render_dir, (128, 96))
-    image = out_dir / "demo-input.png"
     out_dir.mkdir(parents=True, exist_ok=True)
     from PIL import Image
-    Image.fromarray(frames.raw(0)["rgb"]).save(image)
+    first = frames.raw(0)
+    image, mask = out_dir / "demo-input.png", out_dir / "demo-mask.png"
+    Image.fromarray(first["rgb"]).save(image)
+    Image.fromarray((first["mask"] * 255).astype(np.uint8)).save(mask)
     summary = {}
     for task in ("depth", "normal"):
         run = finetune(demo_config(task, render_dir, out_dir / task, steps, encoder))
-        written = predict(task, run["checkpoint"], [image], out_dir / task / "predictions")
+        written = predict(task, run["checkpoint"], [image], out_dir / task / "predictions", masks=[mask])
         summary[task] = {**run, "predictions": [str(p) for p in written]}
     catalog.write_json(out_dir / "summary.json", summary)
     return summary

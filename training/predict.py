@@ -43,11 +43,15 @@ def palette(n: int) -> np.ndarray:
     return out
 
 
-def depth_picture(depth: np.ndarray) -> np.ndarray:
+def depth_picture(depth: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """Turbo colours over the person's near..far range (2nd..98th percentile), near = red; black outside."""
     from matplotlib import colormaps
-    lo, hi = np.percentile(depth, [2, 98])
+    m = np.ones(depth.shape, bool) if mask is None else mask
+    lo, hi = np.percentile(depth[m], [2, 98]) if m.any() else (0.0, 1.0)
     t = np.clip((depth - lo) / max(hi - lo, 1e-6), 0, 1)
-    return (colormaps["turbo"](1 - t)[..., :3] * 255).astype(np.uint8)  # near = red
+    rgb = (colormaps["turbo"](1 - t)[..., :3] * 255).astype(np.uint8)
+    rgb[~m] = 0
+    return rgb
 
 
 def normal_picture(normal: np.ndarray) -> np.ndarray:
@@ -77,7 +81,9 @@ def side_by_side(a: np.ndarray, b: np.ndarray) -> Image.Image:
 
 
 @torch.no_grad()
-def predict(task: str, checkpoint, images, out_dir) -> list[Path]:
+def predict(task: str, checkpoint, images, out_dir, masks=None) -> list[Path]:
+    """masks: optional person-mask images (one per image, > 0 = person); depth and normal pictures are
+    then drawn on the person only, as the model is trained there only."""
     model, cfg = load_task_model(checkpoint)
     if task != cfg.task:
         raise ValueError(f"--task {task}, but checkpoint {checkpoint} was fine-tuned for {cfg.task}")
@@ -85,7 +91,10 @@ def predict(task: str, checkpoint, images, out_dir) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     in_hw = tuple(cfg.image_size)
     written = []
-    for path in images:
+    masks = list(masks) if masks else [None] * len(images)
+    if len(masks) != len(images):
+        raise ValueError(f"{len(masks)} masks for {len(images)} images: give one mask per image, or none")
+    for path, mask_path in zip(images, masks):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"image {path}: no such file")
@@ -100,6 +109,11 @@ def predict(task: str, checkpoint, images, out_dir) -> list[Path]:
         inv = cv2.invertAffineTransform(m)
         back = cv2.warpAffine(full, inv, (w, h), flags=cv2.INTER_LINEAR)
         back = back.reshape(h, w, -1)
+        person = None
+        if mask_path is not None:
+            person = np.asarray(decode_image(Path(mask_path).read_bytes()).convert("L")) > 0
+            if person.shape != (h, w):
+                raise ValueError(f"mask {mask_path} is {person.shape}, image {path} is {(h, w)}")
         stem = out_dir / f"{path.stem}.{task}"
         if task == "pose":
             vocab = load_vocab(cfg.vocab)
@@ -113,11 +127,13 @@ def predict(task: str, checkpoint, images, out_dir) -> list[Path]:
             picture = (0.4 * img + 0.6 * palette(back.shape[2])[labels]).astype(np.uint8)
             np.save(f"{stem}.npy", labels)
         elif task == "depth":
-            picture = depth_picture(back[..., 0])
+            picture = depth_picture(back[..., 0], person)
             np.save(f"{stem}.npy", back[..., 0].astype(np.float32))
         else:
             n = back / np.maximum(np.linalg.norm(back, axis=-1, keepdims=True), 1e-6)
             picture = normal_picture(n)
+            if person is not None:
+                picture[~person] = 0
             np.save(f"{stem}.npy", n.astype(np.float32))
         fig = Path(f"{stem}.png")
         side_by_side(img, picture).save(fig)
