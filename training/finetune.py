@@ -289,8 +289,8 @@ class FinetuneConfig:
         if not self.vocab and self.task in DEFAULT_VOCAB:
             self.vocab = DEFAULT_VOCAB[self.task]
         preset(self.model)
-        if self.task == "pose" and (self.image_size[0] % 64 or self.image_size[1] % 64) and self.image_size[0] % 16:
-            raise ValueError(f"pose input {self.image_size} must be a multiple of 16")
+        if self.image_size[0] % 16 or self.image_size[1] % 16:
+            raise ValueError(f"image_size {self.image_size}: height and width must be multiples of 16 (the patch)")
         if self.schedule not in ("auto", "linear", "step"):
             raise ValueError(f"schedule {self.schedule!r}: use auto, linear or step")
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pyarrow.compute as pc
 
 import catalog
 
@@ -203,24 +204,33 @@ class RenderFrames:
         if (folder / "shards").is_dir():
             folder = folder / "shards"  # a render run directory
         self.folder = folder
-        index = catalog.read_index(folder).to_pylist()
-        self.rows = [r for r in index if not r.get("error") and r.get("members")]
-        if not self.rows:
+        index = catalog.read_index(folder).select(["key", "shard", "members", "error"])
+        # rows stay in Arrow (a 500K-frame run is cheap there, not as Python dicts); failed frames are dropped
+        ok = pc.and_(pc.is_null(index.column("error")), pc.is_valid(index.column("shard")))
+        self.index = index.filter(ok)
+        if self.index.num_rows == 0:
             raise ValueError(f"{folder}: the render shards hold no rendered frame (all failed or empty)")
-        for r in self.rows:
-            missing = {"rgb.png", "depth.npy", "normal.npy", "mask.png"} - set(_members(r["members"]))
-            if missing:
-                raise ValueError(f"{folder}/{r['shard']} key {r['key']}: missing members {sorted(missing)}; "
-                                 f"is this a render shard folder?")
+        self.check(self.row(0))
         self.out_hw, self.aug, self.seed = tuple(out_hw), aug or Augment(train=False), seed
         self.backgrounds = backgrounds
 
     def __len__(self):
-        return len(self.rows)
+        return self.index.num_rows
+
+    def row(self, i: int) -> dict:
+        return self.index.slice(i, 1).to_pylist()[0]
+
+    def check(self, r: dict) -> dict:
+        mem = _members(r["members"] or [])
+        missing = {"rgb.png", "depth.npy", "normal.npy", "mask.png"} - set(mem)
+        if missing:
+            raise ValueError(f"{self.folder}/{r['shard']} key {r['key']}: missing members {sorted(missing)}; "
+                             f"is this a render shard folder?")
+        return mem
 
     def raw(self, i: int) -> dict:
-        r = self.rows[i]
-        mem = _members(r["members"])
+        r = self.row(i)
+        mem = self.check(r)
         tar = self.folder / r["shard"]
 
         def get(ext):
