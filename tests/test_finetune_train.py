@@ -126,7 +126,7 @@ def test_demo_fine_tunes_depth_and_normals_and_predicts(data, tmp_path):
 
 def test_ray_train_two_cpu_workers(data, tmp_path):
     ray = pytest.importorskip("ray", reason="Ray is not installed")
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(num_cpus=4, include_dashboard=False)  # 2 workers + the trainer's own actor
     try:
         summary = finetune(small("depth", data, tmp_path, steps=2, workers=2, batch_size=2))
     finally:

@@ -288,6 +288,8 @@ class FinetuneConfig:
         self.betas = tuple(self.betas)
         if not self.vocab and self.task in DEFAULT_VOCAB:
             self.vocab = DEFAULT_VOCAB[self.task]
+        if self.task == "pose" and self.vocab == "sapiens308" and self.ohkm_topk is None:
+            self.ohkm_topk = 128  # Sapiens mines the 128 hardest of its 308 keypoints
         preset(self.model)
         if self.image_size[0] % 16 or self.image_size[1] % 16:
             raise ValueError(f"image_size {self.image_size}: height and width must be multiples of 16 (the patch)")
