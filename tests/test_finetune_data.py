@@ -198,3 +198,14 @@ def test_gridvit_loads_into_timm():
     model.load_state_dict(enc.state_dict(), strict=True)
     x = torch.randn(1, 3, 64, 48)
     torch.testing.assert_close(model.forward_features(x), enc(x), atol=1e-5, rtol=1e-4)
+
+
+def test_coco_masks_polygon_and_uncompressed_rle_agree():
+    from training.task_data import decode_segmentation
+    poly = decode_segmentation([[1, 0, 3, 0, 3, 2, 1, 2]], 4, 5)  # x 1..3, y 0..2 (PIL fills the edges)
+    expected = np.zeros((4, 5), bool)
+    expected[0:3, 1:4] = True
+    np.testing.assert_array_equal(poly, expected)
+    # the same mask as COCO's column-major RLE: column 0 empty (4), then per column 3 on / 1 off
+    rle = {"counts": [4, 3, 1, 3, 1, 3, 5], "size": [4, 5]}
+    np.testing.assert_array_equal(decode_segmentation(rle, 4, 5), expected)
