@@ -31,7 +31,7 @@ from . import losses
 from .data import normalize
 from .heads import TASKS, build_head, tokens_to_map
 from .lr import no_weight_decay
-from .pretrain import Context, _fmt_eta, local_context, mean_over_ranks, ray_context
+from .pretrain import Context, local_context, mean_over_ranks, ray_context
 from .vit import VisionTransformer, init_linear_and_norm, preset
 from .vocab import load as load_vocab
 
@@ -519,6 +519,14 @@ class StepLog:
     def close(self):
         self.bar.close()
         self.fh.close()
+
+
+def _fmt_eta(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}"
 
 
 # --- entry points ---------------------------------------------------------------------------------
