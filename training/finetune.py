@@ -417,6 +417,8 @@ def train_loop(config: dict) -> dict:
     resume_from = ckpt.resolve_resume(cfg.resume, out)
     if cfg.encoder and resume_from is None:
         load_encoder(model.encoder, cfg.encoder)
+    elif resume_from is None and ctx.main:
+        log.warning("no --encoder: the encoder starts from random weights (fine for smoke tests, not for results)")
     model.to(ctx.device)
     if ctx.world > 1:
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
