@@ -10,7 +10,8 @@ import logging
 import sys
 
 # modules exposing register(subparsers); each adds its commands with set_defaults(func=...)
-COMMAND_MODULES = ["humanset.demo", "pipeline.cli", "pipeline.cli_calibrate", "catalog.cli", "training.cli"]
+COMMAND_MODULES = ["humanset.demo", "pipeline.cli", "pipeline.cli_calibrate", "catalog.cli", "training.cli",
+                   "training.cli_finetune"]
 
 
 def build_parser() -> argparse.ArgumentParser:

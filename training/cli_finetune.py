@@ -1,0 +1,132 @@
+"""`humanset finetune`, `humanset evaluate` and `humanset predict`."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+TASK_HELP = "pose (keypoint heatmaps), seg (body-part classes), depth (relative depth), normal (surface normals)"
+
+
+def add_finetune_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--task", required=True, choices=["pose", "seg", "depth", "normal"], help=TASK_HELP)
+    p.add_argument("--data", required=True,
+                   help="depth / normal: a render run (or its shards/ folder); pose / seg: a COCO JSON file")
+    p.add_argument("--images", help="pose / seg: folder holding the JSON's file_names (default: the JSON's folder)")
+    p.add_argument("--output", required=True, help="run folder: checkpoints/, log.jsonl, config.json")
+    p.add_argument("--encoder", help="pretrained encoder: humanset MAE checkpoint, OUT/encoder.pth or a timm "
+                                     "ViT state dict (without it the encoder starts random: smoke tests only)")
+    p.add_argument("--model", default="sapiens-0.3b", help="encoder preset the weights were trained with "
+                                                          "(sapiens-0.3b ... 2b, base, small, tiny, micro)")
+    p.add_argument("--image-size", help="input HxW, multiples of 16 (default 1024x768)")
+    p.add_argument("--vocab", help="pose: coco17 (default), coco_wholebody133, sapiens308 or a JSON; "
+                                   "seg: sapiens28 (default), lip20 or a JSON")
+    p.add_argument("--backgrounds", help="curation run whose person-free photos are pasted behind people "
+                                         "(seg, depth, normal)")
+    p.add_argument("--batch-size", type=int, help="images per worker per step (default 8)")
+    p.add_argument("--steps", type=int, help="optimiser steps (default 1000)")
+    p.add_argument("--lr", type=float, help="peak learning rate of the decoder (default 5e-4)")
+    p.add_argument("--workers", type=int, default=0, help="Ray Train workers (DDP); 0 = this process (default)")
+    p.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs per Ray Train worker (0 = CPU)")
+    p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
+                   help="continue from CKPT, or without a value from the newest checkpoint in --output")
+    p.add_argument("--config", help="YAML file of settings (names as in --set)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any setting of FinetuneConfig (training/finetune.py), e.g. --set head_width=256 "
+                        "--set layer_decay=0.9 --set checkpoint_every=500 (repeatable)")
+    return p
+
+
+def config_from_args(args):
+    import yaml
+
+    from .finetune import FinetuneConfig, config_from
+
+    values: dict = {}
+    if args.config:
+        path = Path(args.config)
+        if not path.is_file():
+            raise FileNotFoundError(f"--config {path}: no such file")
+        values.update(yaml.safe_load(path.read_text()) or {})
+    for item in args.set:
+        if "=" not in item:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set lr=1e-4")
+        key, value = item.split("=", 1)
+        values[key.strip()] = yaml.safe_load(value)
+    known = {f.name for f in dataclasses.fields(FinetuneConfig)}
+    bad = sorted(set(values) - known)
+    if bad:
+        raise KeyError(f"unknown settings {bad}; known: {', '.join(sorted(known))}")
+    flags = {"task": args.task, "data": args.data, "images": args.images, "output": args.output,
+             "encoder": args.encoder, "model": args.model, "image_size": args.image_size, "vocab": args.vocab,
+             "backgrounds": args.backgrounds, "batch_size": args.batch_size, "steps": args.steps, "lr": args.lr,
+             "workers": args.workers, "gpus_per_worker": args.gpus_per_worker, "resume": args.resume}
+    values.update({k: v for k, v in flags.items() if v is not None})
+    return config_from(values)
+
+
+def cmd_finetune(args) -> int:
+    from .finetune import finetune
+
+    print(json.dumps(finetune(config_from_args(args)), indent=2))
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from .evaluate import evaluate, write_result
+
+    result = evaluate(args.checkpoint, args.data, args.images, args.batch_size, args.limit)
+    if args.out:
+        write_result(result, args.out)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_predict(args) -> int:
+    from .predict import predict
+
+    for path in predict(args.task, args.checkpoint, args.images, args.out, args.masks):
+        print(path)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "finetune", help="fine-tune a pretrained ViT for pose, part segmentation, depth or normals",
+        description="Sapiens fine-tuning: the pretrained encoder (position table resized to the input grid) "
+                    "plus a light decoder; AdamW lr 5e-4, weight decay 0.1, layer-wise lr decay 0.85, "
+                    "warmup then linear decay (pose: step decay), gradient clip 1. Examples:\n"
+                    "  humanset finetune --task depth --data RENDER_RUN --encoder PT/encoder.pth "
+                    "--model sapiens-0.3b --output runs/depth\n"
+                    "  humanset finetune --task pose --data person_keypoints.json --images IMG_DIR "
+                    "--encoder PT/encoder.pth --output runs/pose",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_finetune_args(p).set_defaults(func=cmd_finetune)
+
+    e = sub.add_parser("evaluate", help="metrics of a fine-tuned checkpoint on held-out data",
+                       description="pose: OKS AP; seg: mIoU, mAcc; depth: RMSE, AbsRel, delta<1.25 after "
+                                   "scale-and-shift alignment; normal: mean / median angle, % within "
+                                   "11.25 / 22.5 / 30 degrees. Example:\n  humanset evaluate "
+                                   "runs/depth/checkpoints/step-00001000.pt --data TEST_RENDER_RUN",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    e.add_argument("checkpoint", help="fine-tuning checkpoint OUT/checkpoints/step-N.pt")
+    e.add_argument("--data", help="evaluation data (default: the training data of the checkpoint)")
+    e.add_argument("--images", help="pose / seg: image folder of the COCO JSON")
+    e.add_argument("--batch-size", type=int, default=4)
+    e.add_argument("--limit", type=int, help="evaluate only the first N samples")
+    e.add_argument("--out", help="also write the metrics to this JSON file")
+    e.set_defaults(func=cmd_evaluate)
+
+    r = sub.add_parser("predict", help="run a fine-tuned checkpoint on images and draw the results",
+                       description="Writes OUT/NAME.TASK.png (input | picture) and the raw prediction. Example:"
+                                   "\n  humanset predict --task depth --checkpoint runs/depth/checkpoints/"
+                                   "step-00001000.pt photo.jpg --out preds/",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("--task", required=True, choices=["pose", "seg", "depth", "normal"], help=TASK_HELP)
+    r.add_argument("--checkpoint", required=True, help="fine-tuning checkpoint OUT/checkpoints/step-N.pt")
+    r.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
+    r.add_argument("--out", required=True, help="folder for the figures")
+    r.add_argument("--masks", nargs="+", metavar="MASK",
+                   help="person masks, one per image (> 0 = person): depth / normal pictures show the person only")
+    r.set_defaults(func=cmd_predict)

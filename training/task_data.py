@@ -1,0 +1,425 @@
+"""Fine-tuning data: render shards (depth, normals, person mask) and COCO-style JSON (pose, part masks).
+
+Every sample is a pure function of (dataset index, epoch, seed): `dataset[(index, epoch)]`, so a resumed
+run sees the same crops, flips and backgrounds as an uninterrupted one (see finetune.StepSampler).
+
+    RenderFrames     render shards (catalog.FRAMES index; {key}.rgb.png, .depth.npy, .normal.npy, .mask.png)
+    CocoKeypoints    top-down person crops from a COCO keypoint JSON + image folder -> Gaussian heatmaps
+    CocoParts        whole images from a COCO JSON whose categories are part classes -> label maps
+    BackgroundPool   non-human photos from a curation run (samples with no detected person)
+
+Augmentation (train=True), as Sapiens: random scale and crop, horizontal flip (left/right keypoints and
+part classes swap, normals negate x), photometric distortion, and for seg / depth / normals pasting
+the person onto a random non-human background.
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pyarrow.compute as pc
+
+import catalog
+
+from .decode import decode_image
+from .vocab import ClassVocab, KeypointVocab
+
+log = logging.getLogger(__name__)
+
+NEAREST, LINEAR = cv2.INTER_NEAREST, cv2.INTER_LINEAR
+
+
+@dataclass
+class Augment:
+    train: bool = True
+    scale: tuple = (0.7, 1.0)  # crop side as a fraction of the largest crop of the output aspect
+    flip: float = 0.5
+    background: float = 0.5  # probability of pasting onto a non-human photo (when a pool is given)
+    photometric: bool = True
+    rotate: float = 30.0  # pose only: max rotation in degrees (applied with probability 0.6)
+    pose_scale: tuple = (0.75, 1.25)
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    return np.random.default_rng([seed, epoch, index, 7])
+
+
+# --- geometry -------------------------------------------------------------------------------------
+def crop_affine(src_hw, out_hw, rng, aug: Augment) -> tuple[np.ndarray, bool]:
+    """2x3 affine from source to output pixels: a crop of the output's aspect (random scale and position
+    when training, the centred largest crop otherwise), and whether it mirrors horizontally."""
+    sh, sw = src_hw
+    oh, ow = out_hw
+    full = min(sw / ow, sh / oh)  # source pixels per output pixel of the largest fitting crop
+    s = full * (rng.uniform(*aug.scale) if aug.train else 1.0)
+    cw, ch = ow * s, oh * s
+    x0 = rng.uniform(0, sw - cw) if aug.train else (sw - cw) / 2
+    y0 = rng.uniform(0, sh - ch) if aug.train else (sh - ch) / 2
+    flip = aug.train and rng.random() < aug.flip
+    m = np.array([[1 / s, 0, -x0 / s], [0, 1 / s, -y0 / s]])
+    if flip:
+        m = np.array([[-1, 0, ow - 1], [0, 1, 0]]) @ np.vstack([m, [0, 0, 1]])
+    return m, flip
+
+
+def box_affine(box, out_hw, rng, aug: Augment, padding: float = 1.25) -> tuple[np.ndarray, bool]:
+    """Top-down person crop: the box (x, y, w, h) grown to the output aspect and padded by 1.25, with
+    random scale, rotation and mirror when training. Returns the 2x3 source -> output affine."""
+    x, y, w, h = box
+    oh, ow = out_hw
+    cx, cy = x + w / 2, y + h / 2
+    if w / h > ow / oh:
+        h = w * oh / ow
+    else:
+        w = h * ow / oh
+    w, h = w * padding, h * padding
+    rot, flip = 0.0, False
+    if aug.train:
+        f = rng.uniform(*aug.pose_scale)
+        w, h = w * f, h * f
+        if rng.random() < 0.6:
+            rot = rng.uniform(-aug.rotate, aug.rotate)
+        flip = rng.random() < aug.flip
+    s = ow / w
+    m = cv2.getRotationMatrix2D((cx, cy), rot, s)
+    m[:, 2] += np.array([ow / 2 - cx, oh / 2 - cy])
+    if flip:
+        m = np.array([[-1, 0, ow - 1], [0, 1, 0]]) @ np.vstack([m, [0, 0, 1]])
+    return m, flip
+
+
+def warp(arr: np.ndarray, m: np.ndarray, out_hw, interp=LINEAR, border=0) -> np.ndarray:
+    return cv2.warpAffine(arr, m, (out_hw[1], out_hw[0]), flags=interp, borderMode=cv2.BORDER_CONSTANT,
+                          borderValue=border)
+
+
+def photometric(img: np.ndarray, rng) -> np.ndarray:
+    """Brightness, contrast and saturation jitter (each with probability 0.5)."""
+    out = img.astype(np.float32)
+    if rng.random() < 0.5:
+        out += rng.uniform(-32, 32)
+    if rng.random() < 0.5:
+        out = (out - out.mean()) * rng.uniform(0.5, 1.5) + out.mean()
+    if rng.random() < 0.5:
+        grey = out.mean(axis=2, keepdims=True)
+        out = grey + (out - grey) * rng.uniform(0.5, 1.5)
+    return np.clip(out, 0, 255).astype(np.uint8)
+
+
+def chw(img: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(img.transpose(2, 0, 1))
+
+
+# --- backgrounds ----------------------------------------------------------------------------------
+class BackgroundPool:
+    """Photos without people, to paste persons onto. `from_run(RUN)` finds them in a curation catalog."""
+
+    def __init__(self, sources: list[str]):
+        self.sources = list(sources)
+        self._tar_index: dict[str, dict] = {}
+
+    def __len__(self):
+        return len(self.sources)
+
+    @classmethod
+    def from_run(cls, run_dir, limit: int = 10_000) -> "BackgroundPool":
+        """Samples the person stage measured and found nobody in (reject reason 'person:no_person', or
+        any sample with n_persons = 0 that decoded). Raises if the run has none."""
+        con = catalog.connect(run_dir)
+        views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
+        if "samples" not in views:
+            raise FileNotFoundError(f"background run {run_dir}: no catalog/samples/*.parquet; pass a curation run")
+        rows = con.execute(
+            "SELECT source_uri FROM samples WHERE (reject_reason = 'person:no_person' OR n_persons = 0) "
+            "AND decode_error IS NULL AND source_uri IS NOT NULL ORDER BY sample_id LIMIT ?", [limit]).fetchall()
+        if not rows:
+            raise ValueError(f"background run {run_dir}: no sample without a person (reject_reason "
+                             f"'person:no_person' or n_persons = 0); did the run have the person stage?")
+        log.info("backgrounds: %d non-human photos from %s", len(rows), run_dir)
+        return cls([r[0] for r in rows])
+
+    def read(self, i: int) -> bytes:
+        return read_source(self.sources[i], self._tar_index)
+
+    def image(self, i: int) -> np.ndarray:
+        return np.asarray(decode_image(self.read(i)))
+
+
+def read_source(uri: str, tar_index: dict) -> bytes:
+    """Bytes of a catalog source_uri: a local path (or file://), any pyarrow file-system URI, or
+    'TAR#MEMBER' for a member of an input tar (its offsets are indexed once per tar)."""
+    if "#" in uri:
+        tar_uri, member = uri.rsplit("#", 1)
+        local = tar_uri.removeprefix("file://")
+        if "://" not in local:
+            if local not in tar_index:
+                with tarfile.open(local, "r:") as tf:
+                    tar_index[local] = {m.name: (m.offset_data, m.size) for m in tf.getmembers() if m.isfile()}
+            if member not in tar_index[local]:
+                raise KeyError(f"background {uri}: member {member!r} not in {local}")
+            return catalog.read_member(local, *tar_index[local][member])
+        with _open(tar_uri) as fh, tarfile.open(fileobj=fh, mode="r|*") as tf:
+            for m in tf:
+                if m.name == member:
+                    return tf.extractfile(m).read()
+        raise KeyError(f"background {uri}: member {member!r} not found")
+    with _open(uri) as fh:
+        return fh.read()
+
+
+def _open(uri: str):
+    if "://" in uri and not uri.startswith("file://"):
+        import pyarrow.fs as pafs
+        fs, path = pafs.FileSystem.from_uri(uri)
+        return fs.open_input_stream(path)
+    return open(uri.removeprefix("file://"), "rb")
+
+
+def paste_background(img: np.ndarray, person: np.ndarray, bg: np.ndarray, rng) -> np.ndarray:
+    """The person's pixels over a random crop of `bg`, resized to the image (cover, not stretch)."""
+    h, w = img.shape[:2]
+    m, _ = crop_affine(bg.shape[:2], (h, w), rng, Augment(train=True, flip=0.5))
+    back = warp(bg, m, (h, w))
+    return np.where(person[..., None], img, back)
+
+
+# --- render shards: depth, normals, mask ----------------------------------------------------------
+def _members(row_members) -> dict:
+    return {catalog.split_member(m["name"])[1]: (m["offset"], m["size"]) for m in row_members}
+
+
+class RenderFrames:
+    """Frames of render shards. Items: image uint8 (3,H,W), depth (1,H,W) metres (0 = none),
+    normal (3,H,W) unit OpenCV camera frame, mask bool (1,H,W)."""
+
+    def __init__(self, folder, out_hw=(1024, 768), aug: Augment | None = None, seed: int = 0,
+                 backgrounds: BackgroundPool | None = None):
+        folder = Path(folder)
+        if (folder / "shards").is_dir():
+            folder = folder / "shards"  # a render run directory
+        self.folder = folder
+        index = catalog.read_index(folder).select(["key", "shard", "members", "error"])
+        # rows stay in Arrow (a 500K-frame run is cheap there, not as Python dicts); failed frames are dropped
+        ok = pc.and_(pc.is_null(index.column("error")), pc.is_valid(index.column("shard")))
+        self.index = index.filter(ok)
+        if self.index.num_rows == 0:
+            raise ValueError(f"{folder}: the render shards hold no rendered frame (all failed or empty)")
+        self.check(self.row(0))
+        self.out_hw, self.aug, self.seed = tuple(out_hw), aug or Augment(train=False), seed
+        self.backgrounds = backgrounds
+
+    def __len__(self):
+        return self.index.num_rows
+
+    def row(self, i: int) -> dict:
+        return self.index.slice(i, 1).to_pylist()[0]
+
+    def check(self, r: dict) -> dict:
+        mem = _members(r["members"] or [])
+        missing = {"rgb.png", "depth.npy", "normal.npy", "mask.png"} - set(mem)
+        if missing:
+            raise ValueError(f"{self.folder}/{r['shard']} key {r['key']}: missing members {sorted(missing)}; "
+                             f"is this a render shard folder?")
+        return mem
+
+    def raw(self, i: int) -> dict:
+        r = self.row(i)
+        mem = self.check(r)
+        tar = self.folder / r["shard"]
+
+        def get(ext):
+            return catalog.read_member(tar, *mem[ext])
+        rgb = np.asarray(decode_image(get("rgb.png")))
+        depth = np.load(io.BytesIO(get("depth.npy")), allow_pickle=False).astype(np.float32)
+        normal = np.load(io.BytesIO(get("normal.npy")), allow_pickle=False).astype(np.float32)
+        mask = np.asarray(decode_image(get("mask.png")).convert("L")) > 0
+        depth = np.where(np.isfinite(depth), depth, 0.0).astype(np.float32)  # inf background -> 0
+        return {"rgb": rgb, "depth": depth, "normal": normal, "mask": mask, "key": r["key"]}
+
+    def __getitem__(self, item) -> dict:
+        i, epoch = item if isinstance(item, tuple) else (item, 0)
+        rng = sample_rng(self.seed, epoch, i)
+        f = self.raw(i)
+        m, flip = crop_affine(f["rgb"].shape[:2], self.out_hw, rng, self.aug)
+        img = warp(f["rgb"], m, self.out_hw)
+        mask = warp(f["mask"].astype(np.uint8), m, self.out_hw, NEAREST) > 0
+        depth = warp(f["depth"], m, self.out_hw, NEAREST)
+        normal = warp(f["normal"], m, self.out_hw, NEAREST)
+        if flip:
+            normal[..., 0] *= -1  # a mirrored image mirrors the surface: x of the normal changes sign
+        if self.aug.train:
+            if self.backgrounds is not None and len(self.backgrounds) and rng.random() < self.aug.background:
+                bg = self.backgrounds.image(int(rng.integers(len(self.backgrounds))))
+                img = paste_background(img, mask, bg, rng)
+            if self.aug.photometric:
+                img = photometric(img, rng)
+        return {"image": chw(img), "depth": depth[None].astype(np.float32), "normal": chw(normal).astype(np.float32),
+                "mask": mask[None], "index": i}
+
+
+# --- COCO JSON ------------------------------------------------------------------------------------
+def load_coco(json_path, images_root=None) -> tuple[dict, Path]:
+    path = Path(json_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"COCO annotations {path}: no such file")
+    coco = json.loads(path.read_text())
+    for key in ("images", "annotations", "categories"):
+        if key not in coco:
+            raise ValueError(f"{path}: not a COCO annotation file (no {key!r} list)")
+    root = Path(images_root) if images_root else path.parent
+    return coco, root
+
+
+def read_rgb(path: Path) -> np.ndarray:
+    if not path.is_file():
+        raise FileNotFoundError(f"image {path}: no such file (pass --images FOLDER holding the COCO file_names)")
+    return np.asarray(decode_image(path.read_bytes()))
+
+
+def gaussian_heatmaps(kpts: np.ndarray, valid: np.ndarray, hm_hw, sigma: float) -> np.ndarray:
+    """(K, h, w) unnormalised Gaussians exp(-r^2 / 2 sigma^2) centred on keypoints in heatmap pixels."""
+    h, w = hm_hw
+    ys, xs = np.mgrid[0:h, 0:w].astype(np.float32)
+    out = np.zeros((len(kpts), h, w), np.float32)
+    for k, ((x, y), ok) in enumerate(zip(kpts, valid)):
+        if ok:
+            out[k] = np.exp(-((xs - x) ** 2 + (ys - y) ** 2) / (2 * sigma ** 2))
+    return out
+
+
+class CocoKeypoints:
+    """Top-down pose samples: one per annotated person (num_keypoints > 0, not crowd).
+
+    Items: image uint8 (3,H,W), heatmaps (K, H/4, W/4), weights (K,), and for evaluation the affine
+    `inv` mapping output pixels back to the original image, `ann` (annotation index)."""
+
+    def __init__(self, json_path, images_root, vocab: KeypointVocab, out_hw=(256, 192),
+                 aug: Augment | None = None, seed: int = 0, sigma: float = 2.0):
+        self.coco, self.root = load_coco(json_path, images_root)
+        self.vocab, self.out_hw, self.aug, self.seed, self.sigma = vocab, tuple(out_hw), aug or Augment(False), seed, sigma
+        self.images = {im["id"]: im for im in self.coco["images"]}
+        self.anns = [a for a in self.coco["annotations"]
+                     if not a.get("iscrowd") and a.get("num_keypoints", 1) > 0 and "keypoints" in a]
+        k = len(vocab)
+        for a in self.anns:
+            if len(a["keypoints"]) != 3 * k:
+                raise ValueError(f"{json_path}: annotation {a.get('id')} has {len(a['keypoints']) // 3} keypoints, "
+                                 f"vocabulary {vocab.name} has {k}; pass the matching --vocab")
+        if not self.anns:
+            raise ValueError(f"{json_path}: no annotation with keypoints")
+
+    def __len__(self):
+        return len(self.anns)
+
+    def __getitem__(self, item) -> dict:
+        i, epoch = item if isinstance(item, tuple) else (item, 0)
+        rng = sample_rng(self.seed, epoch, i)
+        a = self.anns[i]
+        img = read_rgb(self.root / self.images[a["image_id"]]["file_name"])
+        m, flip = box_affine(a["bbox"], self.out_hw, rng, self.aug)
+        crop = warp(img, m, self.out_hw)
+        kp = np.asarray(a["keypoints"], np.float64).reshape(-1, 3)
+        xy = np.c_[kp[:, :2], np.ones(len(kp))] @ m.T
+        vis = kp[:, 2] > 0
+        if flip:  # the mirrored left wrist is now a right wrist
+            perm = self.vocab.flip_index
+            xy, vis = xy[perm], vis[perm]
+        if self.aug.train and self.aug.photometric:
+            crop = photometric(crop, rng)
+        hm_hw = (self.out_hw[0] // 4, self.out_hw[1] // 4)
+        hm_xy = (xy + 0.5) / 4 - 0.5  # pixel centres of the 1/4 grid
+        inside = (hm_xy[:, 0] >= 0) & (hm_xy[:, 0] <= hm_hw[1] - 1) & (hm_xy[:, 1] >= 0) & (hm_xy[:, 1] <= hm_hw[0] - 1)
+        valid = vis & inside
+        inv = cv2.invertAffineTransform(m)
+        return {"image": chw(crop), "heatmaps": gaussian_heatmaps(hm_xy, valid, hm_hw, self.sigma),
+                "weights": valid.astype(np.float32), "inv": inv.astype(np.float32), "ann": i}
+
+
+def decode_segmentation(seg, h: int, w: int) -> np.ndarray:
+    """COCO polygons or uncompressed RLE -> bool (h, w). Compressed RLE needs pycocotools."""
+    from PIL import Image, ImageDraw
+
+    if isinstance(seg, list):
+        canvas = Image.new("L", (w, h), 0)
+        draw = ImageDraw.Draw(canvas)
+        for poly in seg:
+            if len(poly) >= 6:
+                draw.polygon([(poly[j], poly[j + 1]) for j in range(0, len(poly), 2)], fill=1)
+        return np.asarray(canvas, bool)
+    counts = seg["counts"]
+    if isinstance(counts, str):
+        try:
+            from pycocotools import mask as mask_utils
+        except ImportError as e:
+            raise ImportError("compressed RLE masks need pycocotools (pip install pycocotools)") from e
+        return mask_utils.decode(seg).astype(bool)
+    flat = np.zeros(h * w, bool)
+    pos, val = 0, False
+    for c in counts:
+        flat[pos:pos + c] = val
+        pos, val = pos + c, not val
+    return flat.reshape(w, h).T  # COCO RLE runs down the columns
+
+
+class CocoParts:
+    """Whole-image part segmentation: each annotation paints its category (named like a vocabulary
+    class) over a background of class 0; larger regions first, so small parts stay on top.
+    Items: image uint8 (3,H,W), labels int64 (H,W) with 255 on padding, mask bool (1,H,W) = labels > 0."""
+
+    def __init__(self, json_path, images_root, vocab: ClassVocab, out_hw=(1024, 768),
+                 aug: Augment | None = None, seed: int = 0, backgrounds: BackgroundPool | None = None):
+        self.coco, self.root = load_coco(json_path, images_root)
+        self.vocab, self.out_hw, self.aug, self.seed = vocab, tuple(out_hw), aug or Augment(False), seed
+        self.backgrounds = backgrounds
+        lookup = {n.lower().replace("-", "_"): i for i, n in enumerate(vocab.names)}
+        self.cat_to_class = {}
+        for c in self.coco["categories"]:
+            key = c["name"].lower().replace("-", "_").replace(" ", "_")
+            if key not in lookup:
+                raise ValueError(f"{json_path}: category {c['name']!r} is not a class of vocabulary {vocab.name} "
+                                 f"({', '.join(vocab.names)})")
+            self.cat_to_class[c["id"]] = lookup[key]
+        self.image_list = list(self.coco["images"])
+        self.by_image: dict = {}
+        for a in self.coco["annotations"]:
+            self.by_image.setdefault(a["image_id"], []).append(a)
+
+    def __len__(self):
+        return len(self.image_list)
+
+    def label_map(self, im: dict) -> np.ndarray:
+        h, w = im["height"], im["width"]
+        labels = np.zeros((h, w), np.uint8)
+        anns = sorted(self.by_image.get(im["id"], []), key=lambda a: -a.get("area", 0))
+        for a in anns:
+            labels[decode_segmentation(a["segmentation"], h, w)] = self.cat_to_class[a["category_id"]]
+        return labels
+
+    def __getitem__(self, item) -> dict:
+        i, epoch = item if isinstance(item, tuple) else (item, 0)
+        rng = sample_rng(self.seed, epoch, i)
+        im = self.image_list[i]
+        img = read_rgb(self.root / im["file_name"])
+        labels = self.label_map(im)
+        if labels.shape != img.shape[:2]:
+            raise ValueError(f"image {im['file_name']}: JSON says {labels.shape}, file is {img.shape[:2]}")
+        m, flip = crop_affine(img.shape[:2], self.out_hw, rng, self.aug)
+        img = warp(img, m, self.out_hw)
+        labels = warp(labels, m, self.out_hw, NEAREST, border=255)
+        if flip:
+            perm = np.r_[self.vocab.flip_index, np.arange(len(self.vocab), 256)].astype(np.uint8)
+            labels = perm[labels]
+        person = (labels > 0) & (labels != 255)
+        if self.aug.train:
+            if self.backgrounds is not None and len(self.backgrounds) and rng.random() < self.aug.background:
+                bg = self.backgrounds.image(int(rng.integers(len(self.backgrounds))))
+                img = paste_background(img, person, bg, rng)
+            if self.aug.photometric:
+                img = photometric(img, rng)
+        return {"image": chw(img), "labels": labels.astype(np.int64), "mask": person[None], "index": i}
