@@ -31,7 +31,7 @@ from . import losses
 from .data import normalize
 from .heads import TASKS, build_head, tokens_to_map
 from .lr import no_weight_decay
-from .pretrain import Context, local_context, mean_over_ranks, ray_context
+from .pretrain import Context, local_context, over_ranks, ray_context
 from .vit import VisionTransformer, init_linear_and_norm, preset
 from .vocab import load as load_vocab
 
@@ -469,7 +469,7 @@ def train_loop(config: dict) -> dict:
         sched.step()
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.steps or done == start + 1:
-            mean_loss = mean_over_ranks(loss.detach(), ctx)
+            mean_loss, _ = over_ranks(loss.detach(), 0, ctx)
             if logger:
                 logger.write(done, mean_loss, sched.get_last_lr()[-1], float(grad_norm), cfg.batch_size * ctx.world)
         if done % cfg.checkpoint_every == 0 or done == cfg.steps:
