@@ -257,6 +257,23 @@ def _stream(ds, collector: _Collector):
     collector.close()
 
 
+SIDECAR = ("sample_id", "source_uri", "key", "caption", "width", "height", "person_boxes", "person_scores",
+           "person_keypoints")
+INDEX_EXTRA = ("sample_id", "source_uri", "format", "width", "height", "sha256", "n_persons")
+
+
+def write_curated(folder: Path, unit_id: str, kept: pa.Table, images: dict[str, bytes], cfg: dict) -> list[str]:
+    """Curated shards of one unit: {sample_id}.{ext} original bytes + {sample_id}.json sidecar."""
+    out = cfg["output"]
+    with catalog.ShardWriter(folder, unit_id, CURATED_INDEX, max_count=out["shard_max_count"],
+                             max_bytes=out["shard_max_bytes"]) as w:
+        for r in kept.to_pylist():
+            ext = (r["format"] or "bin").lower().replace("jpeg", "jpg")
+            sidecar = {k: r[k] for k in SIDECAR if r.get(k) is not None}
+            w.add(r["sample_id"], {ext: images[r["sample_id"]], "json": sidecar}, {k: r.get(k) for k in INDEX_EXTRA})
+    return w.written
+
+
 def _write_unit(run: str, unit: dict, table: pa.Table, cfg: dict, unit_error: str | None) -> dict:
     """Ray task: decide, write the unit's catalog part and curated shards, then its stats marker."""
     run_p = Path(run)
@@ -273,25 +290,11 @@ def _write_unit(run: str, unit: dict, table: pa.Table, cfg: dict, unit_error: st
     written = []
     if keep_ids:
         from .sources import iter_unit_images
-        wanted = ["sample_id", "source_uri", "format", "width", "height", "sha256", "n_persons", "key", "caption",
-                  "person_boxes", "person_scores", "person_keypoints"]
-        by_id = {r["sample_id"]: r for r in table.select([c for c in wanted if c in table.column_names]).to_pylist()}
         images = dict(iter_unit_images(u, set(keep_ids)))
         missing = set(keep_ids) - set(images)
         if missing:  # the source changed between phases: say so instead of writing a partial shard
             raise RunError(f"unit {u.unit_id}: {len(missing)} kept samples could not be re-read from {u.uri}")
-        out = cfg["output"]
-        with catalog.ShardWriter(run_p / "shards", u.unit_id, CURATED_INDEX, max_count=out["shard_max_count"],
-                                 max_bytes=out["shard_max_bytes"]) as w:
-            for sid in keep_ids:
-                r = by_id[sid]
-                ext = (r["format"] or "bin").lower().replace("jpeg", "jpg")
-                sidecar = {k: r[k] for k in ("sample_id", "source_uri", "key", "caption", "width", "height",
-                                             "person_boxes", "person_scores", "person_keypoints") if r.get(k) is not None}
-                w.add(sid, {ext: images[sid], "json": sidecar},
-                      {k: r.get(k) for k in ("sample_id", "source_uri", "format", "width", "height", "sha256",
-                                             "n_persons")})
-        written = w.written
+        written = write_curated(run_p / "shards", u.unit_id, table.filter(table.column("keep")), images, cfg)
     samples = catalog.conform(table.select([c for c in table.column_names if c in SAMPLES.names]), SAMPLES)
     catalog.write_parquet(run_p / "catalog" / "samples" / f"{u.unit_id}.parquet", samples)
     reasons = defaultdict(int)

@@ -13,13 +13,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import catalog
-from catalog import CURATED_INDEX, SAMPLES
+from catalog import SAMPLES
 from catalog.sources import read_source
 
 from . import dedup as dedup_mod
 from .config import apply_sets
 from .decide import decide, funnel
-from .engine import _now, _versions
+from .engine import _now, _versions, write_curated
 from .stages import REGISTRY, build_stages
 
 log = logging.getLogger("humanset.select")
@@ -87,15 +87,7 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
         part = table.take(pa.array(rows, pa.int64()))
         keep = part.filter(part.column("keep"))
         images = _images(run_p, keep, stored)
-        with catalog.ShardWriter(out / "shards", unit, CURATED_INDEX, max_count=cfg["output"]["shard_max_count"],
-                                 max_bytes=cfg["output"]["shard_max_bytes"]) as w:
-            for r in keep.to_pylist():
-                ext = (r["format"] or "bin").lower().replace("jpeg", "jpg")
-                sidecar = {k: r[k] for k in ("sample_id", "source_uri", "key", "caption", "width", "height",
-                                             "person_boxes", "person_scores", "person_keypoints") if r.get(k) is not None}
-                w.add(r["sample_id"], {ext: images[r["sample_id"]], "json": sidecar},
-                      {k: r.get(k) for k in ("sample_id", "source_uri", "format", "width", "height", "sha256",
-                                             "n_persons")})
+        written = write_curated(out / "shards", unit, keep, images, cfg)
         catalog.write_parquet(out / "catalog" / "samples" / f"{unit}.parquet", part)
         reasons = defaultdict(int)
         for r in part.column("reject_reason").to_pylist():
@@ -103,7 +95,7 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
                 reasons[r] += 1
         catalog.write_json(out / "stats" / f"{unit}.json", {
             "unit": unit, "inputs": part.num_rows, "kept": keep.num_rows, "rejected": dict(sorted(reasons.items())),
-            "shards": w.written, "selected_from": str(run_p), "finished": _now()})
+            "shards": written, "selected_from": str(run_p), "finished": _now()})
     first = table.column("reject_reason").to_pylist()
     result = {**{k: manifest.get(k) for k in ("inputs", "stages", "skipped_stages", "score_all", "units")},
               "config": cfg, "selected_from": str(run_p.resolve()), "changed": changed, "started": _now(),

@@ -11,7 +11,8 @@ import pytest  # noqa: E402
 def ray_local():
     import ray
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+        # 4 logical CPUs: Ray Train tests need 2 workers plus the trainer's own actor
+        ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield ray
     ray.shutdown()

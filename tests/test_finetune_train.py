@@ -124,12 +124,7 @@ def test_demo_fine_tunes_depth_and_normals_and_predicts(data, tmp_path):
     assert (tmp_path / "summary.json").is_file()
 
 
-def test_ray_train_two_cpu_workers(data, tmp_path):
-    ray = pytest.importorskip("ray", reason="Ray is not installed")
-    ray.init(num_cpus=4, include_dashboard=False)  # 2 workers + the trainer's own actor
-    try:
-        summary = finetune(small("depth", data, tmp_path, steps=2, workers=2, batch_size=2))
-    finally:
-        ray.shutdown()
+def test_ray_train_two_cpu_workers(data, tmp_path, ray_local):
+    summary = finetune(small("depth", data, tmp_path, steps=2, workers=2, batch_size=2))
     assert [r["step"] for r in logged(tmp_path)] == [1, 2]
     assert Path(summary["checkpoint"]).name == "step-00000002.pt"

@@ -11,15 +11,7 @@ from training.mae import MaskedAutoencoder
 from training.pretrain import PretrainConfig, pretrain_ray
 from training.testing import skimage_samples, write_curated_shards
 
-ray = pytest.importorskip("ray", reason="Ray is not installed")
 JOB = Path(__file__).resolve().parents[1] / "training" / "pretrain_job.py"
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
