@@ -10,7 +10,7 @@ import logging
 import sys
 
 # modules exposing register(subparsers); each adds its commands with set_defaults(func=...)
-COMMAND_MODULES = ["pipeline.cli"]
+COMMAND_MODULES = ["pipeline.cli", "render.cli"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,8 +26,8 @@ from .sampling import STREAM_BODY, STREAM_TEXTURE, BodyConfig, frame_rng, sample
 # the world axes of the rest pose (x: body's left, y: body's back, z: up). (axis index, lo, hi) per bone.
 # Chosen from the rest A-pose to keep limbs out of the torso; `pose_scale` shrinks them.
 POSE_RANGES = {
-    "upperarm01.L": [(1, -30, 35), (0, -40, 30), (2, -20, 20)],  # +y lowers the left arm; -x swings forward
-    "upperarm01.R": [(1, -35, 30), (0, -40, 30), (2, -20, 20)],  # mirrored: -y lowers the right arm
+    "upperarm01.L": [(1, -20, 40), (0, -40, 30), (2, -20, 20)],  # +y lowers the left arm; -x swings forward
+    "upperarm01.R": [(1, -40, 20), (0, -40, 30), (2, -20, 20)],  # mirrored: -y lowers the right arm
     "lowerarm01.L": [(0, -80, 0)],  # elbow flexion
     "lowerarm01.R": [(0, -80, 0)],
     "upperleg01.L": [(0, -40, 15), (1, -15, 3)],  # -x lifts the leg forward; -y spreads the left leg
@@ -118,7 +118,7 @@ def synth_texture(seed: int, frame_index: int, size: int = TEXTURE_SIZE) -> tupl
     skin *= rng.uniform(0.93, 1.05)
 
     def garment():
-        h, s, v = rng.uniform(0, 1), rng.uniform(0.05, 0.75), rng.uniform(0.15, 0.9)
+        h, s, v = rng.uniform(0, 1), rng.uniform(0.05, 0.8), rng.uniform(0.3, 0.95)
         return np.array(colorsys.hsv_to_rgb(h, s, v), dtype=np.float32) * 255
 
     top, trousers, shoes = garment(), garment(), garment() * 0.5
