@@ -152,19 +152,43 @@ class SceneInput:
     warnings: list = field(default_factory=list)
 
 
+_RENDERER = None
+
+
+def get_renderer(settings: RenderSettings | None = None) -> "BlenderRenderer":
+    """The process's warm renderer, created on first use and re-configured when settings change."""
+    global _RENDERER
+    settings = settings or RenderSettings()
+    if _RENDERER is None:
+        _RENDERER = BlenderRenderer(settings)
+    elif _RENDERER.settings != settings:
+        _RENDERER.configure(settings)
+    return _RENDERER
+
+
 class BlenderRenderer:
-    """One warm Blender per process. Not thread-safe; Blender has one global scene."""
+    """One warm Blender per process (use get_renderer()). Not thread-safe: Blender has one scene."""
 
     _instance_made = False  # BlenderProc's init and depth output can happen once per process
 
     def __init__(self, settings: RenderSettings | None = None):
         if BlenderRenderer._instance_made:
             raise RuntimeError("one BlenderRenderer per process: BlenderProc initialises Blender once; "
-                               "reuse the existing renderer (render.worker.get_renderer())")
+                               "use render.blender.get_renderer()")
         BlenderRenderer._instance_made = True
         self.settings = settings or RenderSettings()
         self.bproc = import_blenderproc()
         self._init_blender()
+
+    def configure(self, settings: RenderSettings):
+        """Apply new Cycles settings to the warm Blender (samples etc. are set per pass anyway)."""
+        from blenderproc.python.renderer import RendererUtility
+        self.settings = settings
+        with _quiet():
+            self.device = self._set_device(settings.device)
+            RendererUtility.set_cpu_threads(settings.threads)
+            self.bproc.renderer.set_noise_threshold(settings.noise_threshold)
+            self.bproc.renderer.set_denoiser(settings.denoiser)
 
     # --- one-time set-up -----------------------------------------------------------------------
     def _init_blender(self):

@@ -85,7 +85,8 @@ def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: Render
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     catalog.clean_tmp(out)
-    spec = RunSpec(str(out.resolve()), int(seed), int(frames), str(scans), str(hdris), cfg.to_dict())
+    config = json.loads(json.dumps(cfg.to_dict()))  # as the manifest stores it (tuples become lists)
+    spec = RunSpec(str(out.resolve()), int(seed), int(frames), str(scans), str(hdris), config)
     manifest = out / MANIFEST
     if manifest.exists():
         old = catalog.read_json(manifest)
@@ -145,8 +146,8 @@ class ShardRenderer:
     @property
     def renderer(self):
         if self._renderer is None:
-            from .blender import BlenderRenderer
-            self._renderer = BlenderRenderer(self.cfg.cycles)
+            from .blender import get_renderer
+            self._renderer = get_renderer(self.cfg.cycles)
         return self._renderer
 
     def render_shard(self, shard: int) -> dict:

@@ -65,6 +65,19 @@ def judge_scan(measure: dict) -> dict:
             "texture": texture, "warnings": warnings}
 
 
+def obj_texture_refs(path: Path) -> list[Path]:
+    """Albedo images (map_Kd) the OBJ's material libraries name, resolved next to the files."""
+    refs = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("mtllib "):
+            mtl = path.parent / line.split(None, 1)[1].strip()
+            if mtl.exists():
+                for m in mtl.read_text(errors="replace").splitlines():
+                    if m.strip().startswith("map_Kd "):
+                        refs.append(mtl.parent / m.strip().split()[-1])
+    return refs
+
+
 def index_scans(scans_dir) -> list[dict]:
     """One SCANS row per mesh file under `scans_dir` (recursively), rejected ones included."""
     from . import blender
@@ -79,7 +92,11 @@ def index_scans(scans_dir) -> list[dict]:
     for p in files:
         base = {"scan_id": scan_id(p, root), "path": str(p.resolve()), "format": p.suffix.lower().lstrip(".")}
         try:
-            row = {**base, **judge_scan(blender.inspect_mesh_file(p))}
+            measure = blender.inspect_mesh_file(p)
+            if p.suffix.lower() == ".obj":  # Blender's OBJ importer silently drops textures it cannot find
+                missing = [str(t) for t in obj_texture_refs(p) if not t.is_file()]
+                measure["missing_textures"] = sorted(set(measure["missing_textures"]) | set(missing))
+            row = {**base, **judge_scan(measure)}
         except Exception as e:  # noqa: BLE001  (a broken file must not stop the index)
             row = {**base, "ok": False, "reject_reason": f"cannot load: {e}", "warnings": []}
         if row["ok"]:
