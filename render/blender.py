@@ -486,11 +486,11 @@ def _apply_texture_array(obj, texture: np.ndarray, name):
     import bpy
     h, w = texture.shape[:2]
     image = bpy.data.images.new(f"{name}-albedo", width=w, height=h, alpha=True)
+    image.colorspace_settings.name = "sRGB"  # before the pixels: changing it re-generates a blank image
     rgba = np.concatenate([texture[..., :3].astype(np.float32) / 255.0,
                            np.ones((h, w, 1), np.float32)], axis=-1)
     image.pixels.foreach_set(rgba[::-1].ravel())  # Blender images start at the bottom row
-    image.colorspace_settings.name = "sRGB"
-    image.pack()
+    image.update()
     _apply_texture_image(obj, image, name)
 
 

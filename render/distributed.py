@@ -37,7 +37,8 @@ def run_ray(spec: RunSpec, workers: int = 0, cpus_per_worker: float = 2, gpus_pe
     workers = max(1, min(workers, len(todo)))
     # Cycles renders with every thread it is given; the actor's CPU share is its thread budget
     Actor = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker)(ShardRenderer)
-    actors = [Actor.remote(spec.to_dict()) for _ in range(workers)]
+    threads = max(1, int(cpus_per_worker))
+    actors = [Actor.remote(spec.to_dict(), threads) for _ in range(workers)]
     log.info("%s: %d shards to render on %d Ray actors", spec.out, len(todo), workers)
     pool = ActorPool(actors)
     stats = []

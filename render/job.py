@@ -136,9 +136,11 @@ def shards_todo(spec: RunSpec) -> list[int]:
 class ShardRenderer:
     """Renders whole shards. Keeps one warm Blender (and the anny model) for its whole life."""
 
-    def __init__(self, spec: RunSpec | dict):
+    def __init__(self, spec: RunSpec | dict, threads: int | None = None):
         self.spec = spec if isinstance(spec, RunSpec) else RunSpec(**spec)
         self.cfg = self.spec.cfg
+        if threads is not None and self.cfg.cycles.threads == 0:
+            self.cfg.cycles.threads = threads  # a Ray actor renders with the CPUs it reserved, not the node's
         self.hdris = usable_hdris(self.spec)
         self.scans = usable_scans(self.spec) if self.spec.scans != "anny" else None
         self._renderer = None
