@@ -90,6 +90,9 @@ def bench_resolution(h, w, args) -> dict:
         "speedup_warm_vs_naive": round(naive_s / warm_s, 2),
         "warm_psnr_db": round(float(np.mean([psnr(a, r) for a, r in zip(warm, ref)])), 2),
         "naive_psnr_db": round(float(np.mean([psnr(a, r) for a, r in zip(naive, ref)])), 2),
+        # the same frame from a warm worker and from a fresh process should be the same image
+        "warm_vs_naive_psnr_db": round(float(np.mean([psnr(a, b) for a, b in zip(warm, naive)])), 2),
+        "warm_seconds": round(warm_s, 2), "naive_seconds": round(naive_s, 2),
         "reference_samples": args.ref_samples,
     }
 

@@ -198,6 +198,7 @@ def test_bad_inputs_are_reported_and_the_job_goes_on(tmp_path, body):
     assert jobmod.shard_done(spec, 0)
 
 
+@pytest.mark.slow
 def test_ray_driver_renders_missing_shards(tmp_path):
     ray = pytest.importorskip("ray", reason="the Ray driver test needs ray")
     from render.distributed import run_ray

@@ -76,3 +76,14 @@ def test_judge_scan_units_and_axes():
     assert np.allclose(r["bbox_min"], [-0.3, -0.2, 0.0]) and np.allclose(r["bbox_max"], [0.3, 0.2, 1.8])
     r = judge_scan({"n_triangles": 10, "bbox_min": [0, 0, 0], "bbox_max": [0.01, 0.01, 0.05]})
     assert not r["ok"] and "neither metres" in r["reject_reason"]
+
+
+def test_cli_registers_render_commands(capsys):
+    from humanset.cli import build_parser, main
+    assert main(["render", "config", "--set", "cycles.samples=3"]) == 0
+    out = capsys.readouterr().out
+    assert "samples: 3" in out and "height: 1024" in out
+    args = build_parser().parse_args(["render", "scan-index", "some/dir", "--output", "x.parquet"])
+    assert args.scans_dir == "some/dir" and args.func.__name__ == "run_scan_index"
+    assert main(["render", "--frames", "1"]) == 2  # --output missing: a clear error, not a traceback
+    assert "--frames and --output are required" in capsys.readouterr().err
