@@ -214,8 +214,9 @@ class BlenderRenderer:
             bproc.renderer.set_light_bounces(diffuse_bounces=s.max_bounces, glossy_bounces=s.max_bounces,
                                              max_bounces=s.max_bounces, transmission_bounces=0,
                                              transparent_max_bounces=4, volume_bounces=0)
-            # keep Cycles' scene (BVH, images) between the two passes of a frame
-            bpy.context.scene.render.use_persistent_data = True
+            # No persistent data: with it, Cycles sometimes kept the previous frame's texture (its cache
+            # is keyed by datablock address, which a new frame's image can reuse).
+            bpy.context.scene.render.use_persistent_data = False
             # "Standard" keeps albedo colours honest (BlenderProc's default is Filmic)
             bproc.renderer.set_output_format(file_format="PNG", color_depth=8, enable_transparency=False,
                                              view_transform="Standard")

@@ -147,6 +147,8 @@ def test_run_writes_shards_catalogs_and_resumes(tmp_path, monkeypatch):
     meta2 = json.loads(again.files["json"])
     assert meta2["params"]["camera"] == meta["params"]["camera"] and meta2["params"]["body"] == meta["params"]["body"]
     assert np.array_equal(load_npy(again.files["depth.npy"]), depth)
+    # ... and the same image: nothing of the previous frame (texture, HDRI) leaks into the next one
+    assert np.array_equal(load_png(again.files["rgb.png"]), load_png(r.files["rgb.png"]))
 
     # resuming with different settings is refused
     with pytest.raises(ValueError, match="different config"):
