@@ -54,8 +54,9 @@ def render_one(args) -> int:
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """PSNR in dB, capped at 100 (= identical images) so the JSON stays strict."""
     mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float("inf") if mse == 0 else float(10 * np.log10(255.0 ** 2 / mse))
+    return 100.0 if mse == 0 else min(100.0, float(10 * np.log10(255.0 ** 2 / mse)))
 
 
 def bench_resolution(h, w, args) -> dict:

@@ -54,6 +54,8 @@ class Body:
     uvs: np.ndarray  # (F, 3, 2) float32 per-corner UVs (v up, OBJ/Blender convention)
     texture: np.ndarray  # (T, T, 3) uint8 albedo, row 0 = top of the image (v = 1)
     params: dict = field(default_factory=dict)  # phenotype, pose and texture draws
+    keypoints3d: np.ndarray | None = None  # (17, 3) COCO-17 joints, same frame as vertices
+
 
     @property
     def bbox(self) -> tuple[np.ndarray, np.ndarray]:
@@ -71,6 +73,19 @@ def anny_model():
     model = anny.Anny().to(dtype=torch.float32)
     model.eval()
     return model
+
+
+# COCO-17 order; anny's regressor also has feet points (toes, heels), which we leave out
+COCO17 = ["nose", "left_eye", "right_eye", "left_ear", "right_ear", "left_shoulder", "right_shoulder",
+          "left_elbow", "right_elbow", "left_wrist", "right_wrist", "left_hip", "right_hip", "left_knee",
+          "right_knee", "left_ankle", "right_ankle"]
+
+
+@lru_cache(maxsize=1)
+def coco_regressor():
+    """anny's COCO keypoint regressor (a fixed linear blend of mesh vertices, shipped with the package)."""
+    import anny
+    return anny.KeypointsRegressor.coco(anny_model(), labels=COCO17)
 
 
 @lru_cache(maxsize=1)
@@ -153,16 +168,19 @@ def make_body(seed: int, frame_index: int, cfg: BodyConfig | None = None) -> Bod
         P[0, labels.index(bone), :3, :3] = roma.rotvec_to_rotmat(torch.tensor(rotvec, dtype=torch.float32))
     with torch.no_grad():
         out = model(pose_parameters=P, phenotype_kwargs={k: float(v) for k, v in phenotype.items()})
+        kp = coco_regressor()({"vertices": out["vertices"]})[0].cpu().numpy().astype(np.float64)
     v = out["vertices"][0].cpu().numpy().astype(np.float64)
     lo, hi = v.min(0), v.max(0)
-    v -= [(lo[0] + hi[0]) / 2, (lo[1] + hi[1]) / 2, lo[2]]  # feet on the floor, centred on Z
+    shift = np.array([(lo[0] + hi[0]) / 2, (lo[1] + hi[1]) / 2, lo[2]])
+    v -= shift  # feet on the floor, centred on Z
+    kp -= shift
     faces = model.faces.cpu().numpy().astype(np.int32)
     tc = model.texture_coordinates.cpu().numpy().astype(np.float32)
     uvs = tc[model.face_texture_coordinate_indices.cpu().numpy()]
     texture, tex_params = synth_texture(seed, frame_index)
     params = {"model": "anny", "phenotype": phenotype, "pose_rotvec_local_ref": pose, "texture": tex_params,
               "height_m": float(hi[2] - lo[2])}
-    return Body(v.astype(np.float32), faces, uvs, texture, params)
+    return Body(v.astype(np.float32), faces, uvs, texture, params, kp.astype(np.float32))
 
 
 def body_id(params: dict) -> str:

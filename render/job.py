@@ -194,12 +194,13 @@ class ShardRenderer:
         spec, cfg = self.spec, self.cfg
         scan_ids = list(self.scans) if self.scans is not None else ["anny"]
         scene = sampling.sample_scene(spec.seed, i, scan_ids, list(self.hdris), cfg.sampling)
-        warnings, body_params, scan_row = [], None, None
+        warnings, body_params, scan_row, joints = [], None, None, None
         if self.scans is None:
             from . import bodies
             body = bodies.make_body(spec.seed, i, cfg.sampling.body)
             scene["scan_id"] = bodies.body_id(body.params)
             body_params = body.params
+            joints = body.keypoints3d
             mesh = MeshInput(body.vertices, body.faces, body.uvs, body.texture, name="person")
             bbox = body.bbox
             scan_row = {"scan_id": scene["scan_id"], "path": None, "format": "anny", "ok": True, "warnings": [],
@@ -223,6 +224,11 @@ class ShardRenderer:
                  "hdri_id": scene["hdri_id"], "height": cam["height"], "width": cam["width"],
                  "K": K.tolist(), "cam_to_world": T.tolist(), "params": params, "warnings": warnings,
                  "person_px": int((result["mask"] > 0).sum()), "conventions": CONVENTIONS, "error": None}
+        if joints is not None:
+            from .bodies import COCO17
+            frame["keypoints_coco17"] = sampling.keypoints_2d(joints, K, T, result["depth_m"])
+            frame["keypoint_names"] = COCO17
+            frame["keypoints3d_world"] = np.round(joints, 5).tolist()
         return frame, outfmt.encode_frame(result), scan_row
 
 

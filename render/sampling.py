@@ -168,6 +168,26 @@ def in_frame(points: np.ndarray, K, cam_to_world, height: int, width: int, margi
                 and np.all(uv[:, 1] >= lo) and np.all(uv[:, 1] <= height - 1 - lo))
 
 
+def keypoints_2d(points3d: np.ndarray, K, cam_to_world, depth_m: np.ndarray, tolerance_m: float = 0.12) -> list:
+    """COCO-style (x, y, v) per 3D joint: v = 2 visible, 1 in the image but hidden, 0 outside the image.
+
+    Joints lie inside the body, up to ~10 cm behind the skin, so a joint counts as visible when the
+    rendered surface at its pixel is no more than `tolerance_m` in front of it (an approximation).
+    """
+    uv, z = project(np.asarray(points3d, float), K, cam_to_world)
+    h, w = depth_m.shape
+    out = []
+    for (x, y), zz in zip(uv, z):
+        col, row = int(round(x)), int(round(y))
+        if zz <= 0 or not (0 <= col < w and 0 <= row < h):
+            out.append([float(x), float(y), 0])
+            continue
+        d = float(depth_m[row, col])
+        visible = np.isfinite(d) and d > 0 and d >= zz - tolerance_m
+        out.append([float(x), float(y), 2 if visible else 1])
+    return out
+
+
 class PersonNotInFrame(Exception):
     """No camera draw kept the person's bounding box inside the image."""
 

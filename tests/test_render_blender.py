@@ -139,6 +139,16 @@ def test_run_writes_shards_catalogs_and_resumes(tmp_path, monkeypatch):
     assert ((depth > 0) == (mask > 0)).all() and meta["person_px"] == int((mask > 0).sum())
     assert np.asarray(meta["K"]).shape == (3, 3) and np.asarray(meta["cam_to_world"]).shape == (4, 4)
     assert meta["params"]["body"]["phenotype"] and meta["params"]["camera"]["focal_mm"] > 0
+    # COCO-17 keypoints of the anny body: projected joints land on the person, the nose above the ankles
+    kps = np.asarray(meta["keypoints_coco17"])
+    assert kps.shape == (17, 3) and meta["keypoint_names"][0] == "nose"
+    inside = kps[kps[:, 2] > 0]
+    assert len(inside) >= 12
+    near = [mask[max(0, int(round(y)) - 1):int(round(y)) + 2, max(0, int(round(x)) - 1):int(round(x)) + 2].max()
+            for x, y, _ in inside]
+    assert np.mean(np.asarray(near) > 0) > 0.9
+    k3 = np.asarray(meta["keypoints3d_world"])
+    assert k3[0, 2] > k3[15, 2] + 1.0 and k3[0, 2] > k3[16, 2] + 1.0
 
     # the same seed reproduces the same parameters, and the re-rendered frame is identical geometry
     fresh = _tiny_run(tmp_path / "again", 2)
