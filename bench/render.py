@@ -12,7 +12,6 @@ and reports frames/min and the mean PSNR (dB, RGB) of warm and naive frames agai
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import subprocess

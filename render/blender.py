@@ -449,13 +449,12 @@ def _import_file(bproc, m: FileMeshInput):
 
 
 def _has_loaded_image(obj) -> bool:
+    """True if one of the object's materials samples an image whose pixels Blender could read."""
     for mat in obj.get_materials():
         if mat is None:
             continue
         for node in mat.nodes:
-            if node.bl_idname == "ShaderNodeTexImage" and node.image is not None and node.image.has_data is False:
-                with contextlib.suppress(Exception):
-                    node.image.reload()
+            # size is (0, 0) for an image file that is missing or unreadable
             if node.bl_idname == "ShaderNodeTexImage" and node.image is not None and node.image.size[0] > 0:
                 return True
     return False

@@ -5,7 +5,6 @@ a fresh environment builds its cache (~2 minutes, once per machine).
 """
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
