@@ -66,6 +66,8 @@ class Body:
 def anny_model():
     """The anny body model, loaded once per process (kept warm by the render worker)."""
     try:
+        import warp
+        warp.config.quiet = True  # anny's skinning kernels; its banner would go to stdout
         import anny
         import torch
     except ImportError as e:
