@@ -1,1 +1,18 @@
-"""Synthetic humans: BlenderProc renders of scans under HDRI light."""
+"""Synthetic humans: BlenderProc renders of scans (or random `anny` bodies) under HDRI light, with exact
+depth, normal and mask ground truth, written as WebDataset shards with Parquet catalogs.
+
+Public surface: `prepare_run` / `run_local` / `summary` (render.job), `run_ray` (render.distributed),
+`load_config`, and `render.demo.run`. Only render/blender.py imports Blender. Names load lazily, so
+`humanset --help` does not import pyarrow, duckdb or numpy through here.
+"""
+_EXPORTS = {"RenderConfig": "config", "load_config": "config", "RunSpec": "job", "ShardRenderer": "job",
+            "prepare_run": "job", "run_local": "job", "summary": "job", "run_ray": "distributed"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        import importlib
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'render' has no attribute {name!r}")

@@ -1,0 +1,303 @@
+"""A render run: plan, resume, render shards in a warm worker, write shards and catalogs.
+
+Layout of a run directory OUT:
+  render.json                      the run's manifest: seed, frames, config, scan and HDRI sources
+  catalog/scans/*.parquet          SCANS rows (the indexed library, or one row per generated anny body)
+  catalog/hdris/hdris.parquet      HDRIS rows
+  catalog/frames/render-NNNNN.parquet  FRAMES rows of shard NNNNN, failed frames included (error set)
+  shards/render-NNNNN.tar|.parquet the WebDataset shard and its index (schema FRAMES)
+  shards/render-NNNNN.stats.json   completion marker: a shard with stats is never rendered again
+  contact/render-NNNNN.png         contact sheet: RGB | depth | normals | mask
+  staging/render-NNNNN/            frames of an unfinished shard; `{key}.json` is written last, so a
+                                   frame with its json is done. Rerunning renders only missing frames.
+
+Frame i belongs to shard i // frames_per_shard. Its parameters come from (seed, i) alone.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+import catalog
+from catalog import FRAMES, HDRIS, SCANS, ShardWriter, conform, write_json, write_parquet
+
+from . import output as outfmt
+from .config import RenderConfig
+
+log = logging.getLogger(__name__)
+
+PREFIX = "render"
+MANIFEST = "render.json"
+CONVENTIONS = {
+    "world": "metres, Z up; the person stands on its bbox_min.z",
+    "camera": "OpenCV: x right, y down, z forward; pixel centres at integer coordinates",
+    "depth": "planar z along the optical axis, metres, float32; 0 = no person",
+    "normal": "unit vectors in the OpenCV camera frame, towards the camera, float32; 0 = no person",
+    "mask": "uint8, 255 where the pixel centre's ray hits the person",
+}
+
+
+def shard_name(shard: int) -> str:
+    return f"{PREFIX}-{shard:05d}"
+
+
+def frame_key(frame_index: int) -> str:
+    return f"{frame_index:08d}"
+
+
+@dataclass
+class RunSpec:
+    out: str
+    seed: int
+    frames: int
+    scans: str  # "anny", or the scan library folder
+    hdris: str  # "builtin" or the HDRI folder
+    config: dict
+
+    @property
+    def cfg(self) -> RenderConfig:
+        return RenderConfig.from_dict(self.config)
+
+    @property
+    def n_shards(self) -> int:
+        per = self.cfg.output.frames_per_shard
+        return (self.frames + per - 1) // per
+
+    def shard_frames(self, shard: int) -> range:
+        per = self.cfg.output.frames_per_shard
+        return range(shard * per, min(self.frames, (shard + 1) * per))
+
+    def to_dict(self) -> dict:
+        return {"out": self.out, "seed": self.seed, "frames": self.frames, "scans": self.scans, "hdris": self.hdris,
+                "config": self.config}
+
+
+# --- planning --------------------------------------------------------------------------------------
+def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: RenderConfig) -> RunSpec:
+    """Index scans and HDRIs into the run's catalogs (once) and write or check the manifest."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    catalog.clean_tmp(out)
+    config = json.loads(json.dumps(cfg.to_dict()))  # as the manifest stores it (tuples become lists)
+    spec = RunSpec(str(out.resolve()), int(seed), int(frames), str(scans), str(hdris), config)
+    manifest = out / MANIFEST
+    if manifest.exists():
+        old = catalog.read_json(manifest)
+        same = {k: old.get(k) for k in ("seed", "scans", "hdris", "config")}
+        now = {k: spec.to_dict()[k] for k in ("seed", "scans", "hdris", "config")}
+        if same != now:
+            changed = sorted(k for k in now if same[k] != now[k])
+            raise ValueError(f"{out} was rendered with a different {', '.join(changed)}; resuming would mix "
+                             "parameters. Use a new --output, or the original settings.")
+        if old.get("frames", 0) > frames:
+            spec.frames = int(old["frames"])  # never shrink a run; extra frames were already promised
+    from . import scans as scan_index
+    hdri_path = out / "catalog" / "hdris" / "hdris.parquet"
+    if not hdri_path.exists():
+        write_parquet(hdri_path, conform(scan_index.index_hdris(hdris), HDRIS))
+    if scans != "anny":
+        scan_path = out / "catalog" / "scans" / "scans.parquet"
+        if not scan_path.exists():
+            write_parquet(scan_path, conform(scan_index.index_scans(scans), SCANS))
+    write_json(manifest, spec.to_dict())
+    if not usable_hdris(spec):
+        raise ValueError(f"no readable HDRI in {hdris}; see {hdri_path} (reject_reason)")
+    if scans != "anny" and not usable_scans(spec):
+        raise ValueError(f"no usable scan in {scans}; see {out}/catalog/scans/scans.parquet (reject_reason)")
+    return spec
+
+
+def usable_hdris(spec: RunSpec) -> dict[str, str]:
+    t = pq.read_table(Path(spec.out) / "catalog" / "hdris" / "hdris.parquet").to_pylist()
+    return {r["hdri_id"]: r["path"] for r in sorted(t, key=lambda r: r["hdri_id"]) if r["ok"]}
+
+
+def usable_scans(spec: RunSpec) -> dict[str, dict]:
+    t = pq.read_table(Path(spec.out) / "catalog" / "scans" / "scans.parquet").to_pylist()
+    return {r["scan_id"]: r for r in sorted(t, key=lambda r: r["scan_id"]) if r["ok"]}
+
+
+def shard_done(spec: RunSpec, shard: int) -> bool:
+    return (Path(spec.out) / "shards" / f"{shard_name(shard)}.stats.json").exists()
+
+
+def shards_todo(spec: RunSpec) -> list[int]:
+    return [s for s in range(spec.n_shards) if not shard_done(spec, s)]
+
+
+# --- the worker ------------------------------------------------------------------------------------
+class ShardRenderer:
+    """Renders whole shards. Keeps one warm Blender (and the anny model) for its whole life."""
+
+    def __init__(self, spec: RunSpec | dict, threads: int | None = None):
+        self.spec = spec if isinstance(spec, RunSpec) else RunSpec(**spec)
+        self.cfg = self.spec.cfg
+        if threads is not None and self.cfg.cycles.threads == 0:
+            self.cfg.cycles.threads = threads  # a Ray actor renders with the CPUs it reserved, not the node's
+        self.hdris = usable_hdris(self.spec)
+        self.scans = usable_scans(self.spec) if self.spec.scans != "anny" else None
+        self._renderer = None
+
+    @property
+    def renderer(self):
+        if self._renderer is None:
+            from .blender import get_renderer
+            self._renderer = get_renderer(self.cfg.cycles)
+        return self._renderer
+
+    def render_shard(self, shard: int) -> dict:
+        spec, out = self.spec, Path(self.spec.out)
+        name = shard_name(shard)
+        if shard_done(spec, shard):
+            return catalog.read_json(out / "shards" / f"{name}.stats.json")
+        staging = out / "staging" / name
+        staging.mkdir(parents=True, exist_ok=True)
+        t0, rendered_now = time.time(), 0
+        for i in spec.shard_frames(shard):
+            if not (staging / f"{frame_key(i)}.json").exists():
+                self.render_frame_to(staging, i)
+                rendered_now += 1
+        stats = pack_shard(spec, shard)
+        stats["rendered_this_run"] = rendered_now
+        stats["seconds_this_run"] = round(time.time() - t0, 2)
+        write_json(out / "shards" / f"{name}.stats.json", stats)  # completion marker, last
+        shutil.rmtree(staging, ignore_errors=True)
+        return stats
+
+    def render_frame_to(self, staging: Path, i: int) -> dict:
+        """Render frame i into the staging folder: members first, the json sidecar last."""
+        t = time.time()
+        try:
+            frame, members, scan_row = self.render_frame(i)
+        except Exception as e:  # noqa: BLE001  (one bad frame must not stop the job)
+            log.warning("frame %d failed: %s", i, e)
+            frame, members, scan_row = {"frame_index": i, "seed": self.spec.seed, "error": f"{type(e).__name__}: {e}"}, {}, None
+        frame["render_seconds"] = round(time.time() - t, 3)
+        key = frame_key(i)
+        for ext, data in members.items():
+            catalog.write_bytes(staging / f"{key}.{ext}", data)
+        if scan_row is not None:
+            write_json(staging / f"{key}.scan.jsonrow", scan_row)
+        write_json(staging / f"{key}.json", frame)
+        return frame
+
+    def render_frame(self, i: int) -> tuple[dict, dict, dict | None]:
+        from . import sampling
+        from .blender import FileMeshInput, MeshInput, SceneInput
+        spec, cfg = self.spec, self.cfg
+        scan_ids = list(self.scans) if self.scans is not None else ["anny"]
+        scene = sampling.sample_scene(spec.seed, i, scan_ids, list(self.hdris), cfg.sampling)
+        warnings, body_params, scan_row, joints = [], None, None, None
+        if self.scans is None:
+            from . import bodies
+            body = bodies.make_body(spec.seed, i, cfg.sampling.body)
+            scene["scan_id"] = bodies.body_id(body.params)
+            body_params = body.params
+            joints = body.keypoints3d
+            mesh = MeshInput(body.vertices, body.faces, body.uvs, body.texture, name="person")
+            bbox = body.bbox
+            scan_row = {"scan_id": scene["scan_id"], "path": None, "format": "anny", "ok": True, "warnings": [],
+                        "texture": None, "unit_scale": 1.0, "up_axis": "Z", "n_triangles": len(body.faces),
+                        "bbox_min": bbox[0].tolist(), "bbox_max": bbox[1].tolist(),
+                        "params": json.dumps(body.params, sort_keys=True)}
+        else:
+            row = self.scans[scene["scan_id"]]
+            warnings = list(row.get("warnings") or [])
+            mesh = FileMeshInput(row["path"], unit_scale=row["unit_scale"], up_axis=row["up_axis"],
+                                 texture=row.get("texture"))
+            bbox = (np.asarray(row["bbox_min"]), np.asarray(row["bbox_max"]))
+        cam = sampling.sample_camera(spec.seed, i, *bbox, cfg.sampling.camera)
+        K, T = cam.pop("K"), cam.pop("cam_to_world")
+        result = self.renderer.render(SceneInput(
+            mesh=mesh, hdri_path=self.hdris[scene["hdri_id"]], hdri_rotation_deg=scene["hdri_rotation_deg"],
+            hdri_strength=scene["hdri_strength"], K=K, cam_to_world=T, height=cam["height"], width=cam["width"]))
+        params = {"scene": scene, "camera": cam, "body": body_params,
+                  "cycles": {k: v for k, v in vars(cfg.cycles).items()}, "device": self.renderer.device}
+        frame = {"frame_index": i, "key": frame_key(i), "seed": spec.seed, "scan_id": scene["scan_id"],
+                 "hdri_id": scene["hdri_id"], "height": cam["height"], "width": cam["width"],
+                 "K": K.tolist(), "cam_to_world": T.tolist(), "params": params, "warnings": warnings,
+                 "person_px": int((result["mask"] > 0).sum()), "conventions": CONVENTIONS, "error": None}
+        if joints is not None:
+            from .bodies import COCO17
+            frame["keypoints_coco17"] = sampling.keypoints_2d(joints, K, T, result["depth_m"])
+            frame["keypoint_names"] = COCO17
+            frame["keypoints3d_world"] = np.round(joints, 5).tolist()
+        return frame, outfmt.encode_frame(result), scan_row
+
+
+# --- packing a finished shard ----------------------------------------------------------------------
+def pack_shard(spec: RunSpec, shard: int) -> dict:
+    """Staged frames -> shard tar + index, frame catalog, scan rows (anny), contact sheet."""
+    out, name = Path(spec.out), shard_name(shard)
+    staging = out / "staging" / name
+    cfg = spec.cfg
+    writer = ShardWriter(out / "shards", PREFIX, FRAMES, max_count=1 << 30, max_bytes=1 << 62)
+    writer.index = shard
+    rows, scan_rows, contact = [], [], []
+    for i in spec.shard_frames(shard):
+        key = frame_key(i)
+        frame = catalog.read_json(staging / f"{key}.json")
+        row = {"key": key, "frame_index": i, "scan_id": frame.get("scan_id"), "hdri_id": frame.get("hdri_id"),
+               "height": frame.get("height"), "width": frame.get("width"),
+               "params": json.dumps(frame.get("params"), sort_keys=True) if frame.get("params") else None,
+               "K": np.ravel(frame["K"]).tolist() if frame.get("K") else None,
+               "cam_to_world": np.ravel(frame["cam_to_world"]).tolist() if frame.get("cam_to_world") else None,
+               "person_px": frame.get("person_px"), "render_seconds": frame.get("render_seconds"),
+               "error": frame.get("error")}
+        if frame.get("error"):
+            rows.append(row)
+            continue
+        members = {ext: (staging / f"{key}.{ext}").read_bytes() for ext in ("rgb.png", "depth.npy", "normal.npy",
+                                                                          "mask.png")}
+        files = {**members, "json": frame}
+        row["shard"] = writer.add(key, files, row)
+        row["members"] = writer._rows[-1]["members"]  # offsets in the tar, so the catalog alone finds bytes
+        rows.append(row)
+        scan_file = staging / f"{key}.scan.jsonrow"
+        if scan_file.exists():
+            scan_rows.append(catalog.read_json(scan_file))
+        if len(contact) < cfg.output.contact_rows:
+            contact.append(outfmt.contact_row(members, cfg.output.contact_height))
+    writer.close()
+    write_parquet(out / "catalog" / "frames" / f"{name}.parquet", conform(rows, FRAMES))
+    if scan_rows:
+        write_parquet(out / "catalog" / "scans" / f"anny-{name}.parquet", conform(scan_rows, SCANS))
+    if contact:
+        catalog.write_bytes(out / "contact" / f"{name}.png", outfmt.contact_sheet(contact))
+    errors = [r for r in rows if r["error"]]
+    return {"shard": name, "frames": len(rows), "rendered": len(rows) - len(errors), "failed": len(errors),
+            "errors": {r["key"]: r["error"] for r in errors},
+            "render_seconds": round(sum(r["render_seconds"] or 0 for r in rows), 2)}
+
+
+# --- running ---------------------------------------------------------------------------------------
+def run_local(spec: RunSpec, progress: bool = True) -> list[dict]:
+    """Render every missing shard in this process with one warm Blender."""
+    from tqdm import tqdm
+    todo = shards_todo(spec)
+    log.info("%s: %d frames in %d shards, %d to render", spec.out, spec.frames, spec.n_shards, len(todo))
+    worker = ShardRenderer(spec)
+    stats = []
+    for s in tqdm(todo, desc="render shards", unit="shard", disable=not progress):
+        stats.append(worker.render_shard(s))
+        log.info("%s: %d rendered, %d failed", stats[-1]["shard"], stats[-1]["rendered"], stats[-1]["failed"])
+    return stats
+
+
+def summary(spec: RunSpec) -> dict:
+    files = sorted((Path(spec.out) / "catalog" / "frames").glob("*.parquet"))
+    if not files:
+        return {"frames": 0, "rendered": 0, "failed": 0}
+    errors = []
+    for f in files:
+        errors += pq.read_table(f, columns=["error"]).column("error").to_pylist()
+    done = sum(e is None for e in errors)
+    return {"frames": len(errors), "rendered": done, "failed": len(errors) - done,
+            "shards_done": spec.n_shards - len(shards_todo(spec)), "shards": spec.n_shards}

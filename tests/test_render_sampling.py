@@ -1,0 +1,89 @@
+"""Sampling and config: pure Python, no Blender."""
+import json
+
+import numpy as np
+import pytest
+
+from render import sampling
+from render.config import RenderConfig, load_config
+from render.scans import judge_scan
+
+BBOX = (np.array([-0.3, -0.15, 0.0]), np.array([0.3, 0.15, 1.75]))
+
+
+def test_sampling_never_imports_blender():
+    src = open(sampling.__file__).read()
+    assert "import bpy" not in src and "blenderproc" not in src
+
+
+def test_same_seed_same_parameters_and_person_in_frame():
+    cfg = sampling.SamplingConfig()
+    a = [sampling.sample_camera(7, i, *BBOX, cfg.camera) for i in range(50)]
+    b = [sampling.sample_camera(7, i, *BBOX, cfg.camera) for i in range(50)]
+    c = sampling.sample_camera(8, 0, *BBOX, cfg.camera)
+    for x, y in zip(a, b):
+        assert x["focal_mm"] == y["focal_mm"] and np.array_equal(x["cam_to_world"], y["cam_to_world"])
+    assert c["focal_mm"] != a[0]["focal_mm"]
+    assert len({round(x["azimuth_deg"], 6) for x in a}) == 50
+    for x in a:
+        assert sampling.in_frame(sampling.bbox_corners(*BBOX), x["K"], x["cam_to_world"], x["height"], x["width"])
+        lo, hi = cfg.camera.focal_mm
+        assert lo <= x["focal_mm"] <= hi
+        # rotation part is orthonormal and right-handed
+        R = x["cam_to_world"][:3, :3]
+        assert np.allclose(R.T @ R, np.eye(3), atol=1e-9) and np.isclose(np.linalg.det(R), 1.0)
+    s1 = sampling.sample_scene(7, 3, ["a", "b", "c"], ["h1", "h2"], cfg)
+    assert s1 == sampling.sample_scene(7, 3, ["a", "b", "c"], ["h1", "h2"], cfg)
+    json.dumps(s1)  # parameters are plain JSON
+
+
+def test_look_at_is_opencv():
+    T = sampling.look_at(np.array([0.0, -3.0, 1.0]), np.array([0.0, 0.0, 1.0]))
+    assert np.allclose(T[:3, 2], [0, 1, 0])  # z forward, towards the target
+    assert np.allclose(T[:3, 1], [0, 0, -1])  # y down
+    assert np.allclose(T[:3, 0], [1, 0, 0])  # x right
+    K = sampling.intrinsics(50, 1024, 768)
+    uv, z = sampling.project(np.array([[0.0, 0.0, 1.0], [0.0, 0.0, 2.0]]), K, T)
+    assert np.allclose(uv[0], [(768 - 1) / 2, (1024 - 1) / 2]) and z[0] == pytest.approx(3.0)
+    assert uv[1, 1] < uv[0, 1]  # a point above the target appears higher in the image (smaller row)
+
+
+def test_unseeable_person_is_a_clear_error():
+    cam = sampling.CameraConfig(fill=(1.5, 1.6), max_resamples=5)
+    with pytest.raises(sampling.PersonNotInFrame, match="after 5 draws.*lower camera.fill"):
+        sampling.sample_camera(0, 0, *BBOX, cam)
+
+
+def test_config_overrides_and_unknown_keys():
+    cfg = load_config(sets=["sampling.camera.height=512", "cycles.samples=8"])
+    assert cfg.sampling.camera.height == 512 and cfg.cycles.samples == 8
+    assert RenderConfig.from_dict(cfg.to_dict()) == cfg
+    assert RenderConfig().sampling.camera.height == 1024 and RenderConfig().sampling.camera.width == 768
+    with pytest.raises(KeyError, match="unknown key 'hieght'"):
+        load_config(sets=["sampling.camera.hieght=512"])
+
+
+def test_judge_scan_units_and_axes():
+    m = {"n_triangles": 10, "bbox_min": [-30, -20, 0], "bbox_max": [30, 20, 175], "textures": []}
+    r = judge_scan(m)
+    assert r["ok"] and r["unit_scale"] == 0.01 and r["up_axis"] == "Y"
+    assert any("centimetres" in w for w in r["warnings"]) and any("plain material" in w for w in r["warnings"])
+    assert np.allclose(r["bbox_max"], [0.3, 0.2, 1.75])
+    # a Z-up file read as Y-up lies along -Y; it is turned upright
+    r = judge_scan({"n_triangles": 10, "bbox_min": [-0.3, -1.8, -0.2], "bbox_max": [0.3, 0.0, 0.2],
+                    "textures": ["a.png"], "missing_textures": []})
+    assert r["ok"] and r["up_axis"] == "Z" and r["unit_scale"] == 1.0 and r["texture"] == "a.png"
+    assert np.allclose(r["bbox_min"], [-0.3, -0.2, 0.0]) and np.allclose(r["bbox_max"], [0.3, 0.2, 1.8])
+    r = judge_scan({"n_triangles": 10, "bbox_min": [0, 0, 0], "bbox_max": [0.01, 0.01, 0.05]})
+    assert not r["ok"] and "neither metres" in r["reject_reason"]
+
+
+def test_cli_registers_render_commands(capsys):
+    from humanset.cli import build_parser, main
+    assert main(["render", "config", "--set", "cycles.samples=3"]) == 0
+    out = capsys.readouterr().out
+    assert "samples: 3" in out and "height: 1024" in out
+    args = build_parser().parse_args(["render", "scan-index", "some/dir", "--output", "x.parquet"])
+    assert args.scans_dir == "some/dir" and args.func.__name__ == "run_scan_index"
+    assert main(["render", "--frames", "1"]) == 2  # --output missing: a clear error, not a traceback
+    assert "--frames and --output are required" in capsys.readouterr().err
