@@ -33,7 +33,7 @@ from catalog import CURATED_INDEX, SAMPLES
 from . import dedup as dedup_mod
 from .config import load_config
 from .decide import decide, funnel
-from .sources import InputError, Unit, list_units, read_unit
+from .sources import Unit, list_units, read_unit
 from .stages import Stage, build_stages
 
 log = logging.getLogger("humanset.curate")
@@ -418,7 +418,6 @@ def curate(inputs: list[str], output: str, config: dict | None = None, score_all
 
 
 def _measure(run: Path, units: list[Unit], stages: list[Stage], score_all: bool, progress: bool):
-    import ray
     ds = _units_ds(units).map_batches(_read_units, batch_size=1, batch_format="pyarrow")
     for s in stages:
         ds = apply_stage(ds, s, score_all)

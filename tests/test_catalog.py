@@ -1,7 +1,6 @@
 import io
 import tarfile
 
-import pyarrow as pa
 import pytest
 
 import catalog

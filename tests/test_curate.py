@@ -4,7 +4,6 @@ import json
 import subprocess
 import sys
 import tarfile
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest

@@ -33,26 +33,32 @@ def add_pretrain_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(args):
+def read_settings(config: str | None, sets: list[str], config_cls) -> dict:
+    """Settings from --config YAML then --set KEY=VALUE, checked against the config dataclass."""
     import yaml
 
-    from .pretrain import PretrainConfig, config_from
-
     values: dict = {}
-    if args.config:
-        path = Path(args.config)
+    if config:
+        path = Path(config)
         if not path.is_file():
             raise FileNotFoundError(f"--config {path}: no such file")
         values.update(yaml.safe_load(path.read_text()) or {})
-    for item in args.set:
+    for item in sets:
         if "=" not in item:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set base_lr=1e-4")
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set steps=100")
         key, value = item.split("=", 1)
         values[key.strip()] = yaml.safe_load(value)
-    known = {f.name for f in dataclasses.fields(PretrainConfig)}
+    known = {f.name for f in dataclasses.fields(config_cls)}
     bad = sorted(set(values) - known)
     if bad:
         raise KeyError(f"unknown settings {bad}; known: {', '.join(sorted(known))}")
+    return values
+
+
+def config_from_args(args):
+    from .pretrain import PretrainConfig, config_from
+
+    values = read_settings(args.config, args.set, PretrainConfig)
     flags = {"data": args.data, "output": args.output, "model": args.model, "image_size": args.image_size,
              "batch_size": args.batch_size, "steps": args.steps, "workers": args.workers,
              "gpus_per_worker": args.gpus_per_worker, "resume": args.resume,

@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-from pathlib import Path
 
 TASK_HELP = "pose (keypoint heatmaps), seg (body-part classes), depth (relative depth), normal (surface normals)"
 
@@ -39,25 +37,10 @@ def add_finetune_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def config_from_args(args):
-    import yaml
-
+    from .cli import read_settings
     from .finetune import FinetuneConfig, config_from
 
-    values: dict = {}
-    if args.config:
-        path = Path(args.config)
-        if not path.is_file():
-            raise FileNotFoundError(f"--config {path}: no such file")
-        values.update(yaml.safe_load(path.read_text()) or {})
-    for item in args.set:
-        if "=" not in item:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set lr=1e-4")
-        key, value = item.split("=", 1)
-        values[key.strip()] = yaml.safe_load(value)
-    known = {f.name for f in dataclasses.fields(FinetuneConfig)}
-    bad = sorted(set(values) - known)
-    if bad:
-        raise KeyError(f"unknown settings {bad}; known: {', '.join(sorted(known))}")
+    values = read_settings(args.config, args.set, FinetuneConfig)
     flags = {"task": args.task, "data": args.data, "images": args.images, "output": args.output,
              "encoder": args.encoder, "model": args.model, "image_size": args.image_size, "vocab": args.vocab,
              "backgrounds": args.backgrounds, "batch_size": args.batch_size, "steps": args.steps, "lr": args.lr,

@@ -6,7 +6,7 @@ import hashlib
 import pyarrow as pa
 
 from ..imageio import ImageError, probe
-from .base import Resources, Stage
+from .base import Stage
 
 
 class DecodeStage(Stage):
