@@ -11,8 +11,9 @@ import pytest  # noqa: E402
 def ray_local():
     import ray
     if not ray.is_initialized():
-        # 4 logical CPUs: Ray Train tests need 2 workers plus the trainer's own actor
-        ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
+        # logical CPUs beyond the 2 cores: Ray Train tests hold 2 workers plus the trainer's actors
+        # while Ray Data read tasks (and earlier tests' idle actors) need slots of their own
+        ray.init(num_cpus=8, include_dashboard=False, logging_level="WARNING")
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield ray
     ray.shutdown()
