@@ -103,8 +103,9 @@ def test_ray_up_submit_job_submit_down_on_loopback(sshd, tmp_path, demo_crawl):
     ray = str(BIN / "ray")
     run = tmp_path / "run"
 
-    def sh(*args, timeout=600):
-        p = subprocess.run([ray, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    def sh(*args, timeout=600, extra_env=None):
+        p = subprocess.run([ray, *args], env={**env, **(extra_env or {})}, capture_output=True, text=True,
+                           timeout=timeout)
         assert p.returncode == 0, f"ray {args[0]} failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
         return p.stdout + p.stderr
 
@@ -117,7 +118,8 @@ def test_ray_up_submit_job_submit_down_on_loopback(sshd, tmp_path, demo_crawl):
         assert "funnel" in out
         out = sh("job", "submit", "--address", f"http://127.0.0.1:{dash}", "--",
                  "python", str(ROOT / "pipeline" / "curate.py"), "--input", str(demo_crawl[0]),
-                 "--output", str(job_run), "--no-progress", *cheap)
+                 "--output", str(job_run), "--no-progress", *cheap,
+                 extra_env={"RAY_AUTH_MODE": "token"})  # the head's token, which `ray start` saved in ~/.ray
         assert "succeeded" in out.lower() and "funnel" in out
     finally:
         sh("down", "-y", str(cluster))
