@@ -210,18 +210,13 @@ def test_bad_inputs_are_reported_and_the_job_goes_on(tmp_path, body):
 
 
 @pytest.mark.slow
-def test_ray_driver_renders_missing_shards(tmp_path):
-    ray = pytest.importorskip("ray", reason="the Ray driver test needs ray")
+def test_ray_driver_renders_missing_shards(tmp_path, ray_local):
     from render.distributed import run_ray
     spec = _tiny_run(tmp_path / "ray", 2, extra=["output.frames_per_shard=1"])
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
-    try:
-        stats = run_ray(spec, workers=1, cpus_per_worker=1, progress=False)
-        assert sorted(s["shard"] for s in stats) == ["render-00000", "render-00001"]
-        assert all(s["rendered"] == 1 for s in stats)
-        assert run_ray(spec, workers=1, cpus_per_worker=1, progress=False) == []  # all done: nothing to do
-    finally:
-        ray.shutdown()
+    stats = run_ray(spec, workers=1, cpus_per_worker=1, progress=False)
+    assert sorted(s["shard"] for s in stats) == ["render-00000", "render-00001"]
+    assert all(s["rendered"] == 1 for s in stats)
+    assert run_ray(spec, workers=1, cpus_per_worker=1, progress=False) == []  # all done: nothing to do
     n = catalog.connect(tmp_path / "ray").sql("SELECT count(*) FROM frames WHERE error IS NULL").fetchall()[0][0]
     assert n == 2
 
