@@ -103,9 +103,8 @@ def test_ray_up_submit_job_submit_down_on_loopback(sshd, tmp_path, demo_crawl):
     ray = str(BIN / "ray")
     run = tmp_path / "run"
 
-    def sh(*args, timeout=600, extra_env=None):
-        p = subprocess.run([ray, *args], env={**env, **(extra_env or {})}, capture_output=True, text=True,
-                           timeout=timeout)
+    def sh(*args, timeout=600):
+        p = subprocess.run([ray, *args], env=env, capture_output=True, text=True, timeout=timeout)
         assert p.returncode == 0, f"ray {args[0]} failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
         return p.stdout + p.stderr
 
@@ -116,10 +115,17 @@ def test_ray_up_submit_job_submit_down_on_loopback(sshd, tmp_path, demo_crawl):
         out = sh("submit", str(cluster), str(ROOT / "pipeline" / "curate.py"), "--",
                  "--input", str(demo_crawl[0]), "--output", str(run), "--no-progress", *cheap)
         assert "funnel" in out
-        out = sh("job", "submit", "--address", f"http://127.0.0.1:{dash}", "--",
-                 "python", str(ROOT / "pipeline" / "curate.py"), "--input", str(demo_crawl[0]),
-                 "--output", str(job_run), "--no-progress", *cheap,
-                 extra_env={"RAY_AUTH_MODE": "token"})  # the head's token, which `ray start` saved in ~/.ray
+        job = [ray, "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--",
+               "python", str(ROOT / "pipeline" / "curate.py"), "--input", str(demo_crawl[0]),
+               "--output", str(job_run), "--no-progress", *cheap]
+        job_env = {**env, "RAY_AUTH_MODE": "token"}  # the head's token, which `ray start` saved in ~/.ray
+        for _ in range(30):  # right after `ray up` the job agent may not have registered yet
+            p = subprocess.run(job, env=job_env, capture_output=True, text=True, timeout=600)
+            if p.returncode == 0 or "No available agent" not in p.stdout + p.stderr:
+                break
+            time.sleep(2)
+        out = p.stdout + p.stderr
+        assert p.returncode == 0, f"ray job submit failed:\n{out[-4000:]}"
         assert "succeeded" in out.lower() and "funnel" in out
     finally:
         sh("down", "-y", str(cluster))
