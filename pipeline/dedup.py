@@ -9,9 +9,13 @@ resumed run gets the same clusters as a clean one.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 
 def bands(k: int, bits: int = 64) -> list[tuple[int, int]]:
@@ -98,3 +102,63 @@ def cluster(samples: pa.Table, max_distance: int = 4, exact: bool = True) -> pa.
                     WHEN sha256 = canon_sha THEN 'exact' ELSE 'near' END AS dup_kind,
                size::INTEGER AS dup_cluster_size
         FROM c ORDER BY sample_id""").to_arrow_table()
+
+
+# --------------------------------------------------------------------------------------------
+# Run level: the interface the engine calls (RUN/work/measure -> RUN/work/dedup/{unit}.parquet).
+
+VERDICT_SCHEMA = pa.schema([pa.field("sample_id", pa.string()), pa.field("dup_of", pa.string()),
+                            pa.field("dup_kind", pa.string()), pa.field("dup_cluster_size", pa.int32())])
+MEASURE_COLUMNS = ["sample_id", "sha256", "phash", "width", "height", "_alive"]
+
+
+def dedup_dir(run) -> Path:
+    return Path(run) / "work" / "dedup"
+
+
+def is_done(run) -> bool:
+    """True once run_dedup finished for this RUN (its marker is written last)."""
+    return (dedup_dir(run) / "_done.json").exists()
+
+
+def run_dedup(run, unit_ids: list[str], cfg: dict) -> dict:
+    """Cluster every measured sample of the run and write one verdict file per unit.
+
+    Reads RUN/work/measure/{unit}.parquet (columns MEASURE_COLUMNS; only rows with `_alive`
+    take part), writes RUN/work/dedup/{unit}.parquet (VERDICT_SCHEMA, the unit's alive rows)
+    and, last, RUN/work/dedup/_done.json with counts. Returns those counts.
+    """
+    import catalog
+    run = Path(run)
+    d = cfg.get("dedup", {})
+    enabled = "dedup" in cfg.get("stages", ["dedup"])
+    parts = []
+    for u in unit_ids:
+        t = pq.read_table(run / "work" / "measure" / f"{u}.parquet", columns=MEASURE_COLUMNS)
+        t = t.filter(t.column("_alive")).drop_columns(["_alive"])
+        parts.append(t.append_column("_unit", pa.array([u] * t.num_rows, pa.string())))
+    table = pa.concat_tables(parts) if parts else None
+    if table is not None and table.num_rows and enabled:
+        result = cluster(table.drop_columns(["_unit"]), d.get("max_distance", 4), d.get("exact", True))
+    else:
+        ids = table.column("sample_id") if table is not None else pa.array([], pa.string())
+        n = len(ids)
+        result = pa.table({"sample_id": ids, "dup_of": pa.nulls(n, pa.string()),
+                           "dup_kind": pa.nulls(n, pa.string()), "dup_cluster_size": pa.nulls(n, pa.int32())})
+    units = {r: u for r, u in zip(table.column("sample_id").to_pylist(),
+                                  table.column("_unit").to_pylist())} if table is not None else {}
+    by_unit: dict[str, list[int]] = {u: [] for u in unit_ids}
+    for i, sid in enumerate(result.column("sample_id").to_pylist()):
+        by_unit[units[sid]].append(i)
+    for u, idx in by_unit.items():
+        part = result.take(pa.array(idx, pa.int64())).cast(VERDICT_SCHEMA)
+        catalog.write_parquet(dedup_dir(run) / f"{u}.parquet", part)
+    stats = {"candidates": result.num_rows,
+             "duplicates": result.filter(pc.is_valid(result.column("dup_of"))).num_rows}
+    catalog.write_json(dedup_dir(run) / "_done.json", stats)
+    return stats
+
+
+def read_verdicts(run, unit_id: str) -> pa.Table:
+    """The dedup verdicts of one unit's samples (VERDICT_SCHEMA); reads only that unit's file."""
+    return pq.read_table(dedup_dir(run) / f"{unit_id}.parquet").cast(VERDICT_SCHEMA)

@@ -4,7 +4,8 @@ A run has three phases, each resumable:
   1. measure (per input unit): read -> decode -> size -> pHash, streaming through Ray Data;
      the driver writes RUN/work/measure/{unit}.parquet when every sample of a unit is back.
   2. dedup (whole run, once every unit is measured): clusters by sha256 and pHash distance
-     -> RUN/work/dedup.parquet (a pure function of phase 1, so reruns agree).
+     -> RUN/work/dedup/{unit}.parquet verdicts (pipeline/dedup.run_dedup; a pure function of
+     phase 1, so reruns agree).
   3. score + write (per unit): the model stages see only survivors (all with --score-all);
      then one Ray task per unit writes RUN/catalog/samples/{unit}.parquet, the curated shards
      RUN/shards/{unit}-NNNNN.tar|.parquet (original bytes) and last RUN/stats/{unit}.json,
@@ -204,11 +205,7 @@ def _score_units(batch: pa.Table, run: str, score_all: bool) -> pa.Table:
 def _measured_table(run: Path, unit_id: str) -> pa.Table:
     """Phase-1 rows of a unit joined with the run's dedup verdicts; `_alive` after dedup."""
     t = pq.read_table(run / "work" / "measure" / f"{unit_id}.parquet")
-    d = pq.read_table(run / "work" / "dedup.parquet")
-    if t.num_rows:
-        mask = pc.is_in(d.column("sample_id"), value_set=t.column("sample_id"))
-        d = d.filter(mask)
-    dup = {r["sample_id"]: r for r in d.to_pylist()}
+    dup = {r["sample_id"]: r for r in dedup_mod.read_verdicts(run, unit_id).to_pylist()}
     ids = t.column("sample_id").to_pylist()
     for col in ("dup_of", "dup_kind", "dup_cluster_size"):
         t = _set(t, col, _typed(col, [dup.get(i, {}).get(col) for i in ids]))
@@ -402,9 +399,11 @@ def curate(inputs: list[str], output: str, config: dict | None = None, score_all
         t_start = time.time()
         if to_measure:
             _measure(run, to_measure, measure_stages, score_all, progress)
-        dedup_path = run / "work" / "dedup.parquet"
-        if not dedup_path.exists():
-            _dedup(run, units, cfg)
+        if not dedup_mod.is_done(run):
+            t0 = time.perf_counter()
+            st = dedup_mod.run_dedup(run, [u.unit_id for u in units], cfg_active)
+            log.info("dedup: %d of %d candidates are duplicates (%.2f s)", st["duplicates"], st["candidates"],
+                     time.perf_counter() - t0)
         _score_and_write(run, todo, score_stages, cfg_active, score_all, progress)
         log.info("processed %d units in %.1f s", len(todo), time.time() - t_start)
 
@@ -430,24 +429,6 @@ def _measure(run: Path, units: list[Unit], stages: list[Stage], score_all: bool,
         catalog.write_parquet(run / "work" / "measure" / f"{by_id[unit_id].unit_id}.parquet", table)
 
     _stream(ds, _Collector(done, len(units), "measure", progress))
-
-
-def _dedup(run: Path, units: list[Unit], cfg: dict):
-    files = [run / "work" / "measure" / f"{u.unit_id}.parquet" for u in units]
-    cols = ["sample_id", "sha256", "phash", "width", "height", "_alive"]
-    parts = [pq.read_table(f, columns=cols) for f in files]
-    table = pa.concat_tables(parts) if parts else pa.table({c: [] for c in cols})
-    alive = table.filter(table.column("_alive")) if table.num_rows else table
-    d = cfg.get("dedup", {})
-    t0 = time.perf_counter()
-    if "dedup" in cfg["stages"]:
-        result = dedup_mod.cluster(alive.drop_columns(["_alive"]), d.get("max_distance", 4), d.get("exact", True))
-    else:
-        result = pa.table({"sample_id": pa.array([], pa.string()), "dup_of": pa.array([], pa.string()),
-                           "dup_kind": pa.array([], pa.string()), "dup_cluster_size": pa.array([], pa.int32())})
-    dups = result.filter(pc.is_valid(result.column("dup_of"))).num_rows
-    log.info("dedup: %d of %d candidates are duplicates (%.2f s)", dups, alive.num_rows, time.perf_counter() - t0)
-    catalog.write_parquet(run / "work" / "dedup.parquet", result)
 
 
 def _score_and_write(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score_all: bool,
