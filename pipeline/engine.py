@@ -89,9 +89,10 @@ def run_stage(stage: Stage, batch: pa.Table, score_all: bool) -> pa.Table:
         todo = [d and (a or score_all) for d, a in zip(decoded, alive)]
     idx = [i for i, t in enumerate(todo) if t]
     if idx:
-        sub = batch.take(pa.array(idx, pa.int64()))
-        wanted = [c for c in set(stage.reads) | {"sample_id"} if c in sub.column_names]
-        result = stage.measure(sub.select(wanted).to_pydict())
+        wanted = [c for c in set(stage.reads) | {"sample_id"} if c in batch.column_names]
+        sub = batch.select(wanted)  # select first: take copies, and the image bytes are big
+        sub = sub if len(idx) == n else sub.take(pa.array(idx, pa.int64()))
+        result = stage.measure(sub.to_pydict())
     else:
         result = {c: [] for c in stage.writes}
     for col in stage.writes:
