@@ -116,3 +116,27 @@ def test_a_sample_that_kills_its_worker_is_rejected_and_the_run_completes(tmp_pa
     assert all(r["keep"] for name, r in rows.items() if name != "killer.jpg")
     (stats,) = [json.loads(p.read_text()) for p in (run / "stats").glob("*.json")]
     assert stats["isolated"] and stats["worker_crashes"] == 1
+
+
+def test_a_stage_that_raises_on_one_sample_fails_only_that_sample():
+    import pyarrow as pa
+
+    from pipeline import engine
+    from pipeline.stages.size import SizeStage
+
+    class RaisesOn13(SizeStage):  # a stage with a bug that one sample's values trigger
+        def measure(self, batch):
+            if 13 in batch["width"]:
+                raise IndexError("index out of range")
+            return super().measure(batch)
+
+    t = pa.table({"sample_id": list("abcd"), "width": [400, 13, 500, 600], "height": [400, 400, 500, 600],
+                  "decode_error": pa.nulls(4, pa.string()), "_alive": [True] * 4,
+                  "scored_stages": pa.nulls(4, pa.list_(pa.string()))})
+    out = engine.run_on_unit(RaisesOn13({"batch_size": 4}), t, False)
+    assert out.column("sample_id").to_pylist() == list("abcd")
+    assert out.column("short_side").to_pylist() == [400, None, 500, 600]
+    assert out.column("_alive").to_pylist() == [True, False, True, True]
+    err = out.column("decode_error").to_pylist()[1]
+    assert "IndexError" in err and err.startswith("decoder error")
+    assert "size" in engine.unit_meta(out)["seconds"]
