@@ -140,3 +140,13 @@ def test_a_stage_that_raises_on_one_sample_fails_only_that_sample():
     err = out.column("decode_error").to_pylist()[1]
     assert "IndexError" in err and err.startswith("decoder error")
     assert "size" in engine.unit_meta(out)["seconds"]
+
+
+def test_render_out_is_locked_too(tmp_path):
+    from render.config import load_config as render_config
+    from render.job import prepare_run
+    out = tmp_path / "render"
+    with catalog.run_lock(out):
+        with pytest.raises(ValueError, match="another run is using this directory"):
+            prepare_run(out, "anny", "builtin", 1, 0, render_config())
+    assert not (out / "render.json").exists()
