@@ -11,7 +11,7 @@ schema metadata, never in rows.
 A run has three phases, each resumable:
   1. measure (per unit): read -> decode -> size -> pHash; the worker writes
      RUN/work/measure/{unit}.parquet (no bytes) after {unit}.json (its counters).
-  2. dedup (whole run, once every unit is measured): pipeline/dedup.run_dedup ->
+  2. dedup (whole run, once every unit is measured): pipeline/dedup.run_dedup in one Ray task ->
      RUN/work/dedup/{unit}.parquet verdicts (a pure function of phase 1, so reruns agree).
   3. score + write (per unit): the second and last read of the source; bytes whose sha256 differs
      from phase 1's are rejected as source_changed and never written. Model stages see only
@@ -560,7 +560,7 @@ def curate(inputs: list[str], output: str, config: dict | None = None, score_all
            progress: bool = True) -> dict:
     """Run (or finish) a curation run. Returns the manifest."""
     cfg = config or load_config()
-    run = Path(output)
+    run = Path(output).absolute()  # workers write into it, from their own working directories
     # the inputs are listed (and refused, naming the input) before anything is written
     listing = list_units(inputs, cfg["input"]["files_per_unit"], cfg["input"]["extensions"])
     try:
@@ -615,7 +615,9 @@ def _curate_locked(run: Path, inputs: list[str], listing: tuple[list[Unit], int]
             _measure(run, to_measure, measure_stages, cfg_active, score_all, progress)
         if not dedup_mod.is_done(run):
             t0 = time.perf_counter()
-            st = dedup_mod.run_dedup(run, [u.unit_id for u in units], cfg_active)
+            # a task, not the driver: the run-wide join's memory grows with the crawl
+            task = ray.remote(num_cpus=1, max_retries=1)(dedup_mod.run_dedup)
+            st = ray.get(task.remote(run, [u.unit_id for u in units], cfg_active))
             log.info("dedup: %d of %d candidates are duplicates (%.2f s)", st["duplicates"], st["candidates"],
                      time.perf_counter() - t0)
         _score_and_write(run, todo, score_stages, cfg_active, score_all, progress)
