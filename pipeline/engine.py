@@ -217,10 +217,12 @@ def _run_row(stage: Stage, row: pa.Table, score_all: bool) -> pa.Table:
 
 
 def _test_crash_hook(stage: Stage, table: pa.Table) -> None:
-    """Test only: with HUMANSET_TEST_CRASH_URI set, the process decoding that sample dies, the way
-    a segfault in a native decoder kills it."""
+    """Test only: with HUMANSET_TEST_CRASH_URI set, the process running stage
+    HUMANSET_TEST_CRASH_STAGE (default decode) on that sample dies, the way a segfault in a native
+    decoder kills it."""
     marker = os.environ.get(TEST_CRASH_ENV)
-    if marker and stage.name == "decode" and "source_uri" in table.column_names:
+    if (marker and stage.name == os.environ.get(TEST_CRASH_ENV.replace("URI", "STAGE"), "decode")
+            and "source_uri" in table.column_names):
         if any(marker in (u or "") for u in table.column("source_uri").to_pylist()):
             os._exit(77)
 
@@ -260,6 +262,7 @@ def read_for_measure(unit: Unit, limits: dict) -> pa.Table:
     for r in rows:
         r["_alive"] = True
     table = pa.Table.from_pylist(rows, schema=READ_SCHEMA)
+    del rows  # the bytes live once, in the table
     return with_meta(table, {"unit": unit.to_dict(), "unit_error": unit_error,
                              "seconds": {"read": round(time.perf_counter() - t0, 4)}})
 

@@ -150,3 +150,26 @@ def test_render_out_is_locked_too(tmp_path):
         with pytest.raises(ValueError, match="another run is using this directory"):
             prepare_run(out, "anny", "builtin", 1, 0, render_config())
     assert not (out / "render.json").exists()
+
+
+@pytest.mark.slow
+def test_a_sample_that_kills_a_model_actor_is_isolated_too(tmp_path):
+    """The same for an actor-pool stage of phase 3 (the OCR stage, CPU)."""
+    folder = _photos(tmp_path / "in", 3)
+    (folder / "killer.jpg").write_bytes((folder / "000.jpg").read_bytes()[:-1] + b"\xd9")
+    run = tmp_path / "run"
+    env = dict(os.environ, HUMANSET_TEST_CRASH_URI="killer.jpg", HUMANSET_TEST_CRASH_STAGE="text",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    cmd = [sys.executable, str(ROOT / "pipeline" / "curate.py"), "--input", str(folder), "--output", str(run),
+           "--no-progress", "--set", "ray.num_cpus=2", "--set", "engine.max_retries=1",
+           "--set", "stages=[decode,size,dedup,text]", "--set", "dedup.exact=false",
+           "--set", "dedup.max_distance=null"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {Path(r["source_uri"]).name: r for r in
+            catalog.connect(run).sql("SELECT * FROM samples").to_arrow_table().to_pylist()}
+    assert len(rows) == 4 and rows["killer.jpg"]["reject_reason"] == "decode:worker_crash"
+    others = [r for name, r in rows.items() if name != "killer.jpg"]
+    assert all(r["keep"] and "text" in r["scored_stages"] for r in others)
+    (stats,) = [json.loads(p.read_text()) for p in (run / "stats").glob("*.json")]
+    assert stats["isolated"] and stats["worker_crashes"] == 1
