@@ -54,8 +54,8 @@ def test_resume_matches_an_uninterrupted_run(shards, tmp_path):
     assert sorted(b) == list(range(6, 13))
     for step in b:
         assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-6), (step, a[step], b[step])
-    wa = torch.load(full / "encoder.pth")
-    wb = torch.load(resumed / "encoder.pth")
+    wa = torch.load(full / "encoder.pth", weights_only=True)
+    wb = torch.load(resumed / "encoder.pth", weights_only=True)
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
     state = ckpt.load_checkpoint(resumed / "checkpoints" / "step-00000012.pt")
     assert state["step"] == 12 and {"model", "optimizer", "scheduler", "ranks"} <= set(state)

@@ -115,7 +115,7 @@ def encoder_weights(path) -> tuple[dict, tuple | None]:
     if not path.is_file():
         raise FileNotFoundError(f"--encoder {path}: no such file (an MAE checkpoint OUT/checkpoints/step-N.pt, "
                                 f"OUT/encoder.pth, or a timm ViT state dict)")
-    obj = torch.load(path, map_location="cpu", weights_only=False)
+    obj = ckpt.safe_load(path, "--encoder")
     src_hw = None
     if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
         src_hw = _grid_from_kwargs(obj.get("timm_kwargs"))
