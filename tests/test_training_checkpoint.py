@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from training import checkpoint as ckpt
-from training.finetune import encoder_weights
+from training.weights import encoder_weights
 from training.mae import MaskedAutoencoder
 
 

@@ -45,12 +45,18 @@ def list_checkpoints(output) -> list[Path]:
     return sorted(p for p in folder.iterdir() if _NAME.match(p.name))
 
 
+def step_of(path) -> int:
+    """The step in a checkpoint's file name (step-00000042.pt -> 42); 0 for another name."""
+    m = _NAME.match(Path(path).name)
+    return int(m.group(1)) if m else 0
+
+
 def latest_checkpoint(output) -> Path | None:
     found = list_checkpoints(output)
     return found[-1] if found else None
 
 
-def rng_state(mask_generator: torch.Generator) -> dict:
+def rng_state(mask_generator: torch.Generator | None = None) -> dict:
     """Every RNG a step draws from, as tensors and plain lists (loadable with weights_only=True)."""
     version, words, gauss = random.getstate()
     np_state = np.random.get_state(legacy=False)
@@ -59,13 +65,15 @@ def rng_state(mask_generator: torch.Generator) -> dict:
                        "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
                        "pos": int(np_state["state"]["pos"]), "has_gauss": int(np_state["has_gauss"]),
                        "gauss": float(np_state["gauss"])},
-             "torch": torch.get_rng_state(), "mask": mask_generator.get_state()}
+             "torch": torch.get_rng_state()}
+    if mask_generator is not None:
+        state["mask"] = mask_generator.get_state()
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
-def set_rng_state(state: dict, mask_generator: torch.Generator):
+def set_rng_state(state: dict, mask_generator: torch.Generator | None = None):
     """Restore `rng_state`'s output; also the tuple states of checkpoints from before it was tensors."""
     py, npy = state["python"], state["numpy"]
     random.setstate((py["version"], tuple(py["state"]), py["gauss"]) if isinstance(py, dict) else py)
@@ -74,7 +82,8 @@ def set_rng_state(state: dict, mask_generator: torch.Generator):
                "state": {"key": npy["key"].numpy().astype(np.uint32), "pos": npy["pos"]}}
     np.random.set_state(npy)
     torch.set_rng_state(state["torch"])
-    mask_generator.set_state(state["mask"])
+    if mask_generator is not None and "mask" in state:
+        mask_generator.set_state(state["mask"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
 
