@@ -353,3 +353,26 @@ def test_cascade_through_the_engine(tmp_path, ray_local):
     n_bus = con.execute("SELECT count(*) FROM persons p JOIN samples s USING (sample_id) "
                         "WHERE s.source_uri LIKE '%bus.jpg' AND p.score > 0.8").fetchone()[0]
     assert n_bus >= 3
+
+
+def test_a_failing_sample_is_retried_alone_and_only_it_is_rejected(stage, monkeypatch):
+    """A sample that breaks the detector's batch is retried alone; the others keep their scores."""
+    solid = _jpeg(Image.new("RGB", (640, 480), (90, 140, 60)))
+    images = [_bytes(ASSETS / "zidane.jpg"), solid, _bytes(SKIMAGE / "astronaut.png")]
+    clean = stage.measure(_batch(images))
+    real, calls = stage._forward, []
+
+    def forward(x):
+        calls.append(len(x))
+        if (x.reshape(len(x), 3, -1)[:, :, 1000:-1000].std(axis=2) < 1e-6).all(axis=1).any():
+            raise RuntimeError("injected failure")
+        return real(x)
+
+    monkeypatch.setattr(stage, "_forward", forward)
+    out = stage.measure(_batch(images))
+    assert len(calls) > len(images)  # the batch (one call per letterbox shape), then each alone
+    assert out["person_error"] == [None, "inference: injected failure", None]
+    assert out["person_boxes"][1] is None
+    assert out["person_scores"][0] == pytest.approx(clean["person_scores"][0], abs=1e-5)
+    assert out["person_scores"][2] == pytest.approx(clean["person_scores"][2], abs=1e-5)
+    assert stage.reject(_table(out))[1] == "error"
