@@ -155,6 +155,9 @@ class _ActorFn:
         self.stage = stage_class(name)(cfg)
         self.stage.setup()
         self.score_all = score_all
+        if "torch" in sys.modules:  # torch threads = the actor's CPUs (ONNX Runtime stages set theirs)
+            import torch
+            torch.set_num_threads(max(1, int(round(self.stage.resources.num_cpus))))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         return run_stage(self.stage, batch, self.score_all)

@@ -83,8 +83,6 @@ class ArtStage(Stage):
             raise RuntimeError(f"art.weights={path}: does not load into OpenCLIP {name} ({e}); "
                                f"set art.model to the checkpoint's architecture") from e
         self.device = "cuda:0" if torch.cuda.is_available() else "cpu"
-        if self.device == "cpu":  # the actor's CPUs, no more: a pool never oversubscribes a node
-            torch.set_num_threads(max(1, int(round(self.resources.num_cpus))))
         self.model = model.eval().to(self.device)
         self.preprocess = preprocess
         tokenizer = open_clip.get_tokenizer(name)

@@ -275,7 +275,6 @@ class PersonStage(Stage):
         if backend == "auto":
             backend = "torch" if torch.cuda.is_available() else "onnx"
         self.device = "cuda:0" if backend == "torch" and torch.cuda.is_available() else "cpu"
-        torch.set_num_threads(self.threads)
         if backend == "onnx":
             import onnxruntime as ort
 

@@ -97,8 +97,6 @@ class WatermarkStage(Stage):
             raise RuntimeError(f"watermark.weights={path}: not a LAION watermark checkpoint "
                                f"(timm efficientnet_b3 + 1536-625-256-2 head): {e}") from e
         self.device = "cuda:0" if torch.cuda.is_available() else "cpu"
-        if self.device == "cpu":  # the actor's CPUs, no more: a pool never oversubscribes a node
-            torch.set_num_threads(max(1, int(round(self.resources.num_cpus))))
         self.model = model.eval().to(self.device)
         log.info("watermark: %s on %s", path.name, self.device)
 
