@@ -293,7 +293,7 @@ class PersonStage(Stage):
             self.half = self.device != "cpu"
             self.model = module.half() if self.half else module.float()
         self.backend = backend
-        self.rect = backend == "onnx"  # CPU: minimal rectangle per image; GPU: square batches
+        self.rect = self.device == "cpu"  # CPU: minimal rectangle per image; GPU: square batches
         log.info("person: %s (%s, person class %d) via %s on %s, %d thread(s)", path.name, yolo.task,
                  self.person_class, backend, self.device, self.threads)
 
