@@ -300,6 +300,8 @@ for cls in (PersonStage, TextStage):
     stage.setup()
     out = stage.measure({"sample_id": ["a"], "image": [data], "width": [810], "height": [1080]})
     assert out[cls.name + "_error"] == [None], out
+import ultralytics.utils
+assert ultralytics.utils.SAFE_LOAD  # weights-only loading of the .pt
 print(json.dumps(attempts))
 """
 
@@ -376,3 +378,19 @@ def test_a_failing_sample_is_retried_alone_and_only_it_is_rejected(stage, monkey
     assert out["person_scores"][0] == pytest.approx(clean["person_scores"][0], abs=1e-5)
     assert out["person_scores"][2] == pytest.approx(clean["person_scores"][2], abs=1e-5)
     assert stage.reject(_table(out))[1] == "error"
+
+
+def test_unwritable_cache_falls_back_to_torch_with_the_same_scores(stage, tmp_path, monkeypatch):
+    """backend auto with a cache it cannot write: a warning and the torch path, same measurements;
+    backend onnx: a clear error naming the cache."""
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("x")
+    monkeypatch.setenv("HUMANSET_CACHE", str(blocked))
+    s = PersonStage(default_config()["person"])
+    s.setup()
+    assert s.backend == "torch"
+    images = [_bytes(ASSETS / "zidane.jpg")]
+    a, b = s.measure(_batch(images)), stage.measure(_batch(images))
+    assert a["person_scores"][0] == pytest.approx(b["person_scores"][0], abs=1e-3)
+    with pytest.raises(RuntimeError, match="not writable"):
+        PersonStage(default_config()["person"] | {"backend": "onnx"}).setup()

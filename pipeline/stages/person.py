@@ -166,10 +166,14 @@ def export_onnx(weights: Path, folder: Path | None = None) -> Path:
     out = onnx_path(weights, folder)
     if out.is_file():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
     import fcntl
 
-    with open(out.parent / ".export.lock", "w") as lock:
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(out.parent / ".export.lock", "w")
+    except OSError as e:
+        raise RuntimeError(f"the ONNX cache {out.parent} is not writable ({e})") from e
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if out.is_file():  # another process finished it while we waited
@@ -274,6 +278,15 @@ class PersonStage(Stage):
         backend = self.backend_name
         if backend == "auto":
             backend = "torch" if torch.cuda.is_available() else "onnx"
+        if backend == "onnx":
+            try:
+                self.onnx_file = export_onnx(path)
+            except (RuntimeError, OSError) as e:
+                if self.backend_name == "onnx":
+                    raise
+                log.warning("person: %s; running the .pt with torch instead (slower). Set HUMANSET_CACHE "
+                            "to a writable folder to use ONNX Runtime", e)
+                backend = "torch"
         self.device = "cuda:0" if backend == "torch" and torch.cuda.is_available() else "cpu"
         if backend == "onnx":
             import onnxruntime as ort
@@ -283,7 +296,6 @@ class PersonStage(Stage):
             so.inter_op_num_threads = 1
             so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
             so.log_severity_level = 3
-            self.onnx_file = export_onnx(path)
             self.session = ort.InferenceSession(str(self.onnx_file), so, providers=["CPUExecutionProvider"])
             self.input_name = self.session.get_inputs()[0].name
             self.model = self.session
