@@ -340,8 +340,8 @@ class PersonStage(Stage):
         for shape, members in groups.items():
             for k in range(0, len(members), bs):
                 part = members[k:k + bs]
-                x = np.stack([boxed[j] for j in part]).transpose(0, 3, 1, 2)
-                x = np.ascontiguousarray(x, dtype=np.float32) / 255.0
+                x = np.ascontiguousarray(np.stack([boxed[j] for j in part]).transpose(0, 3, 1, 2), np.float32)
+                np.divide(x, 255.0, out=x)  # as ultralytics: float, then / 255
                 preds = self._forward(x)
                 dets = nms.non_max_suppression(
                     torch.from_numpy(preds), float(self.cfg.get("min_store_score", 0.25)), NMS_IOU,
