@@ -18,8 +18,9 @@ Recognition is the expensive half, and most boxes cannot change the verdict. Wit
     stops as soon as its confirmed area exceeds max_area_frac (stored: the confirmed area so far,
     a lower bound) or the confirmed area plus every box not yet read can no longer exceed it
     (stored: that union, an upper bound).
-So the verdict at max_area_frac is the full computation's, and the stored value lies on the same
-side of max_area_frac as the exact one; text_n_boxes / text_strings list the confirmed boxes among
+So the verdict at max_area_frac is the full computation's (recognition scores can move slightly
+with the batch: rapidocr pads the crops of a batch to one width), and the stored value lies on the
+same side of max_area_frac as the exact one; text_n_boxes / text_strings list the confirmed boxes among
 those read. `humanset calibrate` sweeps of text.max_area_frac far from the configured value want
 exact areas: run with `text.recognize: all` (every box recognised, as before).
 """
