@@ -10,6 +10,7 @@ from the stored bytes: kept samples from the curated shards, rejected ones from 
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import io
 import time
@@ -27,6 +28,19 @@ IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
 
 # --- charts (matplotlib's object API: no pyplot, no global state) ------------------------------
 
+def _literal_text(chart):
+    """Draw every label as plain text: reasons and names come from data, and matplotlib would parse
+    `$...$` in them as mathtext (and fail on `$x^$`). Tick labels are made at draw time, so the
+    setting covers the whole chart function, savefig included."""
+    @functools.wraps(chart)
+    def wrapped(*args, **kwargs):
+        import matplotlib
+
+        with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+            return chart(*args, **kwargs)
+    return wrapped
+
+
 def _figure(w=7.0, h=3.2):
     from matplotlib.figure import Figure
 
@@ -39,6 +53,7 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+@_literal_text
 def funnel_chart(funnel: list[dict]) -> str:
     rows = [f for f in funnel if not f.get("skipped")]
     fig = _figure(7, 0.45 * len(rows) + 1)
@@ -56,6 +71,7 @@ def funnel_chart(funnel: list[dict]) -> str:
     return _png(fig)
 
 
+@_literal_text
 def bar_chart(labels: list[str], values: list[int], title: str, xlabel: str, color="#d73027",
               horizontal=True) -> str:
     fig = _figure(7, 0.35 * len(labels) + 1.2 if horizontal else 3.2)
@@ -78,6 +94,7 @@ def bar_chart(labels: list[str], values: list[int], title: str, xlabel: str, col
     return _png(fig)
 
 
+@_literal_text
 def histogram_chart(hist: dict, title: str, xlabel: str, threshold=None, keep_side=None) -> str:
     """A histogram from SQL-binned counts; the active threshold is drawn and the rejected side shaded."""
     fig = _figure(4.6, 2.8)
