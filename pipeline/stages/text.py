@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import pyarrow as pa
+
+from catalog.rules import RULES
 
 from ..imageio import load_rgb
 from .base import Stage
@@ -50,6 +51,8 @@ class TextStage(Stage):
     reads = ("image",)
     writes = ("text_area_frac", "text_n_boxes", "text_strings", "text_error")
     stateful = True
+    rules = RULES["text"]
+    error_column = "text_error"
     default_batch_size = 8
 
     def __init__(self, cfg: dict | None = None):
@@ -114,11 +117,3 @@ class TextStage(Stage):
             out["text_n_boxes"][i] = len(keep)
             out["text_strings"][i] = [str(texts[k]) for k in keep]
         return out
-
-    def reject(self, table: pa.Table) -> list[str | None]:
-        limit = float(self.cfg.get("max_area_frac", 0.05))
-        errors = table.column("text_error").to_pylist()
-        fracs = table.column("text_area_frac").to_pylist()
-        return ["error" if e is not None else None if f is None else
-                f"text_area>{limit:g}" if f > limit else None
-                for e, f in zip(errors, fracs)]
