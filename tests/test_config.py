@@ -86,3 +86,12 @@ def test_render_uses_the_same_loader_and_messages():
         render_config(sets=["cycles.samples=.nan"])
     with pytest.raises(KeyError, match="unknown key 'hieght'"):
         render_config(sets=["sampling.camera.hieght=512"])
+
+
+def test_unknown_key_is_one_unquoted_line(tmp_path, capsys):
+    from humanset.cli import main
+
+    assert main(["curate", "--input", str(tmp_path), "--output", str(tmp_path / "run"),
+                 "--set", "person.min_scor=1"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("humanset curate: error: --set 'person.min_scor=1': unknown key 'min_scor' (known here:")
