@@ -139,3 +139,18 @@ def test_no_module_keeps_its_own_copy_of_the_thresholds():
     import pipeline.calibrate
 
     assert not hasattr(catalog.stats, "STAGE_SCORES") and not hasattr(pipeline.calibrate, "STAGE_KEYS")
+
+
+def test_stats_of_a_run_whose_manifest_holds_a_nan_threshold(tmp_path):
+    """Runs made before thresholds were validated may hold NaN: stats show no threshold for it
+    instead of failing with a DuckDB Binder Error."""
+    import json
+
+    from stats_run import make_run
+
+    run, rows = make_run(tmp_path, n=16)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["config"]["size"]["min_short_side"] = float("nan")
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    scores = {s["column"]: s for s in stats.run_stats(run)["scores"]}
+    assert scores["short_side"]["threshold"] is None and scores["aspect"]["threshold"]["value"] == 3.0
