@@ -33,7 +33,8 @@ class UnknownKey(ConfigError, KeyError):
 @dataclass(frozen=True)
 class Check:
     """What a config value may be. kinds: any of "number", "int", "bool", "str", "list", "dict";
-    `items`: the kind every element of a list value must be (numbers finite)."""
+    `items`: the kind every element of a list value must be (numbers finite); `words`: strings
+    allowed besides `kinds` (e.g. "auto" for a number)."""
 
     kinds: tuple[str, ...]
     nullable: bool = False
@@ -41,6 +42,7 @@ class Check:
     high: float | None = None
     choices: tuple | None = None
     items: str | None = None
+    words: tuple[str, ...] = ()
 
     def problem(self, value) -> str | None:
         if value is None:
@@ -48,6 +50,8 @@ class Check:
         if self.choices is not None:
             return None if value in self.choices else \
                 f"must be one of {', '.join(map(str, self.choices))}, got {value!r}"
+        if isinstance(value, str) and value in self.words:
+            return None
         if not any(_is(kind, value) for kind in self.kinds):
             return f"must be {self._what()}, got {value!r}"
         if isinstance(value, float) and not math.isfinite(value):
@@ -66,7 +70,7 @@ class Check:
     def _what(self) -> str:
         names = {"number": "a number", "int": "an integer", "bool": "true or false", "str": "a string",
                  "list": "a list", "dict": "a mapping"}
-        return " or ".join(names[k] for k in self.kinds)
+        return " or ".join([names[k] for k in self.kinds] + [repr(w) for w in self.words])
 
 
 def _is(kind: str, v) -> bool:

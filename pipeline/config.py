@@ -33,7 +33,7 @@ CHECKS: dict[str, Check] = {
     "ray.address": Check(("str",), nullable=True),
     "ray.num_cpus": Check(("int",), nullable=True, low=1),
     "*.batch_size": Check(("int",), low=1),
-    "*.concurrency": Check(("int", "list"), nullable=True),
+    "*.concurrency": Check(("int", "list"), nullable=True, low=1, words=("auto",)),
     "*.num_cpus": Check(("number",), low=0),
     "*.num_gpus": Check(("number",), low=0),
 }

@@ -143,11 +143,8 @@ def apply_stage(ds, stage: Stage, score_all: bool):
     if res.memory_gb:
         kw["memory"] = int(res.memory_gb * 2**30)
     if stage.stateful:
-        from ray.data import ActorPoolStrategy  # compute=, not the deprecated concurrency=
-        c = stage.concurrency or 1  # c actors, or a pool of (min, max)
-        pool = ActorPoolStrategy(**(dict(size=c) if isinstance(c, int) else dict(min_size=c[0], max_size=c[1])))
         return ds.map_batches(_ActorFn, fn_constructor_kwargs=dict(name=stage.name, cfg=stage.cfg,
-                              score_all=score_all), compute=pool, **kw)
+                              score_all=score_all), concurrency=stage.concurrency or 1, **kw)
     return ds.map_batches(_task_fn, fn_kwargs=dict(name=stage.name, cfg=stage.cfg, score_all=score_all), **kw)
 
 

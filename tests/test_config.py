@@ -22,6 +22,7 @@ def test_non_finite_thresholds_are_refused_naming_the_key(item):
     ("person.box_rule=wide", "must be one of longer_side, shorter_side, both"),
     ("text.max_area_frac=true", "must be a number"), ("input.files_per_unit=0", "must be >= 1"),
     ("person.batch_size=2.5", "must be an integer"), ("size.min_short_side=null", "null is not allowed"),
+    ("person.concurrency=atuo", "must be an integer or a list or 'auto'"), ("text.concurrency=0", "must be >= 1"),
 ])
 def test_types_and_ranges_are_checked_at_load(item, why):
     with pytest.raises(ConfigError, match=why):
@@ -30,6 +31,7 @@ def test_types_and_ranges_are_checked_at_load(item, why):
 
 def test_valid_overrides_and_nullable_keys():
     cfg = load_config(sets=["size.max_aspect=null", "dedup.max_distance=null", "person.concurrency=[1, 2]",
+                            "text.concurrency=auto",
                             "decode.resources.num_cpus=0.5", "person.weights=/models/x.pt", "person.min_score=0.95"])
     assert cfg["size"]["max_aspect"] is None and cfg["person"]["concurrency"] == [1, 2]
     assert cfg["person"]["min_score"] == 0.95 and default_config()["person"]["min_score"] == 0.9

@@ -154,3 +154,15 @@ def test_stats_of_a_run_whose_manifest_holds_a_nan_threshold(tmp_path):
     (run / "manifest.json").write_text(json.dumps(manifest))
     scores = {s["column"]: s for s in stats.run_stats(run)["scores"]}
     assert scores["short_side"]["threshold"] is None and scores["aspect"]["threshold"]["value"] == 3.0
+
+
+def test_no_stage_reads_a_threshold_with_a_fallback_of_its_own():
+    """A threshold is read through its rule (Rule.threshold: the YAML's value or the declared
+    default), never as cfg.get(key, <a number of the module's own>)."""
+    import inspect
+    import re
+
+    for rule in ALL_RULES:
+        source = inspect.getsource(inspect.getmodule(stage_class(rule.stage)))
+        own = re.findall(rf"""cfg\.get\(\s*["']{rule.key}["']\s*,[^)]*\)""", source)
+        assert not own, f"pipeline/stages/{rule.stage}.py reads {rule.config_key} with its own default: {own}"
