@@ -34,7 +34,6 @@ from catalog import CURATED_INDEX, SAMPLES
 from . import console
 from . import dedup as dedup_mod
 from .config import load_config
-from .console import quiet_ray, token_auth_notice
 from .decide import decide, funnel
 from .sources import Unit, list_units, read_unit
 from .stages import Stage, build_stages
@@ -343,12 +342,12 @@ def init_ray(cfg: dict):
     if local:
         loopback_only()
     import ray
-    quiet_ray()
+    console.quiet_ray()
     if ray.is_initialized():
         return
     kw = dict(include_dashboard=False, log_to_driver=True, logging_level=logging.WARNING)
     if local:  # a private single-node cluster, reachable on loopback only
-        token_auth_notice()
+        console.token_auth_notice()
         ray.init(num_cpus=cfg.get("ray", {}).get("num_cpus"), **kw)
     else:
         ray.init(address=address or "auto", **{k: v for k, v in kw.items() if k != "include_dashboard"})
