@@ -7,8 +7,9 @@ Each room owns its defaults and turns the validated dict into its typed object: 
 stages from it (pipeline/config.py, pipeline/default.yaml), render its RenderConfig dataclasses.
 Validation covers every leaf: an explicit `Check` for a dotted key (the rules' thresholds come from
 catalog/rules.py), else one inferred from the default's type (a number default wants a finite
-number, a string a string, ...). Errors are ConfigError (a ValueError) with one line that names
-the key and where its value came from.
+number, a string a string, ...). Errors are ConfigError (a ValueError) in one line naming the key
+("config size.min_short_side must be a finite number, got nan"); a key the defaults do not have, in
+--config FILE or --set, is an UnknownKey (also a KeyError) naming the file or the --set item.
 """
 from __future__ import annotations
 
