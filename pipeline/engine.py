@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 import catalog
 from catalog import CURATED_INDEX, SAMPLES
 
+from . import console
 from . import dedup as dedup_mod
 from .config import load_config
 from .decide import decide, funnel
@@ -271,11 +272,10 @@ class _Collector:
     """Groups streamed rows by unit; calls `done(unit_id, table, unit_error)` when a unit is whole."""
 
     def __init__(self, done, total_units: int, desc: str, progress: bool):
-        from tqdm import tqdm
         self.parts: dict[str, list[pa.Table]] = defaultdict(list)
         self.counts: dict[str, int] = defaultdict(int)
         self.done = done
-        self.bar = tqdm(total=total_units, desc=desc, unit="unit", disable=not progress, file=sys.stderr)
+        self.bar = console.progress(total_units, desc, enabled=progress)
 
     def add(self, batch: pa.Table):
         if "image" in batch.column_names:
@@ -393,14 +393,18 @@ def init_ray(cfg: dict):
     if local:
         loopback_only()
     import ray
+    console.quiet_ray()
     if ray.is_initialized():
         return
     kw = dict(include_dashboard=False, log_to_driver=True, logging_level=logging.WARNING)
     if local:  # a private single-node cluster, reachable on loopback only
+        console.token_auth_notice()
         ray.init(num_cpus=cfg.get("ray", {}).get("num_cpus"), **kw)
     else:
         ray.init(address=address or "auto", **{k: v for k, v in kw.items() if k != "include_dashboard"})
-    log.info("ray: %s", ray.cluster_resources())
+    res = ray.cluster_resources()
+    log.info("ray: %s, %g CPU, %g GPU", "private local cluster on 127.0.0.1 (token authentication on)" if local
+             else f"cluster at {address or 'auto'}", res.get("CPU", 0), res.get("GPU", 0))
 
 
 def curate(inputs: list[str], output: str, config: dict | None = None, score_all: bool = False,
@@ -442,11 +446,7 @@ def curate(inputs: list[str], output: str, config: dict | None = None, score_all
     cfg_active = dict(cfg, stages=[s.name for s in active])
 
     if todo:
-        init_ray(cfg)
-        import ray
-        ctx = ray.data.DataContext.get_current()
-        ctx.enable_progress_bars = progress
-        ctx.verbose_progress = False
+        init_ray(cfg)  # Ray Data's own progress off: ours (console.progress) counts units
         t_start = time.time()
         if to_measure:
             _measure(run, to_measure, measure_stages, score_all, progress)
@@ -505,8 +505,7 @@ def _score_and_write(run: Path, units: list[Unit], stages: list[Stage], cfg: dic
     else:
         for u in units:
             done(u.unit_id, _measured_table(run, u.unit_id), None)
-    from tqdm import tqdm
-    with tqdm(total=len(refs), desc="write", unit="unit", disable=not progress, file=sys.stderr) as bar:
+    with console.progress(len(refs), "write", enabled=progress) as bar:
         pending = list(refs)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)

@@ -16,6 +16,7 @@ import catalog
 from catalog import SAMPLES
 from catalog.sources import read_source
 
+from . import console
 from . import dedup as dedup_mod
 from .config import apply_sets
 from .decide import decide, funnel
@@ -62,7 +63,6 @@ def plan(run: Path, sets: list[str]) -> tuple[dict, dict, list[str]]:
 
 
 def select(run: str, output: str, sets: list[str], progress: bool = True) -> dict:
-    from tqdm import tqdm
     run_p, out = Path(run), Path(output)
     manifest, cfg, changed = plan(run_p, sets)
     if (out / "manifest.json").exists():
@@ -83,7 +83,7 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
     by_unit = defaultdict(list)
     for i, u in enumerate(table.column("shard").to_pylist()):
         by_unit[u].append(i)
-    for unit, rows in tqdm(sorted(by_unit.items()), desc="select", unit="unit", disable=not progress):
+    for unit, rows in console.progress(iterable=sorted(by_unit.items()), desc="select", enabled=progress):
         part = table.take(pa.array(rows, pa.int64()))
         keep = part.filter(part.column("keep"))
         images = _images(run_p, keep, stored)

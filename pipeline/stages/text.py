@@ -29,7 +29,8 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import pyarrow as pa
+
+from catalog.rules import RULES, TEXT_AREA
 
 from ..imageio import load_rgb
 from .base import Stage
@@ -70,6 +71,8 @@ class TextStage(Stage):
     reads = ("image",)
     writes = ("text_area_frac", "text_n_boxes", "text_strings", "text_error")
     stateful = True
+    rules = RULES["text"]
+    error_column = "text_error"
     default_batch_size = 8
 
     def __init__(self, cfg: dict | None = None):
@@ -148,7 +151,7 @@ class TextStage(Stage):
             self.setup()
         min_rec = float(self.cfg.get("min_rec_score", 0.7))
         min_chars = int(self.cfg.get("min_chars", 3))
-        limit = float(self.cfg.get("max_area_frac", 0.05))
+        limit = float(TEXT_AREA.threshold(self.cfg))
         needed = self.recognize == "needed"
         n = len(batch["image"])
         out: dict[str, list] = {c: [None] * n for c in self.writes}
@@ -229,11 +232,3 @@ class TextStage(Stage):
                     out["text_strings"][i] = [t["texts"][k] for k in keep]
                     del todo[i]
         return out
-
-    def reject(self, table: pa.Table) -> list[str | None]:
-        limit = float(self.cfg.get("max_area_frac", 0.05))
-        errors = table.column("text_error").to_pylist()
-        fracs = table.column("text_area_frac").to_pylist()
-        return ["error" if e is not None else None if f is None else
-                f"text_area>{limit:g}" if f > limit else None
-                for e, f in zip(errors, fracs)]

@@ -12,7 +12,8 @@ import logging
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
+
+from catalog.rules import RULES
 
 from ..imageio import load_rgb
 from .base import Stage
@@ -68,6 +69,8 @@ class WatermarkStage(Stage):
     reads = ("image",)
     writes = ("watermark_score", "watermark_error")
     stateful = True
+    rules = RULES["watermark"]
+    error_column = "watermark_error"
     default_batch_size = 16
 
     def __init__(self, cfg: dict | None = None):
@@ -129,11 +132,3 @@ class WatermarkStage(Stage):
             else:
                 out["watermark_score"][i] = float(p)
         return out
-
-    def reject(self, table: pa.Table) -> list[str | None]:
-        limit = float(self.cfg.get("max_score", 0.8))
-        errors = table.column("watermark_error").to_pylist()
-        scores = table.column("watermark_score").to_pylist()
-        return ["error" if e is not None else None if s is None else
-                f"watermark>{limit:g}" if s > limit else None
-                for e, s in zip(errors, scores)]
