@@ -221,14 +221,17 @@ def table_pairs(hashes: np.ndarray, k: int, m: int, t: int, bucket_cap: int = DE
                     continue
                 stats["hot_buckets_scanned"] += 1
                 _scan(p[s:s + ln], k, keep, stats)
-        d = 1
-        while len(cand):  # compare each hash with the one d places later in its bucket
+        d, x, y = 1, p[cand], p[cand + 1]
+        while len(cand):  # compare each hash x = p[i] with y = p[i + d] while both share a bucket
             stats["candidates"] += len(cand)
-            keep(p[cand], p[cand + d])
+            keep(x, y)
             nxt = cand + (d + 1)
-            cand = cand[nxt < n]
-            nxt = nxt[nxt < n]
-            cand = cand[((p[cand] ^ p[nxt]) >> shift) == 0]
+            inside = nxt < n
+            if not inside.all():
+                cand, x, nxt = cand[inside], x[inside], nxt[inside]
+            y = p[nxt]
+            same = ((x ^ y) >> shift) == 0
+            cand, x, y = cand[same], x[same], y[same]
             d += 1
     x = np.concatenate(found_x) if found_x else np.zeros(0, np.uint64)
     y = np.concatenate(found_y) if found_y else np.zeros(0, np.uint64)
@@ -308,46 +311,61 @@ _HEX = np.full(256, 255, dtype=np.uint8)
 _HEX[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10, dtype=np.uint8)
 _HEX[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
 _MIX = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 1], dtype=np.uint64)
-_CHUNK = 1 << 20  # rows per step when parsing digests (64 bytes of temporaries each)
+_CHUNK = 1 << 18  # rows per step when parsing digests (about 200 bytes of temporaries each)
 
 
-def _strings(col) -> pa.Array:
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    return arr.cast(pa.string())
+def _strings(col) -> pa.ChunkedArray:
+    """A string column as chunks (no copy of the whole column when it already is one)."""
+    col = col if isinstance(col, pa.ChunkedArray) else pa.chunked_array([col])
+    return col if col.type == pa.string() else col.cast(pa.string())
 
 
-def sha_key(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, bool]:
+def sha_key(arr: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, bool]:
     """(key, valid, exact): one uint64 per sha256 string; equal strings get equal keys.
 
-    Lower-case hex digests (what the decode stage writes) are mixed down from all 256 bits; the
-    rare equal key of two different digests is caught by _sha_links (exact=False). Any other
-    strings are numbered by Arrow's dictionary encoding (exact=True: equal key, equal string).
+    Lower-case hex digests (what the decode stage writes) are mixed down from all 256 bits, chunk
+    by chunk; the rare equal key of two different digests is caught by _sha_links (exact=False).
+    Any other strings are numbered by Arrow's dictionary encoding (exact=True).
     """
     valid = arr.is_valid().to_numpy(zero_copy_only=False)
     key = np.zeros(len(arr), dtype=np.uint64)
-    present = arr.filter(arr.is_valid())
-    if not len(present):
-        return key, valid, True
-    if (pc.binary_length(present).to_numpy() == 64).all():
-        present = pa.concat_arrays([present])
-        off = int(np.frombuffer(present.buffers()[1], np.int32)[present.offset])
-        raw = np.frombuffer(present.buffers()[2], np.uint8)[off:off + 64 * len(present)].reshape(-1, 64)
-        mixed = np.empty(len(present), dtype=np.uint64)
-        for s in range(0, len(present), _CHUNK):
-            nib = _HEX[raw[s:s + _CHUNK]]
-            if (nib == 255).any():
-                break
-            words = np.ascontiguousarray((nib[:, 0::2] << 4) | nib[:, 1::2]).view(">u8").astype(np.uint64)
-            mixed[s:s + _CHUNK] = np.bitwise_xor.reduce(words * _MIX, axis=1)
-        else:
-            key[valid] = mixed
-            return key, valid, False
-    key[valid] = pc.dictionary_encode(present).indices.to_numpy().astype(np.uint64)
+    out, hexes = 0, True
+    for chunk in arr.chunks:
+        present = chunk if not chunk.null_count else chunk.filter(chunk.is_valid())
+        mixed = _mix_hex(present) if hexes else None
+        if mixed is None:
+            hexes = False
+            break
+        rows = np.flatnonzero(valid[out:out + len(chunk)]) + out
+        key[rows] = mixed
+        out += len(chunk)
+    if hexes:
+        return key, valid, False
+    key[valid] = pc.dictionary_encode(arr.filter(arr.is_valid()).combine_chunks()).indices.to_numpy().astype(np.uint64)
     return key, valid, True
+
+
+def _mix_hex(present: pa.Array) -> np.ndarray | None:
+    """64-char lower-case hex strings (no nulls) -> one uint64 each from all 256 bits; else None."""
+    if not len(present):
+        return np.zeros(0, dtype=np.uint64)
+    if not (pc.binary_length(present).to_numpy() == 64).all():
+        return None
+    off = int(np.frombuffer(present.buffers()[1], np.int32)[present.offset])
+    raw = np.frombuffer(present.buffers()[2], np.uint8)[off:off + 64 * len(present)].reshape(-1, 64)
+    mixed = np.empty(len(present), dtype=np.uint64)
+    for s in range(0, len(present), _CHUNK):
+        nib = _HEX[raw[s:s + _CHUNK]]
+        if (nib == 255).any():
+            return None
+        words = np.ascontiguousarray((nib[:, 0::2] << 4) | nib[:, 1::2]).view(">u8").astype(np.uint64)
+        mixed[s:s + _CHUNK] = np.bitwise_xor.reduce(words * _MIX, axis=1)
+    return mixed
 
 
 def _sha_links(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Links (first sample of the group, sample) between samples with one sha256."""
+    arr = _strings(arr)
     key, valid, exact = sha_key(arr)
     nodes = np.flatnonzero(valid)
     order = nodes[np.argsort(key[nodes])]
@@ -355,9 +373,10 @@ def _sha_links(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     same = k[1:] == k[:-1]
     if not exact and same.any():
         i = np.flatnonzero(same)
-        equal = pc.equal(arr.take(pa.array(order[i])), arr.take(pa.array(order[i + 1]))).to_numpy(zero_copy_only=False)
-        if not equal.all():  # two digests mixed to one key: number the strings instead
-            key[valid] = pc.dictionary_encode(arr.filter(arr.is_valid())).indices.to_numpy().astype(np.uint64)
+        equal = pc.equal(arr.take(pa.array(order[i])), arr.take(pa.array(order[i + 1])))
+        if not equal.to_numpy(zero_copy_only=False).all():  # two digests on one key: number the strings
+            key[valid] = pc.dictionary_encode(
+                arr.filter(arr.is_valid()).combine_chunks()).indices.to_numpy().astype(np.uint64)
             order = nodes[np.argsort(key[nodes])]
             k = key[order]
             same = k[1:] == k[:-1]
@@ -380,7 +399,7 @@ def components(phash: pa.Array, sha256, max_distance: int | None = 4, exact: boo
     n = len(phash)
     ea, eb, stats = [], [], {"distinct_hashes": 0}
     if exact:
-        a, b = _sha_links(_strings(sha256))
+        a, b = _sha_links(sha256)
         ea.append(a)
         eb.append(b)
     if max_distance is not None and max_distance >= 0:
@@ -423,7 +442,7 @@ def verdicts(root: np.ndarray, sample_id: pa.Array, area: np.ndarray, sha256) ->
     multi = np.flatnonzero(size > 1)
     canon = np.arange(n, dtype=np.int64)  # only entries of multi are read back
     if len(multi):
-        sid = sample_id.combine_chunks() if isinstance(sample_id, pa.ChunkedArray) else sample_id
+        sid = _strings(sample_id)
         t = pa.table({"root": root[multi], "area": area[multi], "sid": sid.take(pa.array(multi)),
                       "node": multi})
         t = t.take(pc.sort_indices(t, sort_keys=[("root", "ascending"), ("area", "descending"),
@@ -436,7 +455,7 @@ def verdicts(root: np.ndarray, sample_id: pa.Array, area: np.ndarray, sha256) ->
     dup = np.zeros(n, dtype=bool)
     dup[multi] = canon[multi] != multi
     take = np.where(dup, canon, -1)
-    sid_all = sample_id.combine_chunks() if isinstance(sample_id, pa.ChunkedArray) else sample_id
+    sid_all = _strings(sample_id)
     dup_of = sid_all.take(pa.array(take, mask=~dup)).cast(pa.string())
     kind = np.ones(n, dtype=np.int32)  # 1 = near
     dups = np.flatnonzero(dup)
@@ -465,12 +484,12 @@ def cluster(samples: pa.Table, max_distance: int = 4, exact: bool = True) -> pa.
     return cluster_stats(samples, max_distance, exact)[0]
 
 
-def cluster_stats(samples: pa.Table, max_distance: int = 4, exact: bool = True, bucket_cap: int | None = None
-                  ) -> tuple[pa.Table, dict]:
+def cluster_stats(samples: pa.Table, max_distance: int = 4, exact: bool = True, bucket_cap: int | None = None,
+                  blocks: int | None = None) -> tuple[pa.Table, dict]:
     """cluster() plus the near search's counts (candidate pairs, tables, hot buckets, ...)."""
     cap = bucket_cap or DEFAULT_BUCKET_CAP
     root, stats = components(samples.column("phash"), samples.column("sha256"), max_distance, exact,
-                                          lambda h, k: near_pairs(h, k, bucket_cap=cap))
+                             lambda h, k: near_pairs(h, k, blocks, bucket_cap=cap))
     out = verdicts(root, samples.column("sample_id"), _area(samples), samples.column("sha256"))
     return out.take(pc.sort_indices(out, sort_keys=[("sample_id", "ascending")])), stats
 
