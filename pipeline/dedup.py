@@ -20,10 +20,12 @@
 Everything is a pure function of the inputs, so a resumed run gets the same clusters as a clean one.
 
 Memory in the process that builds the components, per sample: its sample_id and sha256 as Arrow
-strings (4 + length each) plus numpy arrays of about 8 (pHash) + 8 (sha256 key) + 8 (area)
-+ 8 (parent) + 16 (links) + 16 (sort orders) bytes; per near pair 16 bytes (two hashes) while the
-pair files are read, then 16 (two sample numbers). bench/dedup.py measures the total. A near-search table holds 8 bytes per distinct hash (its sorted permuted
-copy) plus about as much in temporaries, next to the shared hash array (8 bytes per distinct hash).
+strings (4 + length each) plus about 80 bytes of numpy arrays at the peak (pHash, sha256 key, area,
+sort orders, parent); per near pair 16 bytes (two hashes) while the pair files are read, then 16
+(two sample numbers). A near-search table holds 8 bytes per distinct hash (its sorted permuted copy)
+plus its candidate positions (4 bytes each, about one per hash), next to the shared hash array (8
+bytes per distinct hash); its scan runs in steps, so other temporaries stay small.
+bench/dedup.py measures the totals.
 """
 from __future__ import annotations
 
@@ -47,7 +49,8 @@ DEFAULT_BUCKET_CAP = 20_000  # buckets larger than this are skipped (and counted
 MAX_TABLES = 500  # choose_blocks never picks more tables than this (unless k needs it)
 MAX_DISTANCE = 32  # beyond half the bits a "near" pHash pair is no longer a duplicate
 RAY_MIN_HASHES = 100_000  # fewer distinct hashes: the tables run in the driver (a task costs more)
-_SCAN_CELLS = 1 << 22  # popcounts per step of the blocked scan (memory: 8 bytes each)
+_SCAN_CELLS = 1 << 22
+_STEP = 1 << 22  # positions per step of a table's scan (bounds its temporaries to ~100 MB)  # popcounts per step of the blocked scan (memory: 8 bytes each)
 
 
 # --------------------------------------------------------------------------------------------
@@ -85,8 +88,8 @@ def choose_blocks(n: int, k: int) -> int:
     """Number of blocks m minimising tables * n * (per-hash cost) + candidates * (per-pair cost).
 
     More blocks mean longer keys (fewer candidates) but more tables: C(m, k). For k = 4 this picks
-    m = 6 (15 tables, 21-22 bit keys) up to a few million hashes, then m = 7 (35 tables, 27-28 bits),
-    then m = 8 (70 tables, 32 bits) from a few hundred million.
+    m = 6 (15 tables, 21-22 bit keys) from ~30k to ~25M hashes, then m = 7 (35 tables, 27-28 bits)
+    up to ~1.2e9, then m = 8 (70 tables, 32 bits).
     """
     if k <= 0:
         return 1
@@ -187,9 +190,14 @@ def table_pairs(hashes: np.ndarray, k: int, m: int, t: int, bucket_cap: int = DE
     if n < 2:
         return np.zeros(0, np.uint64), np.zeros(0, np.uint64), stats
     shift = np.uint64(lay.key_shift)
-    same = ((p[1:] ^ p[:-1]) >> shift) == 0  # p[i] and p[i+1] share the key
-    cand = np.flatnonzero(same)
-    del same
+    pos = np.int32 if n < 2**31 else np.int64
+    cand = []  # positions i where p[i] and p[i+1] share the key; built in steps to bound temporaries
+    for s in range(0, n - 1, _STEP):
+        e = min(n - 1, s + _STEP)
+        x = np.bitwise_xor(p[s + 1:e + 1], p[s:e])
+        np.right_shift(x, shift, out=x)
+        cand.append((np.flatnonzero(x == 0) + s).astype(pos))
+    cand = np.concatenate(cand)
     found_x, found_y = [], []
 
     def keep(x, y):
@@ -221,23 +229,30 @@ def table_pairs(hashes: np.ndarray, k: int, m: int, t: int, bucket_cap: int = DE
                     continue
                 stats["hot_buckets_scanned"] += 1
                 _scan(p[s:s + ln], k, keep, stats)
-        d, x, y = 1, p[cand], p[cand + 1]
-        while len(cand):  # compare each hash x = p[i] with y = p[i + d] while both share a bucket
-            stats["candidates"] += len(cand)
-            keep(x, y)
-            nxt = cand + (d + 1)
-            inside = nxt < n
-            if not inside.all():
-                cand, x, nxt = cand[inside], x[inside], nxt[inside]
-            y = p[nxt]
-            same = ((x ^ y) >> shift) == 0
-            cand, x, y = cand[same], x[same], y[same]
-            d += 1
+        for s in range(0, len(cand), _STEP):
+            _slide(p, cand[s:s + _STEP].astype(np.int64), shift, keep, stats)
     x = np.concatenate(found_x) if found_x else np.zeros(0, np.uint64)
     y = np.concatenate(found_y) if found_y else np.zeros(0, np.uint64)
     x, y = lay.unpermute(x), lay.unpermute(y)
     stats["pairs"] = len(x)
     return np.minimum(x, y), np.maximum(x, y), stats
+
+
+def _slide(p: np.ndarray, cand: np.ndarray, shift, keep, stats: dict) -> None:
+    """Compare each p[i] (i in cand) with p[i + d], d = 1, 2, ... while both share a bucket."""
+    n = len(p)
+    d, x, y = 1, p[cand], p[cand + 1]
+    while len(cand):
+        stats["candidates"] += len(cand)
+        keep(x, y)
+        nxt = cand + (d + 1)
+        inside = nxt < n
+        if not inside.all():
+            cand, x, nxt = cand[inside], x[inside], nxt[inside]
+        y = p[nxt]
+        same = ((x ^ y) >> shift) == 0
+        cand, x, y = cand[same], x[same], y[same]
+        d += 1
 
 
 def _scan(bucket: np.ndarray, k: int, keep, stats: dict) -> None:

@@ -117,6 +117,14 @@ def test_blocked_scan_of_hot_buckets_equals_brute_force(monkeypatch, window):
     assert len(got) == len(set(got)) and set(got) == _brute_pairs(distinct, 4)
 
 
+def test_scan_in_small_steps_equals_brute_force(monkeypatch):
+    monkeypatch.setattr(dedup, "_STEP", 7)  # steps end inside buckets
+    distinct = np.unique(np.array(_hashes(5), np.uint64))
+    a, b, _ = near_pairs(distinct, 4, 5)
+    got = list(zip(a.tolist(), b.tolist()))
+    assert len(got) == len(set(got)) and set(got) == _brute_pairs(distinct, 4)
+
+
 def test_buckets_over_the_cap_are_skipped_and_counted():
     distinct = np.unique(np.array(_hashes(4), np.uint64))
     truth = _brute_pairs(distinct, 4)
