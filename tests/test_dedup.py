@@ -117,6 +117,15 @@ def test_blocked_scan_of_hot_buckets_equals_brute_force(monkeypatch, window):
     assert len(got) == len(set(got)) and set(got) == _brute_pairs(distinct, 4)
 
 
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+def test_other_distances_equal_brute_force(k):
+    distinct = np.unique(np.array(_hashes(9, copies=300, skewed=300), np.uint64))
+    a, b, st = near_pairs(distinct, k)  # blocks chosen from n
+    got = list(zip(a.tolist(), b.tolist()))
+    assert len(got) == len(set(got)) and set(got) == _brute_pairs(distinct, k)
+    assert st["blocks"] > k
+
+
 def test_scan_in_small_steps_equals_brute_force(monkeypatch):
     monkeypatch.setattr(dedup, "_STEP", 7)  # steps end inside buckets
     distinct = np.unique(np.array(_hashes(5), np.uint64))
