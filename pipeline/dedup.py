@@ -577,11 +577,30 @@ def _run_tables(hashes: np.ndarray, k: int, m: int, bucket_cap: int, folder: Pat
         use_ray = ray.is_initialized()
     except ImportError:
         use_ray = False
+    log.log(logging.INFO if use_ray and len(hashes) >= RAY_MIN_HASHES else logging.DEBUG,
+            "dedup: %d distinct hashes, %d blocks, %d tables%s", len(hashes), m, len(todo),
+             " (Ray tasks)" if use_ray and len(hashes) >= RAY_MIN_HASHES else "")
     if not use_ray or len(hashes) < RAY_MIN_HASHES:
-        return [run_table(hashes, k, m, t, bucket_cap, str(folder), fp) for t in todo]
+        out = []
+        for t in todo:
+            out.append(run_table(hashes, k, m, t, bucket_cap, str(folder), fp))
+            _log_table(len(out), len(todo), out[-1], logging.DEBUG)  # small: seconds in all
+        return out
     task = ray.remote(num_cpus=1)(run_table)
     ref = ray.put(hashes)
-    return ray.get([task.remote(ref, k, m, t, bucket_cap, str(folder), fp) for t in todo])
+    refs = [task.remote(ref, k, m, t, bucket_cap, str(folder), fp) for t in todo]
+    pending, done = list(refs), 0
+    while pending:  # progress on the console as tables finish
+        ready, pending = ray.wait(pending, num_returns=1)
+        done += 1
+        _log_table(done, len(todo), ray.get(ready[0]))
+    return ray.get(refs)
+
+
+def _log_table(done: int, total: int, st: dict, level: int = logging.INFO) -> None:
+    log.log(level, "dedup: table %d done (%d/%d): %d candidate pairs, %d near pairs%s", st["table"], done, total,
+             st["candidates"], st["pairs"],
+             f", {st['hot_buckets_skipped']} buckets over dedup.bucket_cap skipped" if st["hot_buckets_skipped"] else "")
 
 
 def run_dedup(run, unit_ids: list[str], cfg: dict) -> dict:
