@@ -200,8 +200,7 @@ def table_pairs(hashes: np.ndarray, k: int, m: int, t: int, bucket_cap: int = DE
     cand = np.concatenate(cand)
     found_x, found_y = [], []
 
-    def keep(x, y):
-        diff = x ^ y
+    def keep(x, y, diff):
         ok = np.bitwise_count(diff) <= k
         stats["verified"] += int(ok.sum())
         x, y, diff = x[ok], y[ok], diff[ok]
@@ -242,16 +241,18 @@ def _slide(p: np.ndarray, cand: np.ndarray, shift, keep, stats: dict) -> None:
     """Compare each p[i] (i in cand) with p[i + d], d = 1, 2, ... while both share a bucket."""
     n = len(p)
     d, x, y = 1, p[cand], p[cand + 1]
+    diff = x ^ y
     while len(cand):
         stats["candidates"] += len(cand)
-        keep(x, y)
+        keep(x, y, diff)
         nxt = cand + (d + 1)
         inside = nxt < n
         if not inside.all():
             cand, x, nxt = cand[inside], x[inside], nxt[inside]
         y = p[nxt]
-        same = ((x ^ y) >> shift) == 0
-        cand, x, y = cand[same], x[same], y[same]
+        diff = x ^ y
+        same = (diff >> shift) == 0
+        cand, x, y, diff = cand[same], x[same], y[same], diff[same]
         d += 1
 
 
@@ -268,7 +269,7 @@ def _scan(bucket: np.ndarray, k: int, keep, stats: dict) -> None:
         stats["candidates"] += len(rows) * (ln - 1 - r) - len(rows) * (len(rows) - 1) // 2
         i, j = np.nonzero(close)
         if len(i):
-            keep(rows[i], rest[j])
+            keep(rows[i], rest[j], rows[i] ^ rest[j])
 
 
 def near_pairs(hashes: np.ndarray, k: int, m: int | None = None, bucket_cap: int = DEFAULT_BUCKET_CAP
