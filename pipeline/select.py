@@ -113,12 +113,11 @@ def _redo_dedup(table: pa.Table, stages, cfg: dict) -> pa.Table:
     alive = pa.array([not any(r[i] for r in reasons) for i in range(table.num_rows)], pa.bool_())
     cand = table.filter(alive).select(["sample_id", "sha256", "phash", "width", "height"])
     d = cfg.get("dedup", {})
-    result = {r["sample_id"]: r for r in dedup_mod.cluster(cand, d.get("max_distance", 4), d.get("exact", True)).to_pylist()}
-    ids = table.column("sample_id").to_pylist()
+    result = dedup_mod.cluster(cand, d.get("max_distance", 4), d.get("exact", True))
+    row = pc.index_in(table.column("sample_id"), value_set=result.column("sample_id"))  # null: not a candidate
     for col in ("dup_of", "dup_kind", "dup_cluster_size"):
         idx = table.schema.get_field_index(col)
-        table = table.set_column(idx, col, pa.array([result.get(i, {}).get(col) for i in ids],
-                                                    SAMPLES.field(col).type))
+        table = table.set_column(idx, col, result.column(col).take(row).cast(SAMPLES.field(col).type))
     return table
 
 
