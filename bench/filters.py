@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.config import load_config  # noqa: E402
 from pipeline.demo import encode, flat_graphic, photo_like, shipped_photos, with_caption  # noqa: E402
-from pipeline.imageio import probe  # noqa: E402
+from pipeline.images import probe  # noqa: E402
 
 CASCADE = ("decode", "size", "dedup", "person", "text", "watermark", "art")
 HUMAN = ("bus", "zidane", "astronaut", "camera")

@@ -84,7 +84,7 @@ def run_select(args) -> int:
     from catalog import connect
 
     from .report import print_funnel
-    from .select import SelectError, select
+    from .recut import SelectError, select
     try:
         manifest = select(args.run, args.output, args.set, progress=not args.no_progress)
     except (SelectError, FileNotFoundError, KeyError, ValueError) as e:

@@ -6,12 +6,10 @@
 
 `ray submit` copies this file alone to the head node, so it imports the installed humanset package.
 """
-import os
 import sys
 
 if __name__ == "__main__":
-    # run as a script, this file's folder is sys.path[0]; its sibling modules must not shadow packages
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    # run as a script, this file's folder is sys.path[0]: no module in it shares a name with a
+    # standard-library or PyPI module (hence pipeline/recut.py and pipeline/images.py)
     from pipeline.cli import main_curate
     sys.exit(main_curate())

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 import catalog
-from pipeline.select import SelectError, select
+from pipeline.recut import SelectError, select
 
 
 def _rows(run):

@@ -13,8 +13,8 @@ from PIL import Image
 
 import catalog
 from pipeline.config import default_config
-from pipeline.imageio import probe
-from pipeline.imageio import load_rgb
+from pipeline.images import probe
+from pipeline.images import load_rgb
 from pipeline.stages.person import (PersonStage, box_passes, count_passing, default_weights,
                                     import_ultralytics_offline, n_pass_column, onnx_path)
 

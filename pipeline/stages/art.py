@@ -17,7 +17,7 @@ import numpy as np
 
 from catalog.rules import RULES
 
-from ..imageio import load_rgb
+from ..images import load_rgb
 from .base import Stage
 from .batching import infer_each
 

@@ -10,7 +10,7 @@ import hashlib
 
 import pyarrow as pa
 
-from ..imageio import ImageError, probe
+from ..images import ImageError, probe
 from .base import Stage
 
 # kind -> what it means. Reading: the sample's bytes could not be had; decoding: they are no image.

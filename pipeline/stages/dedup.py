@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image
 
-from ..imageio import THUMB
+from ..images import THUMB
 from .base import Stage
 
 

@@ -42,7 +42,7 @@ import pyarrow as pa
 
 from catalog.rules import BOX_RULES, PERSON_BOX, PERSON_SCORE, RULES, box_side
 
-from ..imageio import load_rgb
+from ..images import load_rgb
 from .base import Stage
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ import numpy as np
 
 from catalog.rules import RULES, TEXT_AREA
 
-from ..imageio import load_rgb
+from ..images import load_rgb
 from .base import Stage
 
 log = logging.getLogger(__name__)

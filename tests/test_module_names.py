@@ -1,0 +1,43 @@
+"""No module in a folder that holds driver scripts (pipeline/curate.py, render's and training's Ray
+job scripts) shares a name with a standard-library or installed module: running such a script puts
+its folder first on sys.path, where that module would shadow the real one (as pipeline/select.py
+once shadowed the standard library's select, and pipeline/imageio.py the PyPI imageio)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT_FOLDERS = ("pipeline", "render", "training")
+
+
+def _clashes(names: list[str]) -> list[str]:
+    out = []
+    saved = list(sys.path)
+    try:
+        sys.path[:] = [p for p in sys.path if p and Path(p).resolve() != ROOT]  # what is installed
+        for name in names:
+            if name in sys.stdlib_module_names:
+                out.append(f"{name} (standard library)")
+                continue
+            try:
+                spec = importlib.util.find_spec(name)
+            except (ImportError, ValueError):
+                spec = None
+            origin = getattr(spec, "origin", None) or ""
+            ours = any(origin.startswith(str(ROOT / room) + "/") for room in SCRIPT_FOLDERS)
+            if spec is not None and not ours:
+                out.append(f"{name} ({origin})")
+    finally:
+        sys.path[:] = saved
+    return out
+
+
+def test_no_module_in_a_script_folder_shadows_another():
+    names = [f.stem for room in SCRIPT_FOLDERS for f in sorted((ROOT / room).glob("*.py")) if f.stem != "__init__"]
+    clashes = _clashes(names)
+    assert not clashes, "modules that shadow others when their folder is sys.path[0]: " + ", ".join(clashes)
+
+
+def test_the_check_finds_a_clash():
+    found = _clashes(["select", "numpy", "no_such_module_here"])
+    assert [f.split()[0] for f in found] == ["select", "numpy"]
