@@ -1,0 +1,544 @@
+"""Training the watermark and art filters from the crawl itself (`humanset train-filter`).
+
+    cfg = FilterConfig(filter="watermark", images="RUN", encoder="PT/encoder.pth", output="models/wm")
+    train_filter(cfg)   # -> OUT/model.pt (timm state dict) + OUT/card.json
+
+The classifier is the project's ViT encoder (from an MAE encoder export; random initialisation only with
+a loud warning) with a linear head on the cls token. Its training data are made on the fly by
+training/filter_data.py from clean photos of a curation run (its kept samples) or any shards: synthetic
+watermarks against clean photos and hard negatives; stylised non-photos against photos. One generator
+family per class is held out: the card's validation figures on it measure an unseen style.
+
+The output loads without humanset: `timm.models.vision_transformer.VisionTransformer(**card
+["architecture"]["kwargs"])` with `load_state_dict(torch.load(OUT/model.pt, weights_only=True))`;
+pipeline/stages/watermark.py and art.py read the card (watermark.weights / art.weights = OUT).
+
+The model, data and loss are a recipe (`FilterRecipe`) run by a short step loop with resumable
+checkpoints (OUT/checkpoints/step-N.pt; `--resume` continues bit-identically, the data being a pure
+function of (seed, step)).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import nn
+
+import catalog
+
+from . import checkpoint as ckpt
+from .data import normalize
+from .decode import IMAGE_EXTS, IMAGENET_MEAN, IMAGENET_STD, decode_image
+from .filter_data import DEFAULT_HOLDOUT, FilterSamples, FilterSpec, GeneratorSettings, split_photos
+from .finetune import GridViT, load_encoder, param_groups, warmup_linear
+from .vit import preset
+
+log = logging.getLogger(__name__)
+
+CARD_FORMAT = "humanset-filter/1"
+WEIGHTS_NAME = "model.pt"
+CARD_NAME = "card.json"
+
+
+# --- configuration --------------------------------------------------------------------------------
+@dataclass
+class FilterConfig:
+    filter: str = "watermark"  # watermark | art
+    images: str = ""  # clean photos: a curation run (its kept samples), a shards folder, tars or image files
+    renders: str = ""  # art: a `humanset render` run whose frames are the "3d render" class
+    output: str = ""
+    encoder: str = ""  # MAE encoder export (OUT/encoder.pth) or checkpoint; empty = random init (loud)
+    model: str = "tiny"  # preset when the encoder file does not say its shape (or there is none)
+    input_px: int = 224  # square model input; the stage squashes every image to it
+    gen_px: int = 0  # generator canvas (longer side); 0 = 2 x input_px
+    holdout: list | None = None  # families held out for validation; None = filter_data.DEFAULT_HOLDOUT
+    opacity: tuple = (0.1, 0.6)
+    max_images: int = 1000  # clean photos read (spread over the shards), at most
+    val_samples: int = 256  # per validation set (seen families, held-out families)
+    target_precision: float = 0.95
+    batch_size: int = 32
+    steps: int = 500
+    warmup_steps: int | None = None  # None: 5 % of steps
+    lr: float = 5e-4
+    layer_decay: float = 0.75
+    weight_decay: float = 0.05
+    clip_grad: float = 1.0
+    seed: int = 0
+    loader_workers: int = 2
+    cpu_threads: int = 0
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    resume: str | None = None
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.filter not in ("watermark", "art"):
+            raise ValueError(f"filter {self.filter!r}: choose watermark or art")
+        if self.input_px % 16:
+            raise ValueError(f"input_px {self.input_px}: must be a multiple of 16 (the patch size)")
+        if self.holdout is None:
+            self.holdout = list(DEFAULT_HOLDOUT[self.filter])
+        self.holdout = list(self.holdout)
+        self.opacity = tuple(self.opacity)
+        if not 0 < self.target_precision <= 1:
+            raise ValueError(f"target_precision {self.target_precision}: a fraction in (0, 1]")
+        preset(self.model)
+
+    @property
+    def warmup(self) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else max(1, self.steps // 20)
+
+    @property
+    def generator_px(self) -> int:
+        return self.gen_px or 2 * self.input_px
+
+    def settings(self) -> GeneratorSettings:
+        return GeneratorSettings(opacity=self.opacity, gen_px=self.generator_px)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def config_from(values: dict) -> FilterConfig:
+    known = {f.name for f in dataclasses.fields(FilterConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise KeyError(f"unknown train-filter settings {unknown}; known: {', '.join(sorted(known))}")
+    return FilterConfig(**values)
+
+
+# --- clean photos ---------------------------------------------------------------------------------
+def _shrink(img, max_side: int) -> np.ndarray:
+    if max(img.size) > max_side:
+        f = max_side / max(img.size)
+        img = img.resize((max(1, round(img.width * f)), max(1, round(img.height * f))), Image.LANCZOS)
+    return np.asarray(img, np.uint8)
+
+
+def _image_member(members, prefer: str | None) -> tuple[str, int, int] | None:
+    members = [(m["name"], m["offset"], m["size"]) if isinstance(m, dict) else tuple(m) for m in members or []]
+    if prefer:
+        for m in members:
+            if m[0].endswith(prefer):
+                return m
+    for m in members:
+        if catalog.split_member(m[0])[1].lower() in IMAGE_EXTS:
+            return m
+    return None
+
+
+def read_photos(path, max_images: int, max_side: int, seed: int = 0, prefer: str | None = None,
+                what: str = "--images") -> list[np.ndarray]:
+    """Up to `max_images` decoded RGB photos (longer side <= max_side) from a curation or render run, a
+    folder of indexed shards, a folder of WebDataset tars, or a folder of image files. Shards are visited
+    in a seeded order and only `max_images` are kept, so memory does not grow with the crawl."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path}: no such file or folder (a curation run, its shards/ folder, "
+                                f"a folder of WebDataset tars, or a folder of images)")
+    if (path / "shards").is_dir():
+        path = path / "shards"
+    out: list[np.ndarray] = []
+    bad = 0
+
+    def take(data: bytes, where: str) -> bool:
+        nonlocal bad
+        try:
+            out.append(_shrink(decode_image(data), max_side))
+        except Exception as e:  # one bad file never stops the run
+            bad += 1
+            log.warning("%s: skipped, does not decode (%s: %s)", where, type(e).__name__, e)
+        return len(out) >= max_images
+
+    rng = np.random.default_rng(seed)
+    indexed = catalog.list_shards(path) if path.is_dir() else []
+    if indexed:
+        for i in rng.permutation(len(indexed)):
+            tar = indexed[int(i)]
+            import pyarrow.parquet as pq
+            index = pq.read_table(tar.with_suffix(".parquet"))
+            cols = index.column_names
+            rows = index.select([c for c in ("key", "members", "error") if c in cols]).to_pylist()
+            for r in rows:
+                if r.get("error"):
+                    continue
+                m = _image_member(r.get("members"), prefer)
+                if m and take(catalog.read_member(tar, m[1], m[2]), f"{tar.name} key {r['key']}"):
+                    break
+            if len(out) >= max_images:
+                break
+    elif path.is_file() or sorted(path.glob("*.tar")):
+        tars = [path] if path.is_file() else sorted(path.glob("*.tar"))
+        for i in rng.permutation(len(tars)):
+            tar = tars[int(i)]
+            try:
+                for rec in catalog.iter_tar(tar):
+                    exts = [e for e in rec.files if e.lower() in IMAGE_EXTS or (prefer and e.endswith(prefer))]
+                    if exts and take(rec.files[exts[0]], f"{tar.name} key {rec.key}"):
+                        break
+            except catalog.ShardTruncated as e:
+                log.warning("%s", e)
+            if len(out) >= max_images:
+                break
+    else:
+        files = sorted(p for p in path.rglob("*") if p.suffix.lower().lstrip(".") in IMAGE_EXTS)
+        for i in rng.permutation(len(files)):
+            if take(files[int(i)].read_bytes(), str(files[int(i)])):
+                break
+    if bad:
+        log.warning("%s %s: %d image(s) did not decode and were skipped", what, path, bad)
+    if not out:
+        raise ValueError(f"{what} {path}: no decodable image found (a curation run, shards, tars or image files)")
+    return out
+
+
+# --- the model ------------------------------------------------------------------------------------
+class FilterModel(nn.Module):
+    """ViT encoder + linear head on the (normed) cls token: timm's VisionTransformer with global_pool='token'."""
+
+    def __init__(self, encoder: GridViT, n_classes: int):
+        super().__init__()
+        self.encoder = encoder
+        self.head = nn.Linear(encoder.width, n_classes)
+        nn.init.normal_(self.head.weight, std=0.01)  # near chance at the start, as MAE's fine-tuning heads
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(images)[:, 0])
+
+    def timm_kwargs(self) -> dict:
+        kw = self.encoder.timm_kwargs()
+        return {**kw, "num_classes": self.head.out_features, "global_pool": "token"}
+
+    def timm_state_dict(self) -> dict:
+        sd = {k[len("encoder."):]: v for k, v in self.state_dict().items() if k.startswith("encoder.")}
+        sd.update({"head.weight": self.head.weight, "head.bias": self.head.bias})
+        return {k: v.detach().cpu().contiguous() for k, v in sd.items()}
+
+
+def encoder_shape(cfg: FilterConfig) -> tuple[int, int, int, int]:
+    """(width, depth, heads, mlp) from the encoder export's timm arguments, else from --model."""
+    if cfg.encoder:
+        side = Path(cfg.encoder).with_suffix(".json")
+        if side.is_file():
+            kw = json.loads(side.read_text())
+            if {"embed_dim", "depth", "num_heads"} <= set(kw):
+                return kw["embed_dim"], kw["depth"], kw["num_heads"], int(round(kw.get("mlp_ratio", 4) * kw["embed_dim"]))
+    p = preset(cfg.model)
+    return p.width, p.depth, p.heads, p.mlp
+
+
+def build_model(cfg: FilterConfig, n_classes: int, load_weights: bool = True) -> FilterModel:
+    width, depth, heads, mlp = encoder_shape(cfg)
+    encoder = GridViT(width, depth, heads, mlp, img_hw=(cfg.input_px, cfg.input_px)).init_weights()
+    if cfg.encoder and load_weights:
+        load_encoder(encoder, cfg.encoder)
+    elif load_weights:
+        log.warning("NO --encoder: the %s filter's ViT starts from RANDOM weights; its figures will be poor. "
+                    "Pass an MAE encoder export (humanset pretrain ... -> OUT/encoder.pth)", cfg.filter)
+    return FilterModel(encoder, n_classes)
+
+
+# --- metrics --------------------------------------------------------------------------------------
+def roc_auc(scores: np.ndarray, positive: np.ndarray) -> float | None:
+    """Area under the ROC curve (Mann-Whitney U, ties counted half); None with a single class."""
+    scores, positive = np.asarray(scores, np.float64), np.asarray(positive, bool)
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if not n_pos or not n_neg:
+        return None
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores), np.float64)
+    sorted_scores = scores[order]
+    i = 0
+    while i < len(scores):  # average ranks over ties
+        j = i
+        while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def at_threshold(scores, positive, threshold: float) -> dict:
+    """Precision and recall of 'reject when score > threshold'."""
+    scores, positive = np.asarray(scores), np.asarray(positive, bool)
+    pred = scores > threshold
+    tp, fp = int((pred & positive).sum()), int((pred & ~positive).sum())
+    fn = int((~pred & positive).sum())
+    return {"precision": tp / (tp + fp) if tp + fp else None, "recall": tp / (tp + fn) if tp + fn else None,
+            "tp": tp, "fp": fp, "fn": fn, "tn": int((~pred & ~positive).sum())}
+
+
+def choose_threshold(scores, positive, target_precision: float) -> dict:
+    """The lowest threshold whose precision reaches the target (most recall); if none does, the one of
+    best F1, and `reached` says so."""
+    scores, positive = np.asarray(scores, np.float64), np.asarray(positive, bool)
+    candidates = np.unique(np.concatenate([[0.0], scores]))[:-1] if len(scores) else np.array([0.5])
+    best, best_f1 = None, -1.0
+    for t in np.sort(candidates):
+        m = at_threshold(scores, positive, float(t))
+        if m["precision"] is not None and m["precision"] >= target_precision:
+            return {"score": float(t), "target_precision": target_precision, "reached": True}
+        p, r = m["precision"] or 0.0, m["recall"] or 0.0
+        f1 = 2 * p * r / (p + r) if p + r else 0.0
+        if f1 > best_f1:
+            best, best_f1 = float(t), f1
+    return {"score": best if best is not None else 0.5, "target_precision": target_precision, "reached": False}
+
+
+def reject_scores(logits: torch.Tensor, keep_index: int) -> np.ndarray:
+    """Higher = reject: 1 - P(keep class), as the stages compute it."""
+    return (1.0 - torch.softmax(logits.float(), dim=1)[:, keep_index]).cpu().numpy()
+
+
+# --- the recipe: model, data, loss ----------------------------------------------------------------
+class FilterRecipe:
+    """What the step loop needs to train a filter (the shape of training/engine.py's Recipe)."""
+    name = "train-filter"
+    generator = None
+
+    def __init__(self, cfg: FilterConfig, photos: list[np.ndarray], renders: list[np.ndarray] | None = None):
+        self.cfg = cfg
+        self.spec = FilterSpec(cfg.filter, tuple(cfg.holdout), renders=bool(renders))
+        self.train_photos, self.val_photos = split_photos(photos)
+        self.renders = renders or []
+        self.train_set = FilterSamples(self.spec, self.train_photos, cfg.input_px, cfg.seed, cfg.settings(),
+                                       self.renders, "train")
+
+    def build_model(self, ctx, resuming: bool) -> FilterModel:
+        return build_model(self.cfg, len(self.spec.classes), load_weights=not resuming)
+
+    def optimizer(self, model, ctx):
+        cfg = self.cfg
+        groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
+        for g in groups:
+            g["lr"] = cfg.lr * g["lr_scale"]
+        opt = torch.optim.AdamW([{k: v for k, v in g.items() if k != "names"} for g in groups], lr=cfg.lr)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_linear(s, cfg.steps, cfg.warmup))
+        return opt, sched
+
+    def batches(self, ctx, start_step: int):
+        cfg = self.cfg
+        sampler = [list(range(s * cfg.batch_size, (s + 1) * cfg.batch_size)) for s in range(start_step, cfg.steps)]
+        loader = torch.utils.data.DataLoader(self.train_set, batch_sampler=sampler, num_workers=cfg.loader_workers,
+                                             collate_fn=collate)
+        return iter(loader)
+
+    def loss(self, model, batch: dict, ctx) -> torch.Tensor:
+        logits = model(normalize(batch["image"], ctx.device))
+        return F.cross_entropy(logits.float(), batch["label"].to(ctx.device))
+
+    def describe(self, model, start: int) -> str:
+        n = sum(p.numel() for p in model.parameters())
+        return (f"train-filter {self.cfg.filter}: ViT {model.encoder.width}x{model.encoder.depth} ({n / 1e6:.1f}M "
+                f"params) at {self.cfg.input_px}px, classes {self.spec.classes}, {len(self.train_photos)} training "
+                f"+ {len(self.val_photos)} validation photos, held out {list(self.spec.holdout)}, batch "
+                f"{self.cfg.batch_size}, {self.cfg.steps} steps from {start}")
+
+
+def collate(items: list[dict]) -> dict:
+    return {k: torch.as_tensor(np.stack([it[k] for it in items])) for k in items[0]}
+
+
+class Ctx:
+    rank, world, main = 0, 1, True
+
+    def __init__(self):
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def run_steps(recipe: FilterRecipe) -> tuple[FilterModel, dict]:
+    """The step loop: resume, AdamW steps with clipping, NaN stop, checkpoints, OUT/log.jsonl."""
+    cfg = recipe.cfg
+    ctx = Ctx()
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.output)
+    resume_from = ckpt.resolve_resume(cfg.resume, out)
+    model = recipe.build_model(ctx, resuming=resume_from is not None).to(ctx.device)
+    opt, sched = recipe.optimizer(model, ctx)
+    start = 0
+    if resume_from is not None:
+        state = torch.load(resume_from, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        start = int(state["step"])
+        log.info("resumed from %s at step %d", resume_from, start)
+    out.mkdir(parents=True, exist_ok=True)
+    catalog.write_json(out / "config.json", cfg.to_dict())
+    log.info("%s", recipe.describe(model, start))
+    from tqdm import tqdm
+    bar = tqdm(total=cfg.steps, initial=start, desc=f"train-filter {cfg.filter}", unit="step",
+               disable=not cfg.progress, dynamic_ncols=True)
+    t0, loss_value = time.perf_counter(), float("nan")
+    model.train()
+    with open(out / "log.jsonl", "a") as fh:
+        for step, batch in enumerate(recipe.batches(ctx, start), start=start):
+            loss = recipe.loss(model, batch, ctx)
+            loss_value = loss.item()
+            if not math.isfinite(loss_value):
+                raise FloatingPointError(f"step {step + 1}: loss is {loss_value}; the run stops here. Lower --lr or "
+                                         f"resume from {ckpt.checkpoint_dir(out)}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+            opt.step()
+            sched.step()
+            done = step + 1
+            bar.update(1)
+            if done % cfg.log_every == 0 or done == cfg.steps or done == start + 1:
+                rec = {"step": done, "loss": loss_value, "lr": sched.get_last_lr()[-1], "grad_norm": float(grad_norm),
+                       "elapsed_s": time.perf_counter() - t0, "time": time.time()}
+                fh.write(json.dumps(rec) + "\n")
+                fh.flush()
+                bar.set_postfix(loss=f"{loss_value:.4f}")
+                if not cfg.progress:
+                    log.info("train-filter %s step %d/%d loss %.4f", cfg.filter, done, cfg.steps, loss_value)
+            if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+                ckpt.save_checkpoint(out, done, {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                                 "scheduler": sched.state_dict(), "step": done,
+                                                 "config": cfg.to_dict()}, keep=cfg.keep_checkpoints)
+    bar.close()
+    return model, {"train_seconds": time.perf_counter() - t0, "steps_run": cfg.steps - start, "final_loss": loss_value}
+
+
+# --- validation and the card ----------------------------------------------------------------------
+@torch.no_grad()
+def predict_scores(model: FilterModel, images: np.ndarray, keep_index: int, batch: int = 64) -> np.ndarray:
+    """Reject scores of uint8 (N, 3, S, S) model inputs."""
+    model.eval()
+    device = next(model.parameters()).device
+    out = [reject_scores(model(normalize(torch.as_tensor(images[i:i + batch]), device)), keep_index)
+           for i in range(0, len(images), batch)]
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def validation_set(recipe: FilterRecipe, split: str, n: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    data = FilterSamples(recipe.spec, recipe.val_photos, recipe.cfg.input_px, recipe.cfg.seed, recipe.cfg.settings(),
+                         recipe.renders, split)
+    items = [data.sample(k) for k in range(n)]
+    return np.stack([i[0] for i in items]), np.array([i[2] for i in items], bool), [i[3] for i in items]
+
+
+def figures(scores, positive, families, threshold: float) -> dict:
+    per_family = {}
+    for fam in sorted(set(families)):
+        sel = np.array([f == fam for f in families])
+        s = scores[sel]
+        per_family[fam] = {"n": int(sel.sum()), "reject_rate": float((s > threshold).mean()),
+                           "mean_score": float(s.mean())}
+    return {"n": int(len(scores)), "positives": int(np.sum(positive)), "roc_auc": roc_auc(scores, positive),
+            "at_threshold": at_threshold(scores, positive, threshold), "families": per_family}
+
+
+def validate(model: FilterModel, recipe: FilterRecipe) -> dict:
+    """Threshold chosen on the seen families (validation photos), figures on both sets."""
+    cfg, keep = recipe.cfg, recipe.spec.classes.index(recipe.spec.keep_class)
+    seen_x, seen_y, seen_f = validation_set(recipe, "val_seen", cfg.val_samples)
+    held_x, held_y, held_f = validation_set(recipe, "val_heldout", cfg.val_samples)
+    seen_s, held_s = predict_scores(model, seen_x, keep), predict_scores(model, held_x, keep)
+    threshold = choose_threshold(seen_s, seen_y, cfg.target_precision)
+    return {"threshold": threshold,
+            "seen": figures(seen_s, seen_y, seen_f, threshold["score"]),
+            "heldout": figures(held_s, held_y, held_f, threshold["score"])}
+
+
+def write_card(out: Path, model: FilterModel, recipe: FilterRecipe, validation: dict, training: dict) -> Path:
+    cfg, spec = recipe.cfg, recipe.spec
+    weights = out / WEIGHTS_NAME
+    with catalog.atomic_path(weights) as tmp:
+        torch.save(model.timm_state_dict(), tmp)
+    card = {
+        "format": CARD_FORMAT,
+        "filter": cfg.filter,
+        "weights": WEIGHTS_NAME,
+        "architecture": {"library": "timm", "class": "timm.models.vision_transformer.VisionTransformer",
+                         "kwargs": model.timm_kwargs()},
+        "input": {"size": cfg.input_px, "resize": "squash, bilinear (whole image, no crop)", "mean": list(IMAGENET_MEAN),
+                  "std": list(IMAGENET_STD), "channels": "RGB"},
+        "classes": spec.classes,
+        "keep_class": spec.keep_class,
+        "score": f"1 - P({spec.keep_class}); higher = reject",
+        "threshold": validation["threshold"],
+        "generator": {"settings": cfg.settings().to_dict(), "seed": cfg.seed, "positive_families": list(spec.positive),
+                      "negative_families": list(spec.negative), "holdout": list(spec.holdout),
+                      "html_screenshots": "not made (headless Chromium: seconds per page on 2 cores); "
+                                          "document draws web-page-like layouts"},
+        "validation": validation,
+        "training": training,
+    }
+    catalog.write_json(out / CARD_NAME, card)
+    return out / CARD_NAME
+
+
+# --- entry point ----------------------------------------------------------------------------------
+def train_filter(cfg: FilterConfig) -> dict:
+    """Train, validate on the held-out families, write OUT/model.pt and OUT/card.json. Returns the card."""
+    if not cfg.output:
+        raise ValueError("--output is required: the folder for the card, the weights and checkpoints")
+    if not cfg.images:
+        raise ValueError("--images is required: a curation run (its kept samples), its shards, tars or image files")
+    if cfg.encoder and not Path(cfg.encoder).is_file():
+        raise FileNotFoundError(f"--encoder {cfg.encoder}: no such file (an MAE encoder export OUT/encoder.pth)")
+    if cfg.cpu_threads:
+        torch.set_num_threads(cfg.cpu_threads)
+    t0 = time.perf_counter()
+    side = int(cfg.generator_px * 1.5)
+    photos = read_photos(cfg.images, cfg.max_images, side, cfg.seed)
+    renders = []
+    if cfg.filter == "art":
+        if cfg.renders:
+            renders = read_photos(cfg.renders, max(8, cfg.max_images // 5), side, cfg.seed, prefer=".rgb.png",
+                                  what="--renders")
+        else:
+            log.info("art: no --renders given: the '3d render' family is left out")
+    log.info("train-filter %s: %d clean photos from %s%s", cfg.filter, len(photos), cfg.images,
+             f", {len(renders)} render frames" if renders else "")
+    recipe = FilterRecipe(cfg, photos, renders)
+    model, run = run_steps(recipe)
+    validation = validate(model, recipe)
+    training = {**run, "total_seconds": time.perf_counter() - t0, "steps": cfg.steps, "batch_size": cfg.batch_size,
+                "lr": cfg.lr, "encoder": Path(cfg.encoder).name if cfg.encoder else None,
+                "random_init": not cfg.encoder, "photos": {"train": len(recipe.train_photos),
+                                                           "validation": len(recipe.val_photos)},
+                "render_frames": len(renders), "device": str(next(model.parameters()).device),
+                "torch_threads": torch.get_num_threads()}
+    card_path = write_card(Path(cfg.output), model.cpu(), recipe, validation, training)
+    h = validation["heldout"]
+    log.info("%s filter: held-out ROC AUC %s, precision %s recall %s at threshold %.3f -> %s", cfg.filter,
+             _fmt(h["roc_auc"]), _fmt(h["at_threshold"]["precision"]), _fmt(h["at_threshold"]["recall"]),
+             validation["threshold"]["score"], card_path)
+    return json.loads(card_path.read_text())
+
+
+def _fmt(v) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+def demo_config(task: str, images, output, renders="", encoder: str = "", steps: int = 60) -> FilterConfig:
+    """`make demo`: about a minute per filter on 2 cores: tiny preset at 64 px, a raised lr."""
+    return FilterConfig(filter=task, images=str(images), renders=str(renders or ""), output=str(output),
+                        encoder=encoder, model="tiny", input_px=64, gen_px=128, batch_size=16, steps=steps,
+                        warmup_steps=max(1, steps // 10), lr=1e-3, layer_decay=0.9, val_samples=96,
+                        loader_workers=0, cpu_threads=2, checkpoint_every=steps, log_every=10, max_images=200,
+                        target_precision=0.9)
+
+
+def summary_line(card: dict) -> str:
+    v = card["validation"]
+    h, s = v["heldout"], v["seen"]
+    return (f"{card['filter']}: held-out {card['generator']['holdout']} ROC AUC {_fmt(h['roc_auc'])}, precision "
+            f"{_fmt(h['at_threshold']['precision'])} / recall {_fmt(h['at_threshold']['recall'])} at "
+            f"{v['threshold']['score']:.3f}; seen families ROC AUC {_fmt(s['roc_auc'])}; "
+            f"{card['training']['train_seconds']:.0f} s training")
+
