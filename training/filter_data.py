@@ -672,7 +672,8 @@ class FilterSpec:
 class FilterSamples:
     """Sample k of a stream is a pure function of (seed, k): class, family, clean photo, crop and generator.
 
-    split "train" draws from the training families on the training photos; "val_seen" from the same
+    Odd samples are positives, even ones negatives. Split "train" draws from the training families on the
+    training photos; "val_seen" from the same
     families on the validation photos; "val_heldout" the held-out families (plus, for a class without a
     held-out family, its training families) on the validation photos. Items are (uint8 (3, S, S),
     class index or -1, positive (bool), family).
@@ -705,13 +706,15 @@ class FilterSamples:
         return np.random.default_rng([self.seed, self._salt, k])
 
     def sample(self, k: int) -> tuple[np.ndarray, int, bool, str]:
+        """Samples 2j and 2j + 1 share one view of one photo: a negative and a positive of the same scene,
+        so a batch's contrast is the overlay or the style, not the scene."""
+        s = self.settings
+        pair = np.random.default_rng([self.seed, self._salt, k // 2, 7])
+        base = random_view(self.photos[int(pair.integers(len(self.photos)))], pair, s.gen_px, s.crop_scale)
         rng = self.rng(k)
-        positive = bool(rng.random() < .5)
+        positive = k % 2 == 1
         families = self.pos if positive else self.neg
         family = families[int(rng.integers(len(families)))]
-        photo = self.photos[int(rng.integers(len(self.photos)))]
-        s = self.settings
-        base = random_view(photo, rng, s.gen_px, s.crop_scale)
         img = generate(self.spec.task, family, base, rng, s, self.renders)
         if rng.random() < s.jpeg_prob:
             img = jpeg(img, int(rng.integers(s.jpeg_quality[0], s.jpeg_quality[1] + 1)))
