@@ -13,16 +13,15 @@ The output loads without humanset: `timm.models.vision_transformer.VisionTransfo
 ["architecture"]["kwargs"])` with `load_state_dict(torch.load(OUT/model.pt, weights_only=True))`;
 pipeline/stages/watermark.py and art.py read the card (watermark.weights / art.weights = OUT).
 
-The model, data and loss are a recipe (`FilterRecipe`) run by a short step loop with resumable
+The model, data and loss are a recipe (`FilterRecipe`) that training/engine.py runs: resumable
 checkpoints (OUT/checkpoints/step-N.pt; `--resume` continues bit-identically, the data being a pure
-function of (seed, step)).
+function of (seed, step)), the run log, and Ray Train with `--workers N`.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,11 +35,15 @@ from torch import nn
 import catalog
 
 from . import checkpoint as ckpt
+from . import engine
 from .data import normalize
 from .decode import IMAGE_EXTS, IMAGENET_MEAN, IMAGENET_STD, decode_image
+from .engine import Context, RunConfig
 from .filter_data import DEFAULT_HOLDOUT, FilterSamples, FilterSpec, GeneratorSettings, split_photos
-from .finetune import GridViT, load_encoder, param_groups, warmup_linear
-from .vit import preset
+from .lr import adamw, layer_decay_groups, warmup_linear
+from .sampler import collate
+from .vit import VisionTransformer, preset
+from .weights import load_encoder
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +54,10 @@ CARD_NAME = "card.json"
 
 # --- configuration --------------------------------------------------------------------------------
 @dataclass
-class FilterConfig:
+class FilterConfig(RunConfig):
     filter: str = "watermark"  # watermark | art
     images: str = ""  # clean photos: a curation run (its kept samples), a shards folder, tars or image files
     renders: str = ""  # art: a `humanset render` run whose frames are the "3d render" class
-    output: str = ""
     encoder: str = ""  # MAE encoder export (OUT/encoder.pth) or checkpoint; empty = random init (loud)
     model: str = "tiny"  # preset when the encoder file does not say its shape (or there is none)
     input_px: int = 224  # square model input; the stage squashes every image to it
@@ -65,23 +67,22 @@ class FilterConfig:
     max_images: int = 1000  # clean photos read (spread over the shards), at most
     val_samples: int = 256  # per validation set (seen families, held-out families)
     target_precision: float = 0.95
-    batch_size: int = 32
+    batch_size: int = 32  # per worker
     steps: int = 500
     warmup_steps: int | None = None  # None: 5 % of steps
     lr: float = 5e-4
     layer_decay: float = 0.75
     weight_decay: float = 0.05
-    clip_grad: float = 1.0
-    seed: int = 0
-    loader_workers: int = 2
-    cpu_threads: int = 0
+    betas: tuple = (0.9, 0.999)
     checkpoint_every: int = 100
     keep_checkpoints: int = 2
-    log_every: int = 10
-    resume: str | None = None
-    progress: bool = True
+    loader: str = "torch"  # the samples are generated in DataLoader workers (exact resume)
 
     def __post_init__(self):
+        super().__post_init__()
+        self.betas = tuple(self.betas)
+        if self.loader == "ray":
+            raise ValueError("train-filter generates its samples in DataLoader workers: use loader=torch")
         if self.filter not in ("watermark", "art"):
             raise ValueError(f"filter {self.filter!r}: choose watermark or art")
         if self.input_px % 16:
@@ -110,11 +111,7 @@ class FilterConfig:
 
 
 def config_from(values: dict) -> FilterConfig:
-    known = {f.name for f in dataclasses.fields(FilterConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise KeyError(f"unknown train-filter settings {unknown}; known: {', '.join(sorted(known))}")
-    return FilterConfig(**values)
+    return engine.config_from(FilterConfig, values, "train-filter")
 
 
 # --- clean photos ---------------------------------------------------------------------------------
@@ -206,7 +203,7 @@ def read_photos(path, max_images: int, max_side: int, seed: int = 0, prefer: str
 class FilterModel(nn.Module):
     """ViT encoder + linear head on the (normed) cls token: timm's VisionTransformer with global_pool='token'."""
 
-    def __init__(self, encoder: GridViT, n_classes: int):
+    def __init__(self, encoder: VisionTransformer, n_classes: int):
         super().__init__()
         self.encoder = encoder
         self.head = nn.Linear(encoder.width, n_classes)
@@ -240,7 +237,7 @@ def encoder_shape(cfg: FilterConfig) -> tuple[int, int, int, int]:
 
 def build_model(cfg: FilterConfig, n_classes: int, load_weights: bool = True) -> FilterModel:
     width, depth, heads, mlp = encoder_shape(cfg)
-    encoder = GridViT(width, depth, heads, mlp, img_hw=(cfg.input_px, cfg.input_px)).init_weights()
+    encoder = VisionTransformer(width, depth, heads, mlp, img_size=cfg.input_px, learn_pos_embed=True).init_weights()
     if cfg.encoder and load_weights:
         load_encoder(encoder, cfg.encoder)
     elif load_weights:
@@ -302,114 +299,75 @@ def reject_scores(logits: torch.Tensor, keep_index: int) -> np.ndarray:
 
 
 # --- the recipe: model, data, loss ----------------------------------------------------------------
-class FilterRecipe:
-    """What the step loop needs to train a filter (the shape of training/engine.py's Recipe)."""
-    name = "train-filter"
-    generator = None
+class FilterRecipe(engine.Recipe):
+    """Model, data and loss of a filter for training/engine.py."""
 
-    def __init__(self, cfg: FilterConfig, photos: list[np.ndarray], renders: list[np.ndarray] | None = None):
-        self.cfg = cfg
+    def __init__(self, cfg: FilterConfig, photos: list[np.ndarray] | None = None,
+                 renders: list[np.ndarray] | None = None):
+        super().__init__(cfg)
+        self.name = f"train-filter {cfg.filter}"
+        if photos is None:  # a Ray Train worker reads its own copy (bounded by max_images)
+            photos, renders = read_inputs(cfg)
         self.spec = FilterSpec(cfg.filter, tuple(cfg.holdout), renders=bool(renders))
         self.train_photos, self.val_photos = split_photos(photos)
         self.renders = renders or []
         self.train_set = FilterSamples(self.spec, self.train_photos, cfg.input_px, cfg.seed, cfg.settings(),
                                        self.renders, "train")
+        self.t0 = time.perf_counter()
+        self.start = 0
 
-    def build_model(self, ctx, resuming: bool) -> FilterModel:
+    def build_model(self, ctx: Context, resuming: bool) -> FilterModel:
         return build_model(self.cfg, len(self.spec.classes), load_weights=not resuming)
 
-    def optimizer(self, model, ctx):
+    def shard_units(self, model):
+        return list(model.encoder.blocks)
+
+    def optimizer(self, model, ctx: Context):
         cfg = self.cfg
-        groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
+        groups = layer_decay_groups(model, cfg.weight_decay, cfg.layer_decay)
         for g in groups:
             g["lr"] = cfg.lr * g["lr_scale"]
-        opt = torch.optim.AdamW([{k: v for k, v in g.items() if k != "names"} for g in groups], lr=cfg.lr)
+        opt = adamw([{k: v for k, v in g.items() if k != "names"} for g in groups], cfg.lr, cfg.betas,
+                    fused=not engine.sharded(cfg, ctx))
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_linear(s, cfg.steps, cfg.warmup))
         return opt, sched
 
-    def batches(self, ctx, start_step: int):
+    def batches(self, ctx: Context, start_micro: int):
+        """Micro-batch m of rank r holds samples (m * world + r) * B ... of the stream: a pure function of
+        the step, so a resumed run sees exactly the samples it would have seen."""
         cfg = self.cfg
-        sampler = [list(range(s * cfg.batch_size, (s + 1) * cfg.batch_size)) for s in range(start_step, cfg.steps)]
-        loader = torch.utils.data.DataLoader(self.train_set, batch_sampler=sampler, num_workers=cfg.loader_workers,
-                                             collate_fn=collate)
-        return iter(loader)
+        self.start = start_micro // cfg.accum_steps
+        self.t0 = time.perf_counter()
+        b = cfg.batch_size
+        sampler = [list(range((m * ctx.world + ctx.rank) * b, (m * ctx.world + ctx.rank + 1) * b))
+                   for m in range(start_micro, cfg.steps * cfg.accum_steps)]
+        return iter(torch.utils.data.DataLoader(self.train_set, batch_sampler=sampler, num_workers=cfg.loader_workers,
+                                                collate_fn=collate, pin_memory=ctx.device.type == "cuda"))
 
-    def loss(self, model, batch: dict, ctx) -> torch.Tensor:
-        logits = model(normalize(batch["image"], ctx.device))
+    def loss(self, model, batch: dict, ctx: Context, autocast) -> torch.Tensor:
+        with autocast:
+            logits = model(normalize(batch["image"], ctx.device))
         return F.cross_entropy(logits.float(), batch["label"].to(ctx.device))
 
-    def describe(self, model, start: int) -> str:
+    def describe(self, model, ctx: Context, start: int) -> str:
+        cfg = self.cfg
         n = sum(p.numel() for p in model.parameters())
-        return (f"train-filter {self.cfg.filter}: ViT {model.encoder.width}x{model.encoder.depth} ({n / 1e6:.1f}M "
-                f"params) at {self.cfg.input_px}px, classes {self.spec.classes}, {len(self.train_photos)} training "
-                f"+ {len(self.val_photos)} validation photos, held out {list(self.spec.holdout)}, batch "
-                f"{self.cfg.batch_size}, {self.cfg.steps} steps from {start}")
+        return (f"train-filter {cfg.filter}: ViT {model.encoder.width}x{model.encoder.depth} ({n / 1e6:.1f}M "
+                f"params) at {cfg.input_px}px on {ctx.world} x {ctx.device.type}, classes {self.spec.classes}, "
+                f"{len(self.train_photos)} training + {len(self.val_photos)} validation photos, held out "
+                f"{list(self.spec.holdout)}, batch {cfg.batch_size} x {ctx.world}, {cfg.steps} steps from {start}")
+
+    def checkpoint_extras(self, model) -> dict:
+        return {"filter": self.cfg.filter, "classes": self.spec.classes, "timm_kwargs": model.timm_kwargs()}
+
+    def summary(self, ctx: Context, final_loss: float) -> dict:
+        return {"train_seconds": time.perf_counter() - self.t0, "steps_run": self.cfg.steps - self.start,
+                "final_loss": final_loss}
 
 
-def collate(items: list[dict]) -> dict:
-    return {k: torch.as_tensor(np.stack([it[k] for it in items])) for k in items[0]}
-
-
-class Ctx:
-    rank, world, main = 0, 1, True
-
-    def __init__(self):
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def run_steps(recipe: FilterRecipe) -> tuple[FilterModel, dict]:
-    """The step loop: resume, AdamW steps with clipping, NaN stop, checkpoints, OUT/log.jsonl."""
-    cfg = recipe.cfg
-    ctx = Ctx()
-    torch.manual_seed(cfg.seed)
-    out = Path(cfg.output)
-    resume_from = ckpt.resolve_resume(cfg.resume, out)
-    model = recipe.build_model(ctx, resuming=resume_from is not None).to(ctx.device)
-    opt, sched = recipe.optimizer(model, ctx)
-    start = 0
-    if resume_from is not None:
-        state = torch.load(resume_from, map_location="cpu", weights_only=True)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        start = int(state["step"])
-        log.info("resumed from %s at step %d", resume_from, start)
-    out.mkdir(parents=True, exist_ok=True)
-    catalog.write_json(out / "config.json", cfg.to_dict())
-    log.info("%s", recipe.describe(model, start))
-    from tqdm import tqdm
-    bar = tqdm(total=cfg.steps, initial=start, desc=f"train-filter {cfg.filter}", unit="step",
-               disable=not cfg.progress, dynamic_ncols=True)
-    t0, loss_value = time.perf_counter(), float("nan")
-    model.train()
-    with open(out / "log.jsonl", "a") as fh:
-        for step, batch in enumerate(recipe.batches(ctx, start), start=start):
-            loss = recipe.loss(model, batch, ctx)
-            loss_value = loss.item()
-            if not math.isfinite(loss_value):
-                raise FloatingPointError(f"step {step + 1}: loss is {loss_value}; the run stops here. Lower --lr or "
-                                         f"resume from {ckpt.checkpoint_dir(out)}")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
-            opt.step()
-            sched.step()
-            done = step + 1
-            bar.update(1)
-            if done % cfg.log_every == 0 or done == cfg.steps or done == start + 1:
-                rec = {"step": done, "loss": loss_value, "lr": sched.get_last_lr()[-1], "grad_norm": float(grad_norm),
-                       "elapsed_s": time.perf_counter() - t0, "time": time.time()}
-                fh.write(json.dumps(rec) + "\n")
-                fh.flush()
-                bar.set_postfix(loss=f"{loss_value:.4f}")
-                if not cfg.progress:
-                    log.info("train-filter %s step %d/%d loss %.4f", cfg.filter, done, cfg.steps, loss_value)
-            if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-                ckpt.save_checkpoint(out, done, {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                                 "scheduler": sched.state_dict(), "step": done,
-                                                 "config": cfg.to_dict()}, keep=cfg.keep_checkpoints)
-    bar.close()
-    return model, {"train_seconds": time.perf_counter() - t0, "steps_run": cfg.steps - start, "final_loss": loss_value}
+def train_loop(config: dict) -> dict:
+    """The body of every process (this one, or each Ray Train worker)."""
+    return engine.train(FilterRecipe(config_from(config)))
 
 
 # --- validation and the card ----------------------------------------------------------------------
@@ -482,6 +440,16 @@ def write_card(out: Path, model: FilterModel, recipe: FilterRecipe, validation: 
 
 
 # --- entry point ----------------------------------------------------------------------------------
+def read_inputs(cfg: FilterConfig) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    side = int(cfg.generator_px * 1.5)
+    photos = read_photos(cfg.images, cfg.max_images, side, cfg.seed)
+    renders = []
+    if cfg.filter == "art" and cfg.renders:
+        renders = read_photos(cfg.renders, max(8, cfg.max_images // 5), side, cfg.seed, prefer=".rgb.png",
+                              what="--renders")
+    return photos, renders
+
+
 def train_filter(cfg: FilterConfig) -> dict:
     """Train, validate on the held-out families, write OUT/model.pt and OUT/card.json. Returns the card."""
     if not cfg.output:
@@ -490,25 +458,28 @@ def train_filter(cfg: FilterConfig) -> dict:
         raise ValueError("--images is required: a curation run (its kept samples), its shards, tars or image files")
     if cfg.encoder and not Path(cfg.encoder).is_file():
         raise FileNotFoundError(f"--encoder {cfg.encoder}: no such file (an MAE encoder export OUT/encoder.pth)")
-    if cfg.cpu_threads:
-        torch.set_num_threads(cfg.cpu_threads)
     t0 = time.perf_counter()
-    side = int(cfg.generator_px * 1.5)
-    photos = read_photos(cfg.images, cfg.max_images, side, cfg.seed)
-    renders = []
-    if cfg.filter == "art":
-        if cfg.renders:
-            renders = read_photos(cfg.renders, max(8, cfg.max_images // 5), side, cfg.seed, prefer=".rgb.png",
-                                  what="--renders")
-        else:
-            log.info("art: no --renders given: the '3d render' family is left out")
+    photos, renders = read_inputs(cfg)
+    if cfg.filter == "art" and not renders:
+        log.info("art: no --renders given: the '3d render' family is left out")
     log.info("train-filter %s: %d clean photos from %s%s", cfg.filter, len(photos), cfg.images,
              f", {len(renders)} render frames" if renders else "")
     recipe = FilterRecipe(cfg, photos, renders)
-    model, run = run_steps(recipe)
+    if cfg.workers:
+        paths = {k: str(Path(getattr(cfg, k)).resolve()) for k in ("images", "renders", "output", "encoder")
+                 if getattr(cfg, k)}
+        engine.launch_ray(train_loop, dataclasses.replace(cfg, **paths), f"train-filter-{cfg.filter}")
+        run = {"train_seconds": time.perf_counter() - t0, "steps_run": None, "final_loss": None}
+    else:
+        run = engine.train(recipe)
+    # the model as its last checkpoint holds it (the same in this process or after Ray Train)
+    state = ckpt.load_checkpoint(ckpt.checkpoint_path(cfg.output, cfg.steps))
+    model = build_model(cfg, len(recipe.spec.classes), load_weights=False)
+    model.load_state_dict(state["model"])
+    model.to("cuda" if torch.cuda.is_available() else "cpu")
     validation = validate(model, recipe)
     training = {**run, "total_seconds": time.perf_counter() - t0, "steps": cfg.steps, "batch_size": cfg.batch_size,
-                "lr": cfg.lr, "encoder": Path(cfg.encoder).name if cfg.encoder else None,
+                "workers": cfg.workers, "lr": cfg.lr, "encoder": Path(cfg.encoder).name if cfg.encoder else None,
                 "random_init": not cfg.encoder, "photos": {"train": len(recipe.train_photos),
                                                            "validation": len(recipe.val_photos)},
                 "render_frames": len(renders), "device": str(next(model.parameters()).device),
