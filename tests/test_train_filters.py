@@ -49,15 +49,17 @@ def test_fonts_are_found_and_draw_latin_text():
 
 
 def test_no_fonts_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(fd.shutil, "which", lambda name: None)
-    monkeypatch.setattr(fd, "FONT_DIRS", ())
-    monkeypatch.setattr(fd.importlib.util, "find_spec", lambda name: None)
-    fd.find_fonts.cache_clear()
+    from training import filter_text as ft
+
+    monkeypatch.setattr(ft.shutil, "which", lambda name: None)
+    monkeypatch.setattr(ft, "FONT_DIRS", ())
+    monkeypatch.setattr(ft.importlib.util, "find_spec", lambda name: None)
+    ft.find_fonts.cache_clear()
     try:
         with pytest.raises(RuntimeError, match="no TrueType/OpenType fonts found.*fonts-dejavu-core"):
-            fd.find_fonts()
+            ft.find_fonts()
     finally:
-        fd.find_fonts.cache_clear()
+        ft.find_fonts.cache_clear()
 
 
 @pytest.mark.parametrize("task", ["watermark", "art"])
@@ -296,3 +298,16 @@ def test_missing_images_or_encoder_are_clear_errors(tmp_path):
         train_filter(tiny("art", tmp_path / "empty", tmp_path / "out"))
     with pytest.raises(FileNotFoundError, match="--encoder .*no such file"):
         train_filter(tiny("art", tmp_path, tmp_path / "out", encoder=str(tmp_path / "enc.pth")))
+
+
+def test_scene_text_negatives_come_from_the_text_stage(demo_run):
+    from training.filters import WATERMARK_LIKE, read_scene_text
+
+    run, _ = demo_run
+    strings = read_scene_text(run)
+    assert strings, "the demo crawl's bus sign and captions are read by the text stage"
+    assert not any(WATERMARK_LIKE.search(s) for s in strings)  # the demo's '(c) stockphoto' overlays are left out
+    rng = np.random.default_rng(0)
+    photo = np.full((96, 128, 3), 128, np.uint8)
+    assert fd.sign(photo, rng, strings).shape == photo.shape
+    assert read_scene_text(run / "shards") == []  # a plain shards folder has no catalog

@@ -29,7 +29,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from torch import nn
 
 import catalog
@@ -37,9 +36,11 @@ import catalog
 from . import checkpoint as ckpt
 from . import engine
 from .data import normalize
-from .decode import IMAGE_EXTS, IMAGENET_MEAN, IMAGENET_STD, decode_image
+from .decode import IMAGENET_MEAN, IMAGENET_STD
 from .engine import Context, RunConfig
 from .filter_data import DEFAULT_HOLDOUT, FilterSamples, FilterSpec, GeneratorSettings, split_photos
+from .filter_inputs import WATERMARK_LIKE, read_photos, read_scene_text  # noqa: F401  (re-exported)
+from .filter_metrics import at_threshold, choose_threshold, figures, reject_scores, roc_auc  # noqa: F401
 from .lr import adamw, layer_decay_groups, warmup_linear
 from .sampler import collate
 from .vit import VisionTransformer, preset
@@ -114,91 +115,6 @@ def config_from(values: dict) -> FilterConfig:
     return engine.config_from(FilterConfig, values, "train-filter")
 
 
-# --- clean photos ---------------------------------------------------------------------------------
-def _shrink(img, max_side: int) -> np.ndarray:
-    if max(img.size) > max_side:
-        f = max_side / max(img.size)
-        img = img.resize((max(1, round(img.width * f)), max(1, round(img.height * f))), Image.LANCZOS)
-    return np.asarray(img, np.uint8)
-
-
-def _image_member(members, prefer: str | None) -> tuple[str, int, int] | None:
-    members = [(m["name"], m["offset"], m["size"]) if isinstance(m, dict) else tuple(m) for m in members or []]
-    if prefer:
-        for m in members:
-            if m[0].endswith(prefer):
-                return m
-    for m in members:
-        if catalog.split_member(m[0])[1].lower() in IMAGE_EXTS:
-            return m
-    return None
-
-
-def read_photos(path, max_images: int, max_side: int, seed: int = 0, prefer: str | None = None,
-                what: str = "--images") -> list[np.ndarray]:
-    """Up to `max_images` decoded RGB photos (longer side <= max_side) from a curation or render run, a
-    folder of indexed shards, a folder of WebDataset tars, or a folder of image files. Shards are visited
-    in a seeded order and only `max_images` are kept, so memory does not grow with the crawl."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{what} {path}: no such file or folder (a curation run, its shards/ folder, "
-                                f"a folder of WebDataset tars, or a folder of images)")
-    if (path / "shards").is_dir():
-        path = path / "shards"
-    out: list[np.ndarray] = []
-    bad = 0
-
-    def take(data: bytes, where: str) -> bool:
-        nonlocal bad
-        try:
-            out.append(_shrink(decode_image(data), max_side))
-        except Exception as e:  # one bad file never stops the run
-            bad += 1
-            log.warning("%s: skipped, does not decode (%s: %s)", where, type(e).__name__, e)
-        return len(out) >= max_images
-
-    rng = np.random.default_rng(seed)
-    indexed = catalog.list_shards(path) if path.is_dir() else []
-    if indexed:
-        for i in rng.permutation(len(indexed)):
-            tar = indexed[int(i)]
-            import pyarrow.parquet as pq
-            index = pq.read_table(tar.with_suffix(".parquet"))
-            cols = index.column_names
-            rows = index.select([c for c in ("key", "members", "error") if c in cols]).to_pylist()
-            for r in rows:
-                if r.get("error"):
-                    continue
-                m = _image_member(r.get("members"), prefer)
-                if m and take(catalog.read_member(tar, m[1], m[2]), f"{tar.name} key {r['key']}"):
-                    break
-            if len(out) >= max_images:
-                break
-    elif path.is_file() or sorted(path.glob("*.tar")):
-        tars = [path] if path.is_file() else sorted(path.glob("*.tar"))
-        for i in rng.permutation(len(tars)):
-            tar = tars[int(i)]
-            try:
-                for rec in catalog.iter_tar(tar):
-                    exts = [e for e in rec.files if e.lower() in IMAGE_EXTS or (prefer and e.endswith(prefer))]
-                    if exts and take(rec.files[exts[0]], f"{tar.name} key {rec.key}"):
-                        break
-            except catalog.ShardTruncated as e:
-                log.warning("%s", e)
-            if len(out) >= max_images:
-                break
-    else:
-        files = sorted(p for p in path.rglob("*") if p.suffix.lower().lstrip(".") in IMAGE_EXTS)
-        for i in rng.permutation(len(files)):
-            if take(files[int(i)].read_bytes(), str(files[int(i)])):
-                break
-    if bad:
-        log.warning("%s %s: %d image(s) did not decode and were skipped", what, path, bad)
-    if not out:
-        raise ValueError(f"{what} {path}: no decodable image found (a curation run, shards, tars or image files)")
-    return out
-
-
 # --- the model ------------------------------------------------------------------------------------
 class FilterModel(nn.Module):
     """ViT encoder + linear head on the (normed) cls token: timm's VisionTransformer with global_pool='token'."""
@@ -246,58 +162,6 @@ def build_model(cfg: FilterConfig, n_classes: int, load_weights: bool = True) ->
     return FilterModel(encoder, n_classes)
 
 
-# --- metrics --------------------------------------------------------------------------------------
-def roc_auc(scores: np.ndarray, positive: np.ndarray) -> float | None:
-    """Area under the ROC curve (Mann-Whitney U, ties counted half); None with a single class."""
-    scores, positive = np.asarray(scores, np.float64), np.asarray(positive, bool)
-    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
-    if not n_pos or not n_neg:
-        return None
-    order = np.argsort(scores, kind="mergesort")
-    ranks = np.empty(len(scores), np.float64)
-    sorted_scores = scores[order]
-    i = 0
-    while i < len(scores):  # average ranks over ties
-        j = i
-        while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-
-
-def at_threshold(scores, positive, threshold: float) -> dict:
-    """Precision and recall of 'reject when score > threshold'."""
-    scores, positive = np.asarray(scores), np.asarray(positive, bool)
-    pred = scores > threshold
-    tp, fp = int((pred & positive).sum()), int((pred & ~positive).sum())
-    fn = int((~pred & positive).sum())
-    return {"precision": tp / (tp + fp) if tp + fp else None, "recall": tp / (tp + fn) if tp + fn else None,
-            "tp": tp, "fp": fp, "fn": fn, "tn": int((~pred & ~positive).sum())}
-
-
-def choose_threshold(scores, positive, target_precision: float) -> dict:
-    """The lowest threshold whose precision reaches the target (most recall); if none does, the one of
-    best F1, and `reached` says so."""
-    scores, positive = np.asarray(scores, np.float64), np.asarray(positive, bool)
-    candidates = np.unique(np.concatenate([[0.0], scores]))[:-1] if len(scores) else np.array([0.5])
-    best, best_f1 = None, -1.0
-    for t in np.sort(candidates):
-        m = at_threshold(scores, positive, float(t))
-        if m["precision"] is not None and m["precision"] >= target_precision:
-            return {"score": float(t), "target_precision": target_precision, "reached": True}
-        p, r = m["precision"] or 0.0, m["recall"] or 0.0
-        f1 = 2 * p * r / (p + r) if p + r else 0.0
-        if f1 > best_f1:
-            best, best_f1 = float(t), f1
-    return {"score": best if best is not None else 0.5, "target_precision": target_precision, "reached": False}
-
-
-def reject_scores(logits: torch.Tensor, keep_index: int) -> np.ndarray:
-    """Higher = reject: 1 - P(keep class), as the stages compute it."""
-    return (1.0 - torch.softmax(logits.float(), dim=1)[:, keep_index]).cpu().numpy()
-
-
 # --- the recipe: model, data, loss ----------------------------------------------------------------
 class FilterRecipe(engine.Recipe):
     """Model, data and loss of a filter for training/engine.py."""
@@ -311,8 +175,9 @@ class FilterRecipe(engine.Recipe):
         self.spec = FilterSpec(cfg.filter, tuple(cfg.holdout), renders=bool(renders))
         self.train_photos, self.val_photos = split_photos(photos)
         self.renders = renders or []
+        self.scene_text = read_scene_text(cfg.images) if cfg.filter == "watermark" else []
         self.train_set = FilterSamples(self.spec, self.train_photos, cfg.input_px, cfg.seed, cfg.settings(),
-                                       self.renders, "train")
+                                       self.renders, "train", self.scene_text)
         self.t0 = time.perf_counter()
         self.start = 0
 
@@ -383,20 +248,9 @@ def predict_scores(model: FilterModel, images: np.ndarray, keep_index: int, batc
 
 def validation_set(recipe: FilterRecipe, split: str, n: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
     data = FilterSamples(recipe.spec, recipe.val_photos, recipe.cfg.input_px, recipe.cfg.seed, recipe.cfg.settings(),
-                         recipe.renders, split)
+                         recipe.renders, split, recipe.scene_text)
     items = [data.sample(k) for k in range(n)]
     return np.stack([i[0] for i in items]), np.array([i[2] for i in items], bool), [i[3] for i in items]
-
-
-def figures(scores, positive, families, threshold: float) -> dict:
-    per_family = {}
-    for fam in sorted(set(families)):
-        sel = np.array([f == fam for f in families])
-        s = scores[sel]
-        per_family[fam] = {"n": int(sel.sum()), "reject_rate": float((s > threshold).mean()),
-                           "mean_score": float(s.mean())}
-    return {"n": int(len(scores)), "positives": int(np.sum(positive)), "roc_auc": roc_auc(scores, positive),
-            "at_threshold": at_threshold(scores, positive, threshold), "families": per_family}
 
 
 def validate(model: FilterModel, recipe: FilterRecipe) -> dict:
@@ -430,6 +284,7 @@ def write_card(out: Path, model: FilterModel, recipe: FilterRecipe, validation: 
         "threshold": validation["threshold"],
         "generator": {"settings": cfg.settings().to_dict(), "seed": cfg.seed, "positive_families": list(spec.positive),
                       "negative_families": list(spec.negative), "holdout": list(spec.holdout),
+                      "scene_text_strings": len(recipe.scene_text),
                       "html_screenshots": "not made (headless Chromium: seconds per page on 2 cores); "
                                           "document draws web-page-like layouts"},
         "validation": validation,
