@@ -57,7 +57,8 @@ def run(output: str = "runs/demo", progress: bool = True, pretrain_steps: int = 
         result = finetune_demo(renders, tuned, steps=finetune_steps, encoder=str(pre / "encoder.pth"))
         for task, r in result.items():
             print(f"{task}: predictions {', '.join(r['predictions'])}")
-    filtered = filters_demo(out, run_dir, renders, pre / "encoder.pth", progress=progress, steps=filter_steps)
+    filtered = filters_demo(out, out / "crawl", run_dir, renders, pre / "encoder.pth", progress=progress,
+                            steps=filter_steps)
     print(f"\ndemo outputs in {out}/: crawl/, run/ (catalog, shards, stats), report.html, render/, "
           f"pretrain/, finetune/, filters/, {filtered.name}/ (curated with the trained filters)")
     print(f"report: {report.resolve()}")
@@ -132,10 +133,10 @@ def finetune_demo(render_dir, out_dir, steps: int = 30, encoder: str = "") -> di
     return summary
 
 
-def filters_demo(out: Path, run_dir: Path, renders: Path, encoder: Path, progress: bool = True,
+def filters_demo(out: Path, crawl: Path, run_dir: Path, renders: Path, encoder: Path, progress: bool = True,
                  steps: int = 60) -> Path:
-    """Train the watermark and art filters on the curated photos (and renders), then curate the crawl again
-    with their cards at their chosen thresholds. Returns the new run folder."""
+    """Train the watermark and art filters on the curated photos of `run_dir` (and the renders), then curate
+    `crawl` again into OUT/run-filters with their cards at their chosen thresholds. Returns that folder."""
     from pipeline.demo import demo_config
     from pipeline.engine import curate
     from pipeline.report import print_funnel
@@ -163,7 +164,7 @@ def filters_demo(out: Path, run_dir: Path, renders: Path, encoder: Path, progres
     sets += [f"{t}.max_score={cards[t]['threshold']['score']:.4f}" for t in cards]
     print("\n== curating the crawl again with the trained filters (" + ", ".join(sets[2:]) + ")")
     filtered = out / "run-filters"
-    manifest = curate([str(out / "crawl")], str(filtered), demo_config(sets), progress=progress)
+    manifest = curate([str(crawl)], str(filtered), demo_config(sets), progress=progress)
     print_funnel(manifest, catalog.connect(filtered))
     return filtered
 

@@ -311,3 +311,22 @@ def test_scene_text_negatives_come_from_the_text_stage(demo_run):
     photo = np.full((96, 128, 3), 128, np.uint8)
     assert fd.sign(photo, rng, strings).shape == photo.shape
     assert read_scene_text(run / "shards") == []  # a plain shards folder has no catalog
+
+
+def test_demo_trains_both_filters_and_curates_with_all_seven_stages(demo_crawl, demo_run, tmp_path):
+    """`make demo`'s last step, at a few training steps: the funnel of the new run has watermark and art."""
+    from humanset.demo import filters_demo
+
+    run, _ = demo_run
+    filtered = filters_demo(tmp_path, demo_crawl[0], run, tmp_path / "no-render", tmp_path / "no-encoder.pth",
+                            progress=False, steps=2)
+    manifest = json.loads((filtered / "manifest.json").read_text())
+    assert manifest["skipped_stages"] == {}
+    stages = [f["stage"] for f in manifest["funnel"]]
+    assert stages == ["decode", "size", "dedup", "person", "text", "watermark", "art"]
+    wm = next(f for f in manifest["funnel"] if f["stage"] == "watermark")
+    assert wm["in"] > 0  # the trained filter scored the samples that reached it
+    for task in ("watermark", "art"):
+        card = json.loads((tmp_path / "filters" / task / "card.json").read_text())
+        assert manifest["config"][task]["weights"] == str(tmp_path / "filters" / task)
+        assert manifest["config"][task]["max_score"] == pytest.approx(card["threshold"]["score"], abs=1e-4)
