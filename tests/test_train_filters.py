@@ -330,3 +330,10 @@ def test_demo_trains_both_filters_and_curates_with_all_seven_stages(demo_crawl, 
         card = json.loads((tmp_path / "filters" / task / "card.json").read_text())
         assert manifest["config"][task]["weights"] == str(tmp_path / "filters" / task)
         assert manifest["config"][task]["max_score"] == pytest.approx(card["threshold"]["score"], abs=1e-4)
+
+
+def test_train_filter_on_ray_train_workers(ray_local, photo_dir, tmp_path):
+    card = train_filter(tiny("art", photo_dir, tmp_path / "ray", steps=2, batch_size=8, val_samples=8, workers=2,
+                             checkpoint_every=2))
+    assert card["training"]["workers"] == 2 and (tmp_path / "ray" / "model.pt").is_file()
+    assert (tmp_path / "ray" / "checkpoints" / "step-00000002.pt").is_file()

@@ -189,7 +189,8 @@ class FilterRecipe(engine.Recipe):
 
     def optimizer(self, model, ctx: Context):
         cfg = self.cfg
-        groups = layer_decay_groups(model, cfg.weight_decay, cfg.layer_decay)
+        # names of the unwrapped model (DDP prefixes 'module.'); its parameters are the wrapper's
+        groups = layer_decay_groups(engine.unwrap(model), cfg.weight_decay, cfg.layer_decay)
         for g in groups:
             g["lr"] = cfg.lr * g["lr_scale"]
         opt = adamw([{k: v for k, v in g.items() if k != "names"} for g in groups], cfg.lr, cfg.betas,
