@@ -133,3 +133,15 @@ def test_ray_train_two_cpu_workers(data, tmp_path, ray_local):
     summary = finetune(small("depth", data, tmp_path, steps=2, workers=2, batch_size=2))
     assert [r["step"] for r in logged(tmp_path)] == [1, 2]
     assert Path(summary["checkpoint"]).name == "step-00000002.pt"
+
+
+def test_gradient_accumulation_equals_the_larger_batch(data, tmp_path):
+    """2 micro-batches of 2 per step read the samples of one batch of 4 and give its losses and weights."""
+    finetune(small("depth", data, tmp_path / "big", steps=4, batch_size=4, checkpoint_every=4))
+    finetune(small("depth", data, tmp_path / "accum", steps=4, batch_size=2, accum_steps=2, checkpoint_every=4))
+    big, accum = logged(tmp_path / "big"), logged(tmp_path / "accum")
+    assert [r["loss"] for r in accum] == pytest.approx([r["loss"] for r in big], rel=1e-4)
+    from training import checkpoint as ckpt
+    a = ckpt.load_checkpoint(tmp_path / "big" / "checkpoints" / "step-00000004.pt")["model"]
+    b = ckpt.load_checkpoint(tmp_path / "accum" / "checkpoints" / "step-00000004.pt")["model"]
+    assert all(torch.allclose(a[k], b[k], rtol=1e-3, atol=1e-5) for k in a)

@@ -80,7 +80,8 @@ def user_errors(fn):
             if getattr(args, "verbose", False):
                 raise
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-            print(f"humanset {args.command}: error: {message}", file=sys.stderr)
+            command = " ".join(c for c in (args.command, getattr(args, "pretrain_command", None)) if c)
+            print(f"humanset {command}: error: {message}", file=sys.stderr)
             return 2
     return run
 

@@ -241,7 +241,7 @@ def train(recipe: Recipe) -> dict:
     resume_from = ckpt.resolve_resume(cfg.resume, out)
     model = recipe.build_model(ctx, resuming=resume_from is not None)
     model = wrap_model(model, recipe.shard_units(model), cfg, ctx)
-    opt, sched = recipe.optimizer(model, ctx)
+    opt, sched = recipe.optimizer(unwrap(model), ctx)  # parameter names without DDP's "module."
     start = 0
     if resume_from is not None:
         state = ckpt.load_checkpoint(resume_from)
@@ -351,9 +351,10 @@ class RunLog:
             self.bar.update(step - self.bar.n)
             self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", ips=f"{ips:.1f}")
         else:
+            # stdout, one line per logged step: it reaches the driver from Ray workers too
             more = "".join(f" {k.replace('_', ' ')} {v}" for k, v in (extra or {}).items())
-            log.info("%s step %d/%d loss %.4f lr %.3e grad %.2f %.1f img/s eta %s%s", self.name, step,
-                     self.total, loss, lr, grad_norm, ips, fmt_eta(eta), more)
+            print(f"{self.name} step {step}/{self.total} loss {loss:.4f} lr {lr:.3e} grad {grad_norm:.2f} "
+                  f"{ips:.1f} img/s eta {fmt_eta(eta)}{more}", flush=True)
         self.t_last, self.step_last = now, step
 
     def close(self):
