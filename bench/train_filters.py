@@ -17,6 +17,7 @@ Clean photos default to the ones shipped in installed packages (scikit-image, ul
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import io
 import json
@@ -197,7 +198,8 @@ def main(argv=None) -> int:
             (Path(tmp) / name.replace("/", "__")).write_bytes(data)
         images = tmp
     try:
-        results = [bench_filter(t, args, images, photos_real, non_photos) for t in args.filters.split(",")]
+        with contextlib.redirect_stdout(sys.stderr):  # the run log's progress lines: stdout stays JSON only
+            results = [bench_filter(t, args, images, photos_real, non_photos) for t in args.filters.split(",")]
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)

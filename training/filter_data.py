@@ -8,7 +8,8 @@ watermark (label "watermark" vs "clean"):
              strings, URLs, stock-agency-like words and random vector logos, drawn in the fonts installed
              on the machine, opacity 0.1-0.6, scale, rotation, blend modes (normal, multiply, screen,
              emboss), outline or shadow
-  negatives  clean, sign (scene-text boards in perspective, opaque, small), border, frame
+  negatives  clean, sign (scene-text boards in perspective, opaque, small; half their words are what the
+             text stage read in the run, when --images is a curation run), border, frame
 art (label "photo" vs the non-photo families):
   non-photo  cartoon (edge mask + colour quantisation), pencil (dodge sketch or edge line drawing),
              painterly (Kuwahara filter + canvas), document (rendered text pages and web-page-like
