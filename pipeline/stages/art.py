@@ -18,10 +18,12 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
+
+from catalog.rules import RULES
 
 from ..imageio import load_rgb
 from .base import Stage
+from .batching import infer_each
 from .card import CARD_NAME, find_card
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,8 @@ class ArtStage(Stage):
     reads = ("image",)
     writes = ("art_score", "art_label", "art_error")
     stateful = True
+    rules = RULES["art"]
+    error_column = "art_error"
     default_batch_size = 16
 
     def __init__(self, cfg: dict | None = None):
@@ -117,7 +121,7 @@ class ArtStage(Stage):
         art_score = 1 - P(photo), art_label = the most probable class (see card.ArtAdapter)."""
         from .card import ArtAdapter, CardClassifier
 
-        clf = CardClassifier(card_path, "art", "art.weights", self.resources.num_cpus)
+        clf = CardClassifier(card_path, "art", "art.weights")
         if clf.card["keep_class"] != PHOTO:
             raise ValueError(f"art.weights={card_path}: keep_class {clf.card['keep_class']!r}, expected {PHOTO!r}")
         adapter = ArtAdapter(clf)
@@ -126,7 +130,6 @@ class ArtStage(Stage):
         self.input_px = clf.size
 
     def measure(self, batch: dict[str, list]) -> dict[str, list]:
-        import torch
         from PIL import Image
 
         if self.model is None:
@@ -137,34 +140,30 @@ class ArtStage(Stage):
         for i, data in enumerate(batch["image"]):
             try:
                 rgb, _ = load_rgb(data, max_side=2 * self.input_px)
-                xs.append(self.preprocess(Image.fromarray(rgb)))
+                xs.append(self.preprocess(Image.fromarray(rgb)).numpy())
                 rows.append(i)
             except Exception as e:
                 out["art_error"][i] = f"decode: {e}"
         if not rows:
             return out
-        try:
-            with torch.inference_mode():
-                emb = self.model.encode_image(torch.stack(xs).to(self.device)).float()
-                emb = (emb / emb.norm(dim=-1, keepdim=True)).cpu().numpy()
-        except Exception as e:
-            for i in rows:
-                out["art_error"][i] = f"inference: {e}"
-            return out
-        probs = group_probs(emb, self.group_emb, self.logit_scale)
         photo = self.groups.index(PHOTO)
-        for i, p in zip(rows, probs):
-            out["art_score"][i] = float(1.0 - p[photo])
-            out["art_label"][i] = self.groups[int(p.argmax())]
+        for i, p in zip(rows, infer_each(self._infer, xs, self.name)):
+            if isinstance(p, Exception):
+                out["art_error"][i] = f"inference: {p}"
+            else:
+                out["art_score"][i] = float(1.0 - p[photo])
+                out["art_label"][i] = self.groups[int(p.argmax())]
         return out
 
-    def reject(self, table: pa.Table) -> list[str | None]:
-        limit = float(self.cfg.get("max_score", 0.5))
-        errors = table.column("art_error").to_pylist()
-        scores = table.column("art_score").to_pylist()
-        return ["error" if e is not None else None if s is None else
-                f"art>{limit:g}" if s > limit else None
-                for e, s in zip(errors, scores)]
+    def _infer(self, x: np.ndarray) -> np.ndarray:
+        """Batch of preprocessed images -> probabilities over the prompt groups, one row each;
+        half precision (autocast) on a GPU."""
+        import torch
+
+        with torch.inference_mode(), torch.autocast("cuda", torch.float16, enabled=self.device != "cpu"):
+            emb = self.model.encode_image(torch.from_numpy(x).to(self.device)).float()
+            emb = (emb / emb.norm(dim=-1, keepdim=True)).cpu().numpy()
+        return group_probs(emb, self.group_emb, self.logit_scale)
 
 
 def _image_size(model) -> tuple[int, int]:

@@ -63,7 +63,7 @@ def read_card(card_path: Path, expect_filter: str, setting: str) -> dict:
 class CardClassifier:
     """The card's ViT (timm) with its input size and normalisation; `probs` gives class probabilities."""
 
-    def __init__(self, card_path: Path, expect_filter: str, setting: str, num_threads: int | None = None):
+    def __init__(self, card_path: Path, expect_filter: str, setting: str):
         import timm.models.vision_transformer as vt
         import torch
 
@@ -82,9 +82,7 @@ class CardClassifier:
         except Exception as e:
             raise RuntimeError(f"{setting}={card_path}: weights {weights.name} do not load into the card's timm "
                                f"VisionTransformer({arch.get('kwargs')}): {e}") from e
-        self.device = "cuda:0" if torch.cuda.is_available() else "cpu"
-        if self.device == "cpu" and num_threads:
-            torch.set_num_threads(max(1, int(num_threads)))
+        self.device = "cuda:0" if torch.cuda.is_available() else "cpu"  # threads: set per actor by the engine
         self.model = model.eval().to(self.device)
         self.classes = list(card["classes"])
         self.keep_index = self.classes.index(card["keep_class"])
