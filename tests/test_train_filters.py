@@ -337,3 +337,10 @@ def test_train_filter_on_ray_train_workers(ray_local, photo_dir, tmp_path):
                              checkpoint_every=2))
     assert card["training"]["workers"] == 2 and (tmp_path / "ray" / "model.pt").is_file()
     assert (tmp_path / "ray" / "checkpoints" / "step-00000002.pt").is_file()
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    from humanset.cli import main
+
+    assert main(["train-filter", "art", "--images", str(tmp_path / "none"), "--output", str(tmp_path / "o")]) == 2
+    assert "humanset train-filter: error: --images" in capsys.readouterr().err

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from .cli import user_errors
+
 
 def config_from_args(args):
     from .cli import read_settings
@@ -18,6 +20,7 @@ def config_from_args(args):
     return config_from(values)
 
 
+@user_errors
 def cmd_train_filter(args) -> int:
     from .filters import summary_line, train_filter
 
