@@ -344,3 +344,28 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
 
     assert main(["train-filter", "art", "--images", str(tmp_path / "none"), "--output", str(tmp_path / "o")]) == 2
     assert "humanset train-filter: error: --images" in capsys.readouterr().err
+
+
+def test_render_frames_are_read_from_render_shards(tmp_path, photos):
+    """The art filter's '3d render' class: the rgb.png member of each frame (not depth / normal / mask)."""
+    import catalog
+    from training.filters import read_photos
+
+    def png(a):
+        buf = io.BytesIO()
+        Image.fromarray(a).save(buf, "PNG")
+        return buf.getvalue()
+
+    writer = catalog.ShardWriter(tmp_path / "render" / "shards", "frames", catalog.FRAMES)
+    for i in range(3):
+        writer.add(f"{i:06d}", {"rgb.png": png(photos[i][:64, :64]), "mask.png": png(np.zeros((64, 64), np.uint8)),
+                               "depth.npy": b"\x93NUMPY"}, {"frame_index": i})
+    writer.close()
+    frames = read_photos(tmp_path / "render", 10, 64, prefer=".rgb.png", what="--renders")
+    assert len(frames) == 3 and all(f.shape == (64, 64, 3) for f in frames)
+    assert sorted(f.mean() for f in frames) == pytest.approx(sorted(photos[i][:64, :64].mean() for i in range(3)),
+                                                             abs=1e-6)
+    spec = fd.FilterSpec("art", ("painterly",), renders=True)
+    assert "3d render" in spec.classes
+    data = fd.FilterSamples(spec, photos, 32, renders=frames)
+    assert any(data.sample(k)[3] == "render" for k in range(1, 40, 2))

@@ -81,7 +81,8 @@ def read_photos(path, max_images: int, max_side: int, seed: int = 0, prefer: str
             tar = tars[int(i)]
             try:
                 for rec in catalog.iter_tar(tar):
-                    exts = [e for e in rec.files if e.lower() in IMAGE_EXTS or (prefer and e.endswith(prefer))]
+                    exts = [e for e in rec.files if prefer and ("." + e).endswith(prefer)]
+                    exts = exts or [e for e in rec.files if e.lower() in IMAGE_EXTS]
                     if exts and take(rec.files[exts[0]], f"{tar.name} key {rec.key}"):
                         break
             except catalog.ShardTruncated as e:
