@@ -4,8 +4,11 @@ A crash leaves at most a `*.tmp-*` file, never a half file under the final name.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
+import re
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,10 +56,45 @@ def read_json(path):
     return json.loads(Path(path).read_text())
 
 
+# exactly what tmp_name() makes: .{name}.tmp-{pid}-{8 hex}
+_TMP_RE = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]{8}$")
+
+
 def clean_tmp(folder: str | os.PathLike) -> int:
-    """Remove temporary files a crashed writer left in `folder` (recursively); return how many."""
+    """Remove temporary files a crashed writer of ours left in `folder` (recursively, not through
+    symlinks); return how many. Call it only while holding run_lock(folder)."""
     n = 0
     for p in Path(folder).rglob(".*.tmp-*"):
-        p.unlink(missing_ok=True)
-        n += 1
+        if _TMP_RE.match(p.name) and p.is_file() and not p.is_symlink():
+            p.unlink(missing_ok=True)
+            n += 1
     return n
+
+
+class RunLocked(Exception):
+    """Another process holds the folder's lock."""
+
+
+@contextmanager
+def run_lock(folder: str | os.PathLike):
+    """Exclusive lock on a run folder (fcntl.flock on FOLDER/.lock) for the life of the block.
+
+    A second holder fails at once with RunLocked; nothing is touched. The lock dies with its
+    process (even kill -9), so a crashed run never leaves a stale lock. On a multi-node cluster
+    the folder must be on a file system with working flock (local, NFSv4, Lustre, ...)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise RunLocked(f"{folder}: another run is using this directory (it holds {folder / '.lock'}); "
+                                "wait for it to finish or choose another output directory") from None
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield folder
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

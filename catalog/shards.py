@@ -62,10 +62,24 @@ class TarRecord:
     error: str | None = None  # e.g. a member escaping the shard
 
 
-def iter_tar(fileobj_or_path, *, name: str = "") -> Iterator[TarRecord]:
+def readable_name(name: str) -> str:
+    """A member name as valid text: bytes that are not UTF-8 (tarfile keeps them as surrogates)
+    become backslash escapes, so the name is stable, printable and storable."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def iter_tar(fileobj_or_path, *, name: str = "", max_member_bytes: int | None = None) -> Iterator[TarRecord]:
     """Yield the samples of a WebDataset tar, grouping consecutive members by key.
 
-    Members whose names escape the shard come back as records with `error` set and no bytes.
+    Members whose names escape the shard come back as records with `error` set and no bytes, and
+    so do members larger than `max_member_bytes` (never read into memory). Names that are not
+    UTF-8 are made readable with backslash escapes. A member whose extension the current record
+    already holds (a repeated name) starts a new record with the same key: each occurrence is its
+    own sample.
     A truncated or corrupt tar raises ShardTruncated after yielding every complete sample before
     the damage (the sample being read when the damage hit is reported in the exception). A cut
     inside a header is only detectable on a seekable file (trailing bytes that are not zeros).
@@ -88,26 +102,32 @@ def iter_tar(fileobj_or_path, *, name: str = "") -> Iterator[TarRecord]:
             for m in tf:
                 if not m.isfile():
                     continue
-                why = unsafe_member(m.name)
-                if why:
+                mname = readable_name(m.name)
+                why = unsafe_member(mname)
+                too_big = max_member_bytes is not None and m.size > max_member_bytes
+                if why or too_big:
                     if current is not None:
                         yield current
                         current = None
-                    yield TarRecord(key=m.name, files={}, error=f"member {m.name!r} escapes the shard ({why}); skipped")
+                    error = (f"unsafe member name: member {mname!r} escapes the shard ({why}); skipped" if why else
+                             f"too large: member is {m.size} bytes > the cap of {max_member_bytes}; "
+                             f"raise input.max_file_bytes to read it")
+                    yield TarRecord(key=mname if why else split_member(mname)[0], files={}, error=error,
+                                    members=[(mname, m.offset_data, m.size)])
                     continue
-                key, ext = split_member(m.name)
+                key, ext = split_member(mname)
                 reading = key
                 data = tf.extractfile(m).read()
                 if len(data) != m.size:
-                    raise tarfile.ReadError(f"member {m.name} cut short")
+                    raise tarfile.ReadError(f"member {mname} cut short")
                 reading = None
-                if current is not None and current.key != key:
+                if current is not None and (current.key != key or ext in current.files):
                     yield current
                     current = None
                 if current is None:
                     current = TarRecord(key=key, files={})
                 current.files[ext] = data
-                current.members.append((m.name, m.offset_data, m.size))
+                current.members.append((mname, m.offset_data, m.size))
             if seekable:  # tarfile stops quietly at a cut header; what follows the last member must be zeros
                 fh.seek(tf.offset)
                 rest = fh.read(1 << 20)

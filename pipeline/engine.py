@@ -1,16 +1,28 @@
 """The curation engine: stages as data, turned into Ray Data operations in this one place.
 
+One Ray Data block is one input unit, all the way through. The read function emits one block
+per unit; every stage runs on whole blocks (map_batches with batch_size=None, sub-batched inside
+by the stage's batch_size); DataContext.target_max_block_size is lifted so blocks are never split;
+a last map_batches writes the unit's outputs on the worker and returns a one-row summary. Image
+bytes never reach the driver: it holds the unit listing and the summaries of units in flight.
+Per-unit counters (seconds per stage, the unit's read error, worker crashes) ride in the block's
+schema metadata, never in rows.
+
 A run has three phases, each resumable:
-  1. measure (per input unit): read -> decode -> size -> pHash, streaming through Ray Data;
-     the driver writes RUN/work/measure/{unit}.parquet when every sample of a unit is back.
-  2. dedup (whole run, once every unit is measured): clusters by sha256 and pHash distance
-     -> RUN/work/dedup/{unit}.parquet verdicts (pipeline/dedup.run_dedup; a pure function of
-     phase 1, so reruns agree).
-  3. score + write (per unit): the model stages see only survivors (all with --score-all);
-     then one Ray task per unit writes RUN/catalog/samples/{unit}.parquet, the curated shards
-     RUN/shards/{unit}-NNNNN.tar|.parquet (original bytes) and last RUN/stats/{unit}.json,
+  1. measure (per unit): read -> decode -> size -> pHash; the worker writes
+     RUN/work/measure/{unit}.parquet (no bytes) after {unit}.json (its counters).
+  2. dedup (whole run, once every unit is measured): pipeline/dedup.run_dedup ->
+     RUN/work/dedup/{unit}.parquet verdicts (a pure function of phase 1, so reruns agree).
+  3. score + write (per unit): the second and last read of the source; bytes whose sha256 differs
+     from phase 1's are rejected as source_changed and never written. Model stages see only
+     survivors (all with --score-all); then the worker writes RUN/catalog/samples/{unit}.parquet,
+     the curated shards RUN/shards/{unit}-NNNNN.tar|.parquet and last RUN/stats/{unit}.json,
      the unit's completion marker.
-Rerunning on the same RUN skips every unit with a marker and every phase-1 file already written.
+The unit listing is saved in RUN/units.jsonl on the first run; a rerun uses it (inputs added
+since are reported, not curated). RUN/.lock keeps a second run out. A worker that dies on a unit
+is retried `engine.max_retries` times; then the unit runs again with each sample alone in a
+child process (pipeline/isolate.py), and a sample that kills its process is rejected as
+decode:worker_crash. Final counts and the funnel come from DuckDB over the catalog.
 """
 from __future__ import annotations
 
@@ -20,7 +32,7 @@ import os
 import platform
 import sys
 import time
-from collections import defaultdict
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -35,13 +47,13 @@ from catalog import CURATED_INDEX, SAMPLES
 from . import console
 from . import dedup as dedup_mod
 from .config import load_config
-from .decide import decide, funnel
-from .sources import Unit, list_units, read_unit
+from .sources import DEFAULT_LIMITS, Unit, list_units, read_unit
 from .stages import Stage, build_stages
 
 log = logging.getLogger("humanset.curate")
 
-# columns carried through Ray Data besides SAMPLES columns
+UNIT_META = b"humanset.unit"  # block schema metadata: the unit and its counters
+TEST_CRASH_ENV = "HUMANSET_TEST_CRASH_URI"  # test only: a worker decoding a source_uri with this text dies
 
 
 class RunError(Exception):
@@ -106,28 +118,25 @@ def run_stage(stage: Stage, batch: pa.Table, score_all: bool) -> pa.Table:
     Columns are assembled with Arrow kernels: no Python loop over rows here.
     """
     n = batch.num_rows
-    todo = ~_flag(batch, "_sentinel", False)
+    todo = np.ones(n, dtype=bool)
     if stage.phase != "measure":
         todo &= pc.is_null(batch.column("decode_error")).to_numpy(zero_copy_only=False).astype(bool)
         if not score_all:
             todo &= _flag(batch, "_alive", False)
     idx = np.flatnonzero(todo)
-    t0 = time.perf_counter()
     if len(idx):
-        sub = batch.take(pa.array(idx, pa.int64())) if len(idx) < n else batch
-        wanted = [c for c in set(stage.reads) | {"sample_id"} if c in sub.column_names]
-        result = stage.measure(sub.select(wanted).to_pydict())
+        wanted = [c for c in set(stage.reads) | {"sample_id"} if c in batch.column_names]
+        sub = batch.select(wanted)  # select first: take copies, and the image bytes are big
+        sub = sub.take(pa.array(idx, pa.int64())) if len(idx) < n else sub
+        result = stage.measure(sub.to_pydict())
     else:
         result = {c: [] for c in stage.writes}
-    seconds = time.perf_counter() - t0
     for col in stage.writes:
         got = result.get(col, [None] * len(idx))
         if len(got) != len(idx):
             raise RunError(f"stage {stage.name} returned {len(got)} values of {col} for {len(idx)} rows")
         batch = _set(batch, col, _scatter(_typed(col, got), idx, n))
     batch = _set(batch, "scored_stages", _append_name(batch.column("scored_stages"), todo, stage.name))
-    per_row = seconds / len(idx) if len(idx) else 0.0
-    batch = _set(batch, f"_t_{stage.name}", pa.array(np.where(todo, per_row, 0.0), pa.float64()))
     if stage.name != "dedup":  # dedup's verdict needs the whole run; it is applied in phase 3
         rejected = pc.is_valid(pa.array(stage.reject(batch), pa.string()))
         alive = pc.and_(pc.fill_null(batch.column("_alive"), False), pc.invert(rejected))
@@ -145,7 +154,7 @@ def _task_fn(batch: pa.Table, name: str, cfg: dict, score_all: bool) -> pa.Table
         from .stages import stage_class
         _TASK_STAGES[key] = stage_class(name)(cfg)
         _TASK_STAGES[key].setup()
-    return run_stage(_TASK_STAGES[key], batch, score_all)
+    return run_on_unit(_TASK_STAGES[key], batch, score_all)
 
 
 class _ActorFn:
@@ -161,7 +170,7 @@ class _ActorFn:
             torch.set_num_threads(max(1, int(round(self.stage.resources.num_cpus))))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        return run_stage(self.stage, batch, self.score_all)
+        return run_on_unit(self.stage, batch, self.score_all)
 
 
 def _pool(stage: Stage):
@@ -184,79 +193,159 @@ def _pool(stage: Stage):
     return ray.data.ActorPoolStrategy(min_size=1, max_size=fit)
 
 
-def apply_stage(ds, stage: Stage, score_all: bool):
-    """The one place a stage becomes a Ray Data operation."""
+def apply_stage(ds, stage: Stage, score_all: bool, retries: int = 2):
+    """The one place a stage becomes a Ray Data operation.
+
+    One block is one unit (batch_size=None); run_on_unit cuts it into stage.batch_size batches.
+    A worker that dies is retried `retries` times, then the unit's block is dropped and the
+    driver re-runs the unit sample by sample (pipeline/isolate.py)."""
     res = stage.resources
-    kw = dict(batch_size=stage.batch_size, batch_format="pyarrow", num_cpus=res.num_cpus)
+    kw = dict(batch_size=None, batch_format="pyarrow", num_cpus=res.num_cpus)
     if res.num_gpus:
         kw["num_gpus"] = res.num_gpus
     if res.memory_gb:
         kw["memory"] = int(res.memory_gb * 2**30)
     if stage.stateful:
         return ds.map_batches(_ActorFn, fn_constructor_kwargs=dict(name=stage.name, cfg=stage.cfg,
-                              score_all=score_all), compute=_pool(stage), **kw)
-    return ds.map_batches(_task_fn, fn_kwargs=dict(name=stage.name, cfg=stage.cfg, score_all=score_all), **kw)
+                              score_all=score_all), compute=_pool(stage),
+                              max_restarts=retries, max_task_retries=retries, **kw)
+    return ds.map_batches(_task_fn, fn_kwargs=dict(name=stage.name, cfg=stage.cfg, score_all=score_all),
+                          max_retries=retries, **kw)
+
 
 
 # --------------------------------------------------------------------------------------------
-# Reading units into rows.
+# A unit's block: per-unit counters in its schema metadata; stages applied to the whole unit.
+
+def unit_meta(table: pa.Table) -> dict:
+    raw = (table.schema.metadata or {}).get(UNIT_META)
+    return json.loads(raw) if raw else {"seconds": {}}
+
+
+def with_meta(table: pa.Table, meta: dict) -> pa.Table:
+    return table.replace_schema_metadata({UNIT_META: json.dumps(meta).encode()})
+
+
+def _error_column(stage: Stage) -> str:
+    return next((c for c in stage.writes if c.endswith("_error")), "decode_error")
+
+
+def run_on_unit(stage: Stage, table: pa.Table, score_all: bool) -> pa.Table:
+    """Run a stage over a unit's block in stage.batch_size batches; time it per unit.
+
+    A batch whose stage raises is re-run row by row; a row that still raises gets the message in
+    the stage's error column (decode_error for stages without one) and leaves the cascade."""
+    meta = unit_meta(table)
+    _test_crash_hook(stage, table)
+    t0 = time.perf_counter()
+    step = max(1, stage.batch_size)
+    parts = []
+    for off in range(0, table.num_rows, step):
+        part = table.slice(off, step)
+        try:
+            parts.append(run_stage(stage, part, score_all))
+        except Exception as e:
+            if isinstance(e, RunError):
+                raise
+            log.warning("stage %s raised on a batch of unit %s (%s: %s); retrying its samples one by one",
+                        stage.name, meta.get("unit", {}).get("unit_id"), type(e).__name__, e)
+            parts += [_run_row(stage, part.slice(i, 1), score_all) for i in range(part.num_rows)]
+    out = pa.concat_tables(parts, promote_options="default") if parts else run_stage(stage, table, score_all)
+    meta.setdefault("seconds", {})
+    meta["seconds"][stage.name] = round(meta["seconds"].get(stage.name, 0.0) + time.perf_counter() - t0, 4)
+    return with_meta(out, meta)
+
+
+def _run_row(stage: Stage, row: pa.Table, score_all: bool) -> pa.Table:
+    try:
+        return run_stage(stage, row, score_all)
+    except Exception as e:
+        if isinstance(e, RunError):
+            raise
+        for col in stage.writes:
+            row = _set(row, col, _typed(col, [None]))
+        col = _error_column(stage)
+        row = _set(row, col, _typed(col, [f"decoder error: stage {stage.name} raised {type(e).__name__}: {e}"]))
+        return _set(row, "_alive", pa.array([False], pa.bool_()))
+
+
+def _test_crash_hook(stage: Stage, table: pa.Table) -> None:
+    """Test only: with HUMANSET_TEST_CRASH_URI set, the process running stage
+    HUMANSET_TEST_CRASH_STAGE (default decode) on that sample dies, the way a segfault in a native
+    decoder kills it."""
+    marker = os.environ.get(TEST_CRASH_ENV)
+    if (marker and stage.name == os.environ.get(TEST_CRASH_ENV.replace("URI", "STAGE"), "decode")
+            and "source_uri" in table.column_names):
+        if any(marker in (u or "") for u in table.column("source_uri").to_pylist()):
+            os._exit(77)
+
+
+# --------------------------------------------------------------------------------------------
+# Worker side: read a unit into one block, write a unit's outputs, return a one-row summary.
 
 _READ_FIELDS = [SAMPLES.field(c) for c in ("sample_id", "source_uri", "shard", "key", "caption", "source_meta")] + [
-    pa.field("image", pa.binary()), pa.field("read_error", pa.string()), pa.field("_unit_total", pa.int64()),
-    pa.field("_unit_error", pa.string()), pa.field("_sentinel", pa.bool_()), pa.field("_alive", pa.bool_()),
+    pa.field("image", pa.binary()), pa.field("read_error", pa.string()), pa.field("_alive", pa.bool_()),
     SAMPLES.field("scored_stages")]
 READ_SCHEMA = pa.schema(_READ_FIELDS)
+SUMMARY_SCHEMA = pa.schema([("unit_id", pa.string()), ("inputs", pa.int64()), ("kept", pa.int64()),
+                            ("isolated", pa.bool_())])
 
 
-def _units_ds(units: list[Unit]):
-    import ray
-    return ray.data.from_items([{"unit": json.dumps(u.to_dict())} for u in units], override_num_blocks=len(units))
+def _one_unit(batch: pa.Table) -> Unit:
+    items = batch.column("unit").to_pylist()
+    if len(items) != 1:  # from_items makes one block per unit; anything else is a bug here
+        raise RunError(f"engine: a block holds {len(items)} units, expected 1")
+    return Unit.from_dict(json.loads(items[0]))
 
 
-def _read_units(batch: pa.Table) -> pa.Table:
-    """Ray Data task: unit descriptions -> one row per sample, with the original bytes."""
-    out = []
-    for item in batch.column("unit").to_pylist():
-        unit = Unit.from_dict(json.loads(item))
-        rows, unit_error = read_unit(unit)
-        if not rows:  # a unit with no samples still has to reach the driver to be marked done
-            rows = [{"shard": unit.unit_id, "_sentinel": True, "_alive": False}]
-        for r in rows:
-            r.setdefault("_sentinel", False)
-            r.setdefault("_alive", True)
-            r.update(_unit_total=0 if r["_sentinel"] else len(rows), _unit_error=unit_error)
-        out += rows
-    return pa.Table.from_pylist(out, schema=READ_SCHEMA)
+def _summary(unit_id: str, inputs: int, kept: int | None = None, isolated: bool = False) -> pa.Table:
+    return pa.Table.from_pylist([{"unit_id": unit_id, "inputs": inputs, "kept": kept, "isolated": isolated}],
+                                schema=SUMMARY_SCHEMA)
 
 
-def _score_units(batch: pa.Table, run: str, score_all: bool) -> pa.Table:
-    """Phase 3 input: the unit's measurements + dedup verdicts, with bytes for rows to score."""
-    parts = []
-    for item in batch.column("unit").to_pylist():
-        unit = Unit.from_dict(json.loads(item))
-        table = _measured_table(Path(run), unit.unit_id)
-        ids = table.column("sample_id").to_pylist()
-        need = {sid for sid, a, e in zip(ids, table.column("_alive").to_pylist(),
-                                          table.column("decode_error").to_pylist()) if (a or score_all) and e is None}
-        images = {}
-        if need:
-            rows, _ = read_unit(unit)
-            images = {r["sample_id"]: r["image"] for r in rows if r["sample_id"] in need}
-        n = table.num_rows
-        sentinel = n == 0
-        if sentinel:
-            table = pa.Table.from_pylist([{"shard": unit.unit_id}], schema=table.schema)
-            ids, n = [None], 1
-        table = table.append_column("image", pa.array([images.get(s) for s in ids], pa.binary()))
-        table = table.append_column("_unit_total", pa.array([0 if sentinel else n] * n, pa.int64()))
-        table = table.append_column("_sentinel", pa.array([sentinel] * n, pa.bool_()))
-        parts.append(table)
-    return pa.concat_tables(parts, promote_options="default")
+def _measure_paths(run: Path, unit_id: str) -> tuple[Path, Path]:
+    d = run / "work" / "measure"
+    return d / f"{unit_id}.parquet", d / f"{unit_id}.json"
+
+
+def read_for_measure(unit: Unit, limits: dict) -> pa.Table:
+    """Phase 1 input: every sample of the unit with its bytes (the first read of the source)."""
+    t0 = time.perf_counter()
+    rows, unit_error = read_unit(unit, limits)
+    for r in rows:
+        r["_alive"] = True
+    table = pa.Table.from_pylist(rows, schema=READ_SCHEMA)
+    del rows  # the bytes live once, in the table
+    return with_meta(table, {"unit": unit.to_dict(), "unit_error": unit_error,
+                             "seconds": {"read": round(time.perf_counter() - t0, 4)}})
+
+
+def finish_measure(run: Path, table: pa.Table) -> pa.Table:
+    """Write the unit's phase-1 file (no bytes) after its counters; return the unit's summary."""
+    meta = unit_meta(table)
+    unit_id = meta["unit"]["unit_id"]
+    keep = [c for c in table.column_names if c in SAMPLES.names or c == "_alive"]
+    pq_path, json_path = _measure_paths(run, unit_id)
+    catalog.write_json(json_path, {k: meta.get(k) for k in ("unit_error", "seconds", "worker_crashes", "isolated")})
+    catalog.write_parquet(pq_path, table.select(keep).replace_schema_metadata(None))
+    return _summary(unit_id, table.num_rows, isolated=bool(meta.get("isolated")))
+
+
+def _measure_block(batch: pa.Table, run: str, limits: dict) -> pa.Table:
+    unit = _one_unit(batch)
+    table = read_for_measure(unit, limits)
+    if table.num_rows == 0:  # Ray Data drops empty blocks: an empty unit is finished here
+        finish_measure(Path(run), table)
+    return table
+
+
+def _finish_measure_block(batch: pa.Table, run: str) -> pa.Table:
+    return finish_measure(Path(run), batch)
 
 
 def _measured_table(run: Path, unit_id: str) -> pa.Table:
     """Phase-1 rows of a unit joined with the run's dedup verdicts; `_alive` after dedup."""
-    t = pq.read_table(run / "work" / "measure" / f"{unit_id}.parquet")
+    t = pq.read_table(_measure_paths(run, unit_id)[0])
     dup = {r["sample_id"]: r for r in dedup_mod.read_verdicts(run, unit_id).to_pylist()}
     ids = t.column("sample_id").to_pylist()
     for col in ("dup_of", "dup_kind", "dup_cluster_size"):
@@ -265,44 +354,45 @@ def _measured_table(run: Path, unit_id: str) -> pa.Table:
     return _set(t, "_alive", pa.array(alive, pa.bool_()))
 
 
-# --------------------------------------------------------------------------------------------
-# Driver side: collect rows per unit, write files.
-
-class _Collector:
-    """Groups streamed rows by unit; calls `done(unit_id, table, unit_error)` when a unit is whole."""
-
-    def __init__(self, done, total_units: int, desc: str, progress: bool):
-        self.parts: dict[str, list[pa.Table]] = defaultdict(list)
-        self.counts: dict[str, int] = defaultdict(int)
-        self.done = done
-        self.bar = console.progress(total_units, desc, enabled=progress)
-
-    def add(self, batch: pa.Table):
-        if "image" in batch.column_names:
-            batch = batch.drop_columns(["image"])
-        for unit_id in pc.unique(batch.column("shard")).to_pylist():
-            part = batch.filter(pc.equal(batch.column("shard"), unit_id))
-            total = part.column("_unit_total")[0].as_py()
-            error = part.column("_unit_error")[0].as_py() if "_unit_error" in part.column_names else None
-            real = part.filter(pc.invert(part.column("_sentinel")))
-            self.parts[unit_id].append(real)
-            self.counts[unit_id] += real.num_rows
-            if self.counts[unit_id] >= total:
-                table = pa.concat_tables(self.parts.pop(unit_id), promote_options="default")
-                self.counts.pop(unit_id)
-                self.done(unit_id, table, error)
-                self.bar.update(1)
-
-    def close(self):
-        self.bar.close()
-        if self.parts:
-            raise RunError(f"units left incomplete by the stream: {sorted(self.parts)}")
-
-
-def _stream(ds, collector: _Collector):
-    for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
-        collector.add(batch)
-    collector.close()
+def read_for_score(run: Path, unit: Unit, limits: dict, score_all: bool) -> pa.Table:
+    """Phase 3 input: the unit's measurements and verdicts, with the bytes of the samples that go
+    on (the second and last read of the source), each checked against its measured sha256."""
+    import hashlib
+    t0 = time.perf_counter()
+    table = _measured_table(run, unit.unit_id)
+    counters = catalog.read_json(_measure_paths(run, unit.unit_id)[1])
+    ids = table.column("sample_id").to_pylist()
+    shas = table.column("sha256").to_pylist()
+    errors = table.column("decode_error").to_pylist()
+    alive = table.column("_alive").to_pylist()
+    need = {sid for sid, a, e in zip(ids, alive, errors) if (a or score_all) and e is None}
+    images: dict[str, bytes] = {}
+    if need:
+        rows, _ = read_unit(unit, limits)
+        images = {r["sample_id"]: r["image"] for r in rows if r["sample_id"] in need and r["image"] is not None}
+        del rows
+    changed = 0
+    for i, sid in enumerate(ids):
+        if sid not in need:
+            continue
+        data = images.get(sid)
+        if data is None or hashlib.sha256(data).hexdigest() != shas[i]:
+            images.pop(sid, None)  # the new bytes are never written
+            errors[i] = ("source changed: the sample can no longer be read" if data is None else
+                         f"source changed: sha256 {hashlib.sha256(data).hexdigest()} now, {shas[i]} when measured")
+            alive[i] = False
+            changed += 1
+    if changed:
+        log.warning("unit %s: %d samples changed since they were measured (rejected as source_changed)",
+                    unit.unit_id, changed)
+    table = _set(table, "decode_error", _typed("decode_error", errors))
+    table = _set(table, "_alive", pa.array(alive, pa.bool_()))
+    table = table.append_column("image", pa.array([images.get(s) for s in ids], pa.binary()))
+    seconds = dict(counters.get("seconds") or {})
+    seconds["read_2"] = round(time.perf_counter() - t0, 4)
+    return with_meta(table, {"unit": unit.to_dict(), "unit_error": counters.get("unit_error"), "seconds": seconds,
+                             "worker_crashes": counters.get("worker_crashes") or 0, "source_changed": changed,
+                             "isolated": bool(counters.get("isolated"))})
 
 
 SIDECAR = ("sample_id", "source_uri", "key", "caption", "width", "height", "person_boxes", "person_scores",
@@ -315,47 +405,146 @@ def write_curated(folder: Path, unit_id: str, kept: pa.Table, images: dict[str, 
     out = cfg["output"]
     with catalog.ShardWriter(folder, unit_id, CURATED_INDEX, max_count=out["shard_max_count"],
                              max_bytes=out["shard_max_bytes"]) as w:
-        for r in kept.to_pylist():
+        for r in kept.select([c for c in kept.column_names if c != "image"]).to_pylist():
             ext = (r["format"] or "bin").lower().replace("jpeg", "jpg")
             sidecar = {k: r[k] for k in SIDECAR if r.get(k) is not None}
             w.add(r["sample_id"], {ext: images[r["sample_id"]], "json": sidecar}, {k: r.get(k) for k in INDEX_EXTRA})
     return w.written
 
 
-def _write_unit(run: str, unit: dict, table: pa.Table, cfg: dict, unit_error: str | None) -> dict:
-    """Ray task: decide, write the unit's catalog part and curated shards, then its stats marker."""
-    run_p = Path(run)
-    u = Unit.from_dict(unit)
-    stages = build_stages(cfg)
+def finish_unit(run: Path, table: pa.Table, cfg: dict) -> pa.Table:
+    """Decide, write the unit's curated shards and catalog part, then its stats marker (last)."""
+    from .decide import decide
+    meta = unit_meta(table)
+    u = Unit.from_dict(meta["unit"])
     t0 = time.perf_counter()
-    timings = {}
-    for s in stages:
-        col = f"_t_{s.name}"
-        if col in table.column_names:
-            timings[s.name] = timings.get(s.name, 0.0) + float(pc.sum(table.column(col)).as_py() or 0.0)
-    table = decide(table, stages)
-    keep_ids = [sid for sid, k in zip(table.column("sample_id").to_pylist(), table.column("keep").to_pylist()) if k]
-    written = []
-    if keep_ids:
-        from .sources import iter_unit_images
-        images = dict(iter_unit_images(u, set(keep_ids)))
-        missing = set(keep_ids) - set(images)
-        if missing:  # the source changed between phases: say so instead of writing a partial shard
-            raise RunError(f"unit {u.unit_id}: {len(missing)} kept samples could not be re-read from {u.uri}")
-        written = write_curated(run_p / "shards", u.unit_id, table.filter(table.column("keep")), images, cfg)
+    table = decide(table, build_stages(cfg))
+    kept = table.filter(table.column("keep"))
+    images = dict(zip(kept.column("sample_id").to_pylist(), kept.column("image").to_pylist())) if kept.num_rows else {}
+    written = write_curated(run / "shards", u.unit_id, kept, images, cfg) if kept.num_rows else []
     samples = catalog.conform(table.select([c for c in table.column_names if c in SAMPLES.names]), SAMPLES)
-    catalog.write_parquet(run_p / "catalog" / "samples" / f"{u.unit_id}.parquet", samples)
-    reasons = defaultdict(int)
+    catalog.write_parquet(run / "catalog" / "samples" / f"{u.unit_id}.parquet", samples)
+    reasons: dict[str, int] = {}
     for r in table.column("reject_reason").to_pylist():
         if r:
-            reasons[r] += 1
-    stats = {"unit": u.unit_id, "source": u.uri, "inputs": table.num_rows, "kept": len(keep_ids),
-             "rejected": dict(sorted(reasons.items())), "shards": written, "unit_error": unit_error,
-             "seconds": {**{k: round(v, 4) for k, v in timings.items()},
-                         "write": round(time.perf_counter() - t0, 4)},
-             "finished": _now()}
-    catalog.write_json(run_p / "stats" / f"{u.unit_id}.json", stats)
-    return stats
+            reasons[r] = reasons.get(r, 0) + 1
+    seconds = dict(meta.get("seconds") or {})
+    seconds["write"] = round(time.perf_counter() - t0, 4)
+    stats = {"unit": u.unit_id, "source": u.uri, "inputs": table.num_rows, "kept": kept.num_rows,
+             "rejected": dict(sorted(reasons.items())), "shards": written, "unit_error": meta.get("unit_error"),
+             "worker_crashes": meta.get("worker_crashes") or 0, "source_changed": meta.get("source_changed") or 0,
+             "isolated": bool(meta.get("isolated")), "seconds": seconds, "finished": _now()}
+    catalog.write_json(run / "stats" / f"{u.unit_id}.json", stats)
+    return _summary(u.unit_id, table.num_rows, kept.num_rows, bool(meta.get("isolated")))
+
+
+def _score_block(batch: pa.Table, run: str, limits: dict, score_all: bool, cfg: dict) -> pa.Table:
+    unit = _one_unit(batch)
+    table = read_for_score(Path(run), unit, limits, score_all)
+    if table.num_rows == 0:  # Ray Data drops empty blocks: an empty unit is finished here
+        finish_unit(Path(run), table, cfg)
+    return table
+
+
+def _finish_unit_block(batch: pa.Table, run: str, cfg: dict) -> pa.Table:
+    return finish_unit(Path(run), batch, cfg)
+
+
+# --------------------------------------------------------------------------------------------
+# Driver side: one Ray Data pipeline per phase; summaries only.
+
+@contextmanager
+def _unit_blocks(ray):
+    """Data context of the engine's datasets: blocks never split (one block = one unit), a block
+    whose task failed after its retries is dropped instead of aborting (its unit is redone)."""
+    ctx = ray.data.DataContext.get_current()
+    old = (ctx.target_max_block_size, ctx.max_errored_blocks)
+    ctx.target_max_block_size, ctx.max_errored_blocks = None, -1
+    try:
+        yield ctx
+    finally:
+        ctx.target_max_block_size, ctx.max_errored_blocks = old
+
+
+def _units_ds(units: list[Unit]):
+    import ray
+    return ray.data.from_items([{"unit": json.dumps(u.to_dict())} for u in units], override_num_blocks=len(units))
+
+
+def _drain(ds, total: int, desc: str, progress: bool) -> dict:
+    """Consume a phase's summaries (one row per unit): counts only, nothing per sample."""
+    got = {"units": 0, "inputs": 0, "kept": 0}
+    with console.progress(total, desc, enabled=progress) as bar:
+        for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+            got["units"] += batch.num_rows
+            got["inputs"] += int(pc.sum(batch.column("inputs")).as_py() or 0)
+            got["kept"] += int(pc.sum(batch.column("kept")).as_py() or 0)
+            bar.update(batch.num_rows)
+    return got
+
+
+def _limits(cfg: dict) -> dict:
+    inp = cfg.get("input", {})
+    return {k: int(inp.get(k, v)) for k, v in DEFAULT_LIMITS.items()}
+
+
+def _retries(cfg: dict) -> int:
+    return int(cfg.get("engine", {}).get("max_retries", 2))
+
+
+def _measure(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score_all: bool, progress: bool):
+    import ray
+    retries = _retries(cfg)
+    with _unit_blocks(ray):
+        ds = _units_ds(units).map_batches(_measure_block, fn_kwargs=dict(run=str(run), limits=_limits(cfg)),
+                                          batch_size=None, batch_format="pyarrow", max_retries=retries)
+        for s in stages:
+            ds = apply_stage(ds, s, score_all, retries)
+        ds = ds.map_batches(_finish_measure_block, fn_kwargs=dict(run=str(run)), batch_size=None,
+                            batch_format="pyarrow", max_retries=retries)
+        _drain(ds, len(units), "measure", progress)
+    failed = [u for u in units if not _measure_paths(run, u.unit_id)[0].exists()]
+    if failed:
+        _isolate(run, failed, "measure", cfg, score_all, progress)
+
+
+def _score_and_write(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score_all: bool,
+                     progress: bool):
+    import ray
+    retries = _retries(cfg)
+    with _unit_blocks(ray):
+        ds = _units_ds(units).map_batches(_score_block, fn_kwargs=dict(run=str(run), limits=_limits(cfg),
+                                          score_all=score_all, cfg=cfg), batch_size=None, batch_format="pyarrow",
+                                          max_retries=retries)
+        for s in stages:
+            ds = apply_stage(ds, s, score_all, retries)
+        ds = ds.map_batches(_finish_unit_block, fn_kwargs=dict(run=str(run), cfg=cfg), batch_size=None,
+                            batch_format="pyarrow", max_retries=retries)
+        _drain(ds, len(units), "score+write", progress)
+    failed = [u for u in units if not (run / "stats" / f"{u.unit_id}.json").exists()]
+    if failed:
+        _isolate(run, failed, "score", cfg, score_all, progress)
+
+
+def _isolate(run: Path, units: list[Unit], phase: str, cfg: dict, score_all: bool, progress: bool):
+    """Units whose workers kept dying: redo each with every sample alone in a child process."""
+    import ray
+
+    from .isolate import isolate_unit
+    log.warning("%d units failed in %s after %d retries: running their samples one at a time",
+                len(units), phase, _retries(cfg))
+    task = ray.remote(num_cpus=1, max_retries=0)(isolate_unit)
+    env = {k: v for k, v in os.environ.items() if k == TEST_CRASH_ENV}
+    refs = [task.remote(str(run), u.to_dict(), phase, cfg, score_all, _limits(cfg), env) for u in units]
+    with console.progress(len(refs), f"{phase} (isolated)", enabled=progress) as bar:
+        while refs:
+            ready, refs = ray.wait(refs, num_returns=1)
+            try:
+                summary = ray.get(ready[0])
+            except Exception as e:
+                raise RunError(f"a unit failed even with its samples run one at a time: {e}") from e
+            log.warning("unit %s: %d worker crashes isolated", summary["unit_id"], summary["worker_crashes"])
+            bar.update(1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -407,12 +596,40 @@ def init_ray(cfg: dict):
              else f"cluster at {address or 'auto'}", res.get("CPU", 0), res.get("GPU", 0))
 
 
+def _load_units(run: Path, current: list[Unit], repeated: int) -> tuple[list[Unit], int, int]:
+    """The run's unit listing: saved in RUN/units.jsonl on the first run, reused on every rerun.
+
+    Returns (units, repeated listings dropped, inputs found now that are not in the saved listing)."""
+    path = run / "units.jsonl"
+    if not path.exists():
+        catalog.write_bytes(path, "".join(json.dumps(u.to_dict()) + "\n" for u in current).encode())
+        return current, repeated, 0
+    saved = [Unit.from_dict(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    known = {u.uri for u in saved if u.kind == "tar"} | {f for u in saved for f in u.files}
+    new = sum(1 for u in current if u.kind == "tar" and u.uri not in known) + sum(
+        1 for u in current if u.kind == "files" for f in u.files if f not in known)
+    if new:
+        log.warning("%d inputs appeared since this run started; they are not in this run "
+                    "(curate them into a new --output)", new)
+    return saved, repeated, new
+
+
 def curate(inputs: list[str], output: str, config: dict | None = None, score_all: bool = False,
            progress: bool = True) -> dict:
     """Run (or finish) a curation run. Returns the manifest."""
     cfg = config or load_config()
-    run = Path(output)
-    units, repeated = list_units(inputs, cfg["input"]["files_per_unit"], cfg["input"]["extensions"])
+    run = Path(output).absolute()  # workers write into it, from their own working directories
+    # the inputs are listed (and refused, naming the input) before anything is written
+    listing = list_units(inputs, cfg["input"]["files_per_unit"], cfg["input"]["extensions"])
+    try:
+        with catalog.run_lock(run):
+            return _curate_locked(run, inputs, listing, cfg, score_all, progress)
+    except catalog.RunLocked as e:
+        raise RunError(str(e)) from e
+
+
+def _curate_locked(run: Path, inputs: list[str], listing: tuple[list[Unit], int], cfg: dict, score_all: bool,
+                   progress: bool) -> dict:
     manifest_path = run / "manifest.json"
     manifest = {"config": cfg, "inputs": [str(i) for i in inputs], "score_all": score_all}
     if manifest_path.exists():
@@ -424,22 +641,22 @@ def curate(inputs: list[str], output: str, config: dict | None = None, score_all
         log.info("resuming %s", run)
     else:
         manifest["started"] = _now()
+    removed = catalog.clean_tmp(run)
+    if removed:
+        log.info("removed %d temporary files left by an interrupted run", removed)
+    units, repeated, new = _load_units(run, *listing)
     stages = build_stages(cfg)
     skipped = {s.name: s.skip_reason() for s in stages if not s.enabled}
     for name, why in skipped.items():
         log.warning("stage %s skipped: %s", name, why)
     active = [s for s in stages if s.enabled]
     manifest.update(stages=[s.name for s in active], skipped_stages=skipped, versions=_versions(),
-                    status="running", units=len(units), repeated_inputs=repeated)
+                    status="running", units=len(units), repeated_inputs=repeated, not_in_this_run=new)
     catalog.write_json(manifest_path, manifest)
-    removed = catalog.clean_tmp(run)
-    if removed:
-        log.info("removed %d temporary files left by an interrupted run", removed)
 
     done = {u.unit_id for u in units if (run / "stats" / f"{u.unit_id}.json").exists()}
     todo = [u for u in units if u.unit_id not in done]
-    measure_dir = run / "work" / "measure"
-    to_measure = [u for u in todo if not (measure_dir / f"{u.unit_id}.parquet").exists()]
+    to_measure = [u for u in todo if not _measure_paths(run, u.unit_id)[0].exists()]
     log.info("%d units: %d done, %d to measure, %d to write", len(units), len(done), len(to_measure), len(todo))
     measure_stages = [s for s in active if s.phase == "measure"]
     score_stages = [s for s in active if s.phase == "score"]
@@ -449,65 +666,44 @@ def curate(inputs: list[str], output: str, config: dict | None = None, score_all
         init_ray(cfg)  # Ray Data's own progress off: ours (console.progress) counts units
         t_start = time.time()
         if to_measure:
-            _measure(run, to_measure, measure_stages, score_all, progress)
+            _measure(run, to_measure, measure_stages, cfg_active, score_all, progress)
         if not dedup_mod.is_done(run):
             t0 = time.perf_counter()
-            st = dedup_mod.run_dedup(run, [u.unit_id for u in units], cfg_active)
+            st = dedup_mod.run_dedup(run, [u.unit_id for u in units], cfg_active)  # its tables are Ray tasks
             log.info("dedup: %d of %d candidates are duplicates (%.2f s)", st["duplicates"], st["candidates"],
                      time.perf_counter() - t0)
         _score_and_write(run, todo, score_stages, cfg_active, score_all, progress)
         log.info("processed %d units in %.1f s", len(todo), time.time() - t_start)
 
-    con = catalog.connect(run)
-    first = [r[0] for r in con.execute("SELECT reject_reason FROM samples").fetchall()]
-    n_inputs = len(first)
-    manifest.update(status="complete", finished=_now(), funnel=funnel(first, [s.name for s in active]),
-                    counts={"inputs": n_inputs, "kept": sum(1 for r in first if r is None)})
+    missing = [u.unit_id for u in units if not (run / "stats" / f"{u.unit_id}.json").exists()]
+    if missing:
+        raise RunError(f"{len(missing)} units have no stats marker after the run (e.g. {missing[0]}); "
+                       "rerun the same command to finish them")
+    counts, n_inputs, n_kept = _reason_counts(run)
+    manifest.update(status="complete", finished=_now(), funnel=funnel_from_counts(counts, n_inputs, manifest["stages"]),
+                    counts={"inputs": n_inputs, "kept": n_kept})
     catalog.write_json(manifest_path, manifest)
     return manifest
 
 
-def _measure(run: Path, units: list[Unit], stages: list[Stage], score_all: bool, progress: bool):
-    ds = _units_ds(units).map_batches(_read_units, batch_size=1, batch_format="pyarrow")
-    for s in stages:
-        ds = apply_stage(ds, s, score_all)
-    by_id = {u.unit_id: u for u in units}
-
-    def done(unit_id: str, table: pa.Table, error: str | None):
-        # the unit error (e.g. truncated tar) travels with the measurements to the stats marker
-        keep = [c for c in table.column_names if c in SAMPLES.names or c == "_alive" or c.startswith("_t_")]
-        table = table.select(keep).replace_schema_metadata({b"unit_error": (error or "").encode()})
-        catalog.write_parquet(run / "work" / "measure" / f"{by_id[unit_id].unit_id}.parquet", table)
-
-    _stream(ds, _Collector(done, len(units), "measure", progress))
+def _reason_counts(run: Path) -> tuple[dict[str, int], int, int]:
+    """Rejections per stage (first reason), inputs and kept, by DuckDB over the catalog."""
+    con = catalog.connect(run)
+    rows = con.execute("SELECT split_part(reject_reason, ':', 1) AS stage, count(*) FROM samples "
+                       "GROUP BY 1").fetchall()
+    counts = {stage: n for stage, n in rows if stage is not None}
+    n_inputs = sum(n for _, n in rows)
+    return counts, n_inputs, sum(n for stage, n in rows if stage is None)
 
 
-def _score_and_write(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score_all: bool,
-                     progress: bool):
-    import ray
-    write = ray.remote(num_cpus=1)(_write_unit)
-    by_id = {u.unit_id: u for u in units}
-    refs = []
-
-    def done(unit_id: str, table: pa.Table, _error):
-        u = by_id[unit_id]
-        meta = pq.read_schema(run / "work" / "measure" / f"{unit_id}.parquet").metadata or {}
-        error = (meta.get(b"unit_error") or b"").decode() or None
-        keep_cols = [c for c in table.column_names if c in SAMPLES.names or c.startswith("_t_")]
-        refs.append(write.remote(str(run), u.to_dict(), table.select(keep_cols), cfg, error))
-
-    if stages:
-        ds = _units_ds(units).map_batches(_score_units, fn_kwargs=dict(run=str(run), score_all=score_all),
-                                          batch_size=1, batch_format="pyarrow")
-        for s in stages:
-            ds = apply_stage(ds, s, score_all)
-        _stream(ds, _Collector(done, len(units), "score", progress))
-    else:
-        for u in units:
-            done(u.unit_id, _measured_table(run, u.unit_id), None)
-    with console.progress(len(refs), "write", enabled=progress) as bar:
-        pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            ray.get(ready)
-            bar.update(len(ready))
+def funnel_from_counts(rejected: dict[str, int], n_inputs: int, stage_names: list[str]) -> list[dict]:
+    """inputs -> survivors after each stage -> kept (decide.funnel's shape, from grouped counts)."""
+    rows, alive = [], n_inputs
+    for name in stage_names:
+        out = alive - rejected.get(name, 0)
+        rows.append({"stage": name, "in": alive, "out": out})
+        alive = out
+    unknown = sum(n for s, n in rejected.items() if s not in stage_names)
+    if unknown:
+        rows.append({"stage": "other", "in": alive, "out": alive - unknown})
+    return rows

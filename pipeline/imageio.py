@@ -22,6 +22,7 @@ def _open(data: bytes, max_pixels: int | None) -> Image.Image:
     if not data:
         raise ImageError("empty file (0 bytes)")
     with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a corrupt file's metadata warnings are not console news
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         old = Image.MAX_IMAGE_PIXELS
         try:

@@ -57,6 +57,7 @@ class Unit:
     uri: str  # the tar, the folder or the manifest
     files: list[str] = field(default_factory=list)  # kind "files": sample URIs
     keys: list[str] = field(default_factory=list)  # kind "files": key per file
+    root: str = ""  # a folder's files must resolve inside this folder (symlinks may not leave it)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,6 +69,13 @@ class Unit:
 
 def _is_shard_index(path: Path) -> bool:
     return path.suffix == ".parquet" and path.with_suffix(".tar").exists()
+
+
+def _chunk_id(name: str, i: int, files: list[str]) -> str:
+    """A chunk's id names its position and its content, so a listing that changed is never taken
+    for the old one."""
+    h = hashlib.blake2b("\n".join(files).encode("utf-8", "backslashreplace"), digest_size=4).hexdigest()
+    return f"{name}-{i:05d}-{h}"
 
 
 def list_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -> tuple[list[Unit], int]:
@@ -98,21 +106,24 @@ def list_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -
                 raise InputError(f"--input {inp}: a single file must be a .tar shard or a .parquet "
                                  "manifest; pass its folder to curate loose images")
             continue
-        tars = sorted(p.glob("*.tar"))
+        tars = sorted(t for t in p.glob("*.tar") if t.is_file())
         if tars:
             units += [Unit(t.stem, "tar", str(t.resolve())) for t in tars]
-        manifests = [m for m in sorted(p.glob("*.parquet")) if not _is_shard_index(m)]
+        manifests = [m for m in sorted(p.glob("*.parquet")) if m.is_file() and not _is_shard_index(m)]
         for m in manifests:
             units += _manifest_units(str(m.resolve()), files_per_unit)
-        loose = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower().lstrip(".") in exts)
+        root = p.resolve()
+        # symlinks are listed as they are (not resolved): one that leaves the folder becomes a row
+        # with a read error when read, never a refusal to run
+        loose = sorted(f.relative_to(p) for f in p.rglob("*")
+                       if (f.is_file() or f.is_symlink()) and f.suffix.lower().lstrip(".") in exts)
         if loose:
-            root = p.resolve()
             name = root.name or "files"
             for i in range(0, len(loose), files_per_unit):
-                chunk = loose[i:i + files_per_unit]
-                units.append(Unit(f"{name}-{i // files_per_unit:05d}", "files", str(root),
-                                  files=[str(f.resolve()) for f in chunk],
-                                  keys=[str(f.resolve().relative_to(root)) for f in chunk]))
+                chunk = [str(root / f) for f in loose[i:i + files_per_unit]]
+                units.append(Unit(_chunk_id(name, i // files_per_unit, chunk), "files", str(root),
+                                  files=chunk, keys=[str(f) for f in loose[i:i + files_per_unit]],
+                                  root=str(root)))
         if not (tars or manifests or loose):
             raise InputError(f"--input {inp}: no .tar shards, .parquet manifests or images "
                              f"({', '.join(exts)}) found in this folder")
@@ -166,9 +177,12 @@ def _manifest_units(uri: str, files_per_unit: int) -> list[Unit]:
     for i in range(0, len(files), files_per_unit):
         chunk = files[i:i + files_per_unit]
         resolved = [f if _is_uri(f) else os.path.normpath(f if os.path.isabs(f) else base / f) for f in chunk]
-        out.append(Unit(f"{stem}-{i // files_per_unit:05d}", "files", uri, files=resolved,
+        out.append(Unit(_chunk_id(stem, i // files_per_unit, resolved), "files", uri, files=resolved,
                         keys=[str(i + j) for j in range(len(chunk))]))
     return out
+
+
+DEFAULT_LIMITS = {"max_file_bytes": 256 << 20, "max_sidecar_bytes": 1 << 20}
 
 
 def _row(unit: Unit, key: str, uri: str, image: bytes | None, error: str | None = None,
@@ -177,69 +191,93 @@ def _row(unit: Unit, key: str, uri: str, image: bytes | None, error: str | None 
             "caption": caption, "source_meta": meta, "image": image, "read_error": error}
 
 
-def read_unit(unit: Unit) -> tuple[list[dict], str | None]:
+def read_unit(unit: Unit, limits: dict | None = None) -> tuple[list[dict], str | None]:
     """All samples of a unit as rows (with the image bytes), plus a unit-level error if any.
 
-    Never raises for bad samples: a sample that cannot be read is a row with read_error set.
-    A truncated tar returns the samples before the damage and the error.
+    Never raises for bad samples: a sample that cannot be read is a row with read_error set, its
+    message starting with a fixed kind (see pipeline/stages/decode.py). A truncated tar returns
+    the samples before the damage and the error.
     """
+    limits = {**DEFAULT_LIMITS, **(limits or {})}
     if unit.kind == "files":
-        rows = []
-        for key, uri in zip(unit.keys, unit.files):
-            try:
-                with open_input(uri) as fh:
-                    rows.append(_row(unit, key, uri, fh.read()))
-            except (OSError, ValueError) as e:
-                rows.append(_row(unit, key, uri, None, f"cannot read file: {e}"))
-        return rows, None
-    return _read_tar(unit)
+        return [_file_row(unit, key, uri, limits) for key, uri in zip(unit.keys, unit.files)], None
+    return _read_tar(unit, limits)
 
 
-def _read_tar(unit: Unit) -> tuple[list[dict], str | None]:
+def _file_row(unit: Unit, key: str, uri: str, limits: dict) -> dict:
+    cap = limits["max_file_bytes"]
+    try:
+        if unit.root and not _is_uri(uri):
+            real, root = os.path.realpath(uri), os.path.realpath(unit.root)
+            if os.path.commonpath([real, root]) != root:
+                return _row(unit, key, uri, None, f"symlink outside input: {key} points outside the input "
+                                                  f"folder (to {real}); not read")
+        with open_input(uri) as fh:
+            data = fh.read(cap + 1)
+        if len(data) > cap:
+            return _row(unit, key, uri, None, f"too large: file is over the cap of {cap} bytes; "
+                                              "raise input.max_file_bytes to read it")
+        return _row(unit, key, uri, data)
+    except Exception as e:  # one file never stops its unit: any failure is this sample's row
+        return _row(unit, key, uri, None, f"cannot read file: {type(e).__name__}: {e}")
+
+
+def _read_tar(unit: Unit, limits: dict) -> tuple[list[dict], str | None]:
     rows, unit_error = [], None
     try:
         fh = open_input(unit.uri)
-    except (OSError, ValueError) as e:
+    except Exception as e:
         return [], f"cannot open shard {unit.uri}: {e}"
+    seen: dict[str, int] = {}
+
+    def add(row: dict):
+        # a name repeated in one tar: the n-th occurrence (n >= 2) is its own sample, 'URI@n'
+        n = seen[row["source_uri"]] = seen.get(row["source_uri"], 0) + 1
+        if n > 1:
+            row.update(source_uri=f"{row['source_uri']}@{n}", key=f"{row['key']}@{n}")
+            row["sample_id"] = sample_id(row["source_uri"])
+        rows.append(row)
+
     try:
-        for rec in iter_tar(fh, name=unit.uri):
+        for rec in iter_tar(fh, name=unit.uri, max_member_bytes=limits["max_file_bytes"]):
             if rec.error:
-                rows.append(_row(unit, rec.key, f"{unit.uri}#{rec.key}", None, rec.error))
+                uri = f"{unit.uri}#{rec.members[0][0]}" if rec.members else f"{unit.uri}#{rec.key}"
+                add(_row(unit, rec.key, uri, None, rec.error))
                 continue
-            rows.append(_tar_row(unit, rec))
+            add(_tar_row(unit, rec, limits))
     except ShardTruncated as e:
         unit_error = str(e)
         if e.key is not None:  # the sample being read when the damage hit is accounted for too
-            rows.append(_row(unit, e.key, f"{unit.uri}#{e.key}", None,
-                             "input tar truncated while reading this sample"))
+            add(_row(unit, e.key, f"{unit.uri}#{e.key}", None,
+                     "truncated tar: input tar truncated while reading this sample"))
+        log.warning("%s", unit_error)
+    except Exception as e:  # anything else the tar reader raises ends the unit, not the run
+        unit_error = f"{unit.uri}: tar reading failed ({type(e).__name__}: {e}); samples before it kept"
         log.warning("%s", unit_error)
     finally:
         fh.close()
     return rows, unit_error
 
 
-def _tar_row(unit: Unit, rec) -> dict:
+def _text(data: bytes | None, cap: int) -> str | None:
+    if data is None or len(data) > cap:
+        return None
+    return data.decode("utf-8", "replace")
+
+
+def _tar_row(unit: Unit, rec, limits: dict) -> dict:
+    cap = limits["max_sidecar_bytes"]
     img_ext = next((e for e in rec.files if e.lower() in IMAGE_EXTS), None)
-    meta = rec.files.get("json")
-    caption = rec.files.get("txt")
-    caption = caption.decode("utf-8", "replace") if caption is not None else None
-    meta_s = meta.decode("utf-8", "replace") if meta is not None else None
+    # sidecars over the cap are dropped (the sample stays); a json too deep to parse gives no caption
+    caption = _text(rec.files.get("txt"), cap)
+    meta_s = _text(rec.files.get("json"), cap)
     if caption is None and meta_s:
         try:
             c = json.loads(meta_s).get("caption")
             caption = c if isinstance(c, str) else None
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             pass
     if img_ext is None:
         return _row(unit, rec.key, f"{unit.uri}#{rec.key}", None,
-                    f"no image member for key {rec.key!r} (has: {', '.join(sorted(rec.files))})",
-                    caption, meta_s)
+                    f"no image member: key {rec.key!r} has {', '.join(sorted(rec.files))}", caption, meta_s)
     return _row(unit, rec.key, f"{unit.uri}#{rec.key}.{img_ext}", rec.files[img_ext], None, caption, meta_s)
-
-
-def iter_unit_images(unit: Unit, wanted: set[str]) -> Iterator[tuple[str, bytes]]:
-    """(sample_id, bytes) for the wanted samples of a unit, reading it once (for shard writing)."""
-    rows, _ = read_unit(unit)
-    for r in rows:
-        if r["sample_id"] in wanted and r["image"] is not None:
-            yield r["sample_id"], r["image"]

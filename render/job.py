@@ -80,10 +80,20 @@ class RunSpec:
 
 
 # --- planning --------------------------------------------------------------------------------------
+_HELD_LOCKS: dict = {}  # OUT -> its catalog.run_lock, held until this process ends
+
+
 def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: RenderConfig) -> RunSpec:
     """Index scans and HDRIs into the run's catalogs (once) and write or check the manifest."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if str(out.resolve()) not in _HELD_LOCKS:  # OUT stays locked for the life of this process
+        lock = catalog.run_lock(out)
+        try:
+            lock.__enter__()
+        except catalog.RunLocked as e:
+            raise ValueError(str(e)) from None
+        _HELD_LOCKS[str(out.resolve())] = lock
     catalog.clean_tmp(out)
     config = json.loads(json.dumps(cfg.to_dict()))  # as the manifest stores it (tuples become lists)
     spec = RunSpec(str(out.resolve()), int(seed), int(frames), str(scans), str(hdris), config)

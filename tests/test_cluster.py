@@ -1,9 +1,10 @@
-"""`ray up` / `ray submit` / `ray down` with cluster/local.yaml against sshd on 127.0.0.1.
+"""`ray up` / `ray submit` / `ray job submit` / `ray down` with cluster/local.yaml against sshd on 127.0.0.1.
 
 sshd runs in its own PID namespace, so the `ray stop` that `ray up` and `ray down` run over ssh
 only sees this cluster's processes, never another Ray on the machine.
 """
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -44,6 +45,8 @@ def sshd(tmp_path):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / name)], check=True)
     shutil.copy(keys / "client.pub", keys / "authorized_keys")
     path = f"{BIN}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+    # the cluster runs the code under test: a PYTHONPATH set for the tests travels to its processes
+    pythonpath = f" PYTHONPATH={os.environ['PYTHONPATH']}" if os.environ.get("PYTHONPATH") else ""
     cfg = keys / "sshd_config"
     cfg.write_text(f"""Port 22
 ListenAddress 127.0.0.1
@@ -55,12 +58,12 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 UsePAM no
 StrictModes no
-SetEnv PATH={path} RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
+SetEnv PATH={path} RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0{pythonpath}
 """)
     # Ray runs remote commands in `bash --login` after `source ~/.bashrc`, which reset PATH: inside
     # sshd's own mount namespace, both gain a line that puts this virtualenv first. Nothing outside
     # the namespace changes.
-    export = f'export PATH="{BIN}:$PATH" RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0\n'
+    export = f'export PATH="{BIN}:$PATH" RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0{pythonpath}\n'
     profile_d = keys / "profile.d"
     shutil.copytree("/etc/profile.d", profile_d) if os.path.isdir("/etc/profile.d") else profile_d.mkdir()
     (profile_d / "zz-humanset-test.sh").write_text(export)
@@ -85,20 +88,55 @@ SetEnv PATH={path} RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
     proc.wait()
 
 
+def _submit_job(ray: str, env: dict, dash: int, entrypoint: list[str], deadline_s: float = 420) -> str:
+    """`ray job submit --no-wait`, retried until the head's job agent answers (it registers some
+    time after `ray up` returns; on a cold machine that can take minutes), then poll the job."""
+    address = ["--address", f"http://127.0.0.1:{dash}"]
+    deadline = time.monotonic() + deadline_s
+    while True:
+        p = subprocess.run([ray, "job", "submit", *address, "--no-wait", "--", *entrypoint], env=env,
+                           capture_output=True, text=True, timeout=120)
+        out = p.stdout + p.stderr
+        if p.returncode == 0:
+            break
+        assert time.monotonic() < deadline, f"the job API did not accept the job within {deadline_s} s:\n{out[-3000:]}"
+        time.sleep(3)
+    job_id = next(w.strip("'\"") for line in out.splitlines() if "raysubmit_" in line
+                  for w in line.split() if "raysubmit_" in w)
+    finished = re.compile(re.escape(job_id) + r"' (succeeded|failed|was stopped)")
+    while True:
+        p = subprocess.run([ray, "job", "status", *address, job_id], env=env, capture_output=True, text=True,
+                           timeout=120)
+        status = p.stdout + p.stderr
+        done = finished.search(status)
+        if done:
+            break
+        assert time.monotonic() < deadline + 600, f"job {job_id} did not finish:\n{status[-2000:]}"
+        time.sleep(2)
+    logs = subprocess.run([ray, "job", "logs", *address, job_id], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done[1] == "succeeded", f"job {job_id}: {status[-1000:]}\n{(logs.stdout + logs.stderr)[-4000:]}"
+    return logs.stdout + logs.stderr
+
+
 @pytest.mark.slow
-def test_ray_up_submit_down_on_loopback(sshd, tmp_path, demo_crawl):
+def test_ray_up_submit_job_submit_down_on_loopback(sshd, tmp_path, demo_crawl):
     config = yaml.safe_load((ROOT / "cluster" / "local.yaml").read_text())
     assert config["provider"]["head_ip"] == "127.0.0.1"
-    port = _free_port()
+    port, dash = _free_port(), _free_port()
     config["auth"]["ssh_private_key"] = str(sshd)
     config["cluster_name"] = f"humanset-test-{port}"
-    config["head_start_ray_commands"] = [c.replace("--port=6379", f"--port={port}")
-                                        for c in config["head_start_ray_commands"]]
+    # free ports, and the dashboard (the job server of `ray job submit`) on loopback
+    config["head_start_ray_commands"] = [
+        c.replace("--port=6379", f"--port={port}").replace(
+            "--include-dashboard=false", f"--include-dashboard=true --dashboard-host=127.0.0.1 --dashboard-port={dash}")
+        for c in config["head_start_ray_commands"]]
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump(config))
     env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     ray = str(BIN / "ray")
-    run = tmp_path / "run"
+    run, job_run = tmp_path / "run", tmp_path / "job-run"
+    cheap = ["--set", "stages=[decode,size,dedup]"]  # the models are tested elsewhere; this is about the cluster
 
     def sh(*args, timeout=600):
         p = subprocess.run([ray, *args], env=env, capture_output=True, text=True, timeout=timeout)
@@ -108,11 +146,16 @@ def test_ray_up_submit_down_on_loopback(sshd, tmp_path, demo_crawl):
     sh("up", "-y", "--no-config-cache", str(cluster))
     try:
         out = sh("submit", str(cluster), str(ROOT / "pipeline" / "curate.py"), "--",
-                 "--input", str(demo_crawl[0]), "--output", str(run), "--no-progress")
+                 "--input", str(demo_crawl[0]), "--output", str(run), "--no-progress", *cheap)
+        assert "funnel" in out
+        out = _submit_job(ray, {**env, "RAY_AUTH_MODE": "token"}, dash,  # the head's token, saved in ~/.ray
+                          ["python", str(ROOT / "pipeline" / "curate.py"), "--input", str(demo_crawl[0]),
+                           "--output", str(job_run), "--no-progress", *cheap])
         assert "funnel" in out
     finally:
         sh("down", "-y", str(cluster))
-    manifest = catalog.read_json(run / "manifest.json")
-    assert manifest["status"] == "complete" and manifest["counts"]["inputs"] == len(demo_crawl[1])
-    con = catalog.connect(run)
-    assert con.execute("SELECT count(DISTINCT sample_id) FROM samples").fetchone()[0] == len(demo_crawl[1])
+    for r in (run, job_run):
+        manifest = catalog.read_json(r / "manifest.json")
+        assert manifest["status"] == "complete" and manifest["counts"]["inputs"] == len(demo_crawl[1])
+        con = catalog.connect(r)
+        assert con.execute("SELECT count(DISTINCT sample_id) FROM samples").fetchone()[0] == len(demo_crawl[1])

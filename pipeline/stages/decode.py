@@ -1,4 +1,9 @@
-"""decode: facts from the bytes - format, size after EXIF orientation, mode, sha256, decode error."""
+"""decode: facts from the bytes - format, size after EXIF orientation, mode, sha256, decode error.
+
+Every failure to read or decode one sample is that sample's `decode_error`, whose message starts
+with one of a fixed set of kinds (REASON_KINDS); the kind alone is the reject reason, the detail
+(file names, the decoder's words) stays in decode_error.
+"""
 from __future__ import annotations
 
 import hashlib
@@ -7,6 +12,41 @@ import pyarrow as pa
 
 from ..imageio import ImageError, probe
 from .base import Stage
+
+# kind -> what it means. Reading: the sample's bytes could not be had; decoding: they are no image.
+REASON_KINDS = {
+    "cannot_read_file": "the file could not be opened or read",
+    "symlink_outside_input": "a symlink in an input folder points outside it (not followed)",
+    "too_large": "file or tar member over input.max_file_bytes (never read into memory)",
+    "unsafe_member_name": "a tar member whose path escapes the shard (absolute or '..')",
+    "truncated_tar": "the input tar ends or is corrupt inside this sample",
+    "no_image_member": "a tar key with sidecars but no image member",
+    "no_bytes": "no bytes were read for this sample",
+    "source_changed": "the bytes read to write the shard differ from the measured ones (sha256)",
+    "worker_crash": "the worker processing this sample died (segfault, OOM) every time it was tried",
+    "empty_file": "0 bytes",
+    "not_an_image": "bytes no decoder recognises",
+    "decompression_bomb": "declares more pixels than decode.max_pixels",
+    "unreadable_header": "a recognised format whose header the decoder rejects",
+    "truncated_or_corrupt_pixel_data": "the header reads but the pixel data does not decode",
+    "decoder_error": "any other exception raised by a decoder",
+}
+
+
+def error_kind(error: str) -> str:
+    """The fixed kind of a read or decode error message ('kind words: detail')."""
+    head = error.split(":", 1)[0].split("(")[0].strip().replace(" ", "_")
+    return head if head in REASON_KINDS else "decoder_error"
+
+
+def decode_one(data: bytes, max_pixels: int | None) -> tuple[dict, str | None]:
+    """(probe facts, None) or ({}, error message); never raises for any bytes."""
+    try:
+        return probe(data, max_pixels=max_pixels), None
+    except ImageError as e:
+        return {}, str(e)
+    except Exception as e:  # a decoder's own bug (IndexError, TypeError, ...) is this sample's reason
+        return {}, f"decoder error: {type(e).__name__}: {e}"
 
 
 class DecodeStage(Stage):
@@ -24,10 +64,7 @@ class DecodeStage(Stage):
             info, error = {}, read_error
             if data is not None:
                 out_sha, out_len = hashlib.sha256(data).hexdigest(), len(data)
-                try:
-                    info = probe(data, max_pixels=max_pixels)
-                except ImageError as e:
-                    error = str(e)
+                info, error = decode_one(data, max_pixels)
             else:
                 out_sha, out_len = None, None
             out["file_bytes"].append(out_len)
@@ -42,24 +79,6 @@ class DecodeStage(Stage):
         return [_kind(e) if e else None for e in table.column("decode_error").to_pylist()]
 
 
-# decode_error (or the reader's read_error) message prefix -> reason kind. Reasons are fixed words:
-# a message can quote a file or member name from the data, which must never reach a reason, a
-# plot label or a SQL string. The full message stays in decode_error.
-ERROR_KINDS = (
-    ("empty file", "empty_file"),
-    ("decompression bomb", "decompression_bomb"),
-    ("not an image", "not_an_image"),
-    ("unreadable header", "unreadable_header"),
-    ("truncated or corrupt pixel data", "truncated_or_corrupt_pixel_data"),
-    ("no bytes", "no_bytes"),
-    ("cannot read file", "cannot_read_file"),
-    ("no image member", "no_image_member"),
-    ("member ", "unsafe_member"),
-    ("input tar truncated", "input_tar_truncated"),
-)
-OTHER_KIND = "other_error"
-
-
 def _kind(error: str) -> str:
-    """The fixed reason kind of a decode or read error message."""
-    return next((kind for prefix, kind in ERROR_KINDS if error.startswith(prefix)), OTHER_KIND)
+    """Short reason for the funnel, one of REASON_KINDS; the full message stays in decode_error."""
+    return error_kind(error)

@@ -1,0 +1,186 @@
+"""Fuzz the decode path: mutated JPEG, PNG, GIF (animated too), WebP, TIFF and BMP files.
+
+Every mutant (byte flips, truncation at many offsets, header fields set to extremes) goes through
+the engine's decode path in-process (decode -> size -> pHash, as pipeline/stages run them). A file
+may decode or be rejected, but nothing may raise: an exception out of the decode path is an abort.
+Prints JSON: files tried, aborts (must be 0), outcomes per reason kind and per format.
+
+    python bench/fuzz.py --n 50000 [--seed 0] [--max-pixels N]
+
+tests/test_fuzz.py imports `seed_files` and `mutants` from here.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import random
+import sys
+import time
+from collections import Counter
+
+
+def seed_files() -> dict[str, bytes]:
+    """Small valid files of every format and common variants (generated, deterministic)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[0:48, 0:64]
+    rgb = np.stack([xx * 4, yy * 5, (xx + yy) * 2], -1).astype(np.uint8) + rng.integers(0, 20, (48, 64, 3), np.uint8)
+    im = Image.fromarray(rgb)
+
+    def save(img, fmt, **kw):
+        b = io.BytesIO()
+        img.save(b, fmt, **kw)
+        return b.getvalue()
+
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    frames = [Image.fromarray(np.roll(rgb, 8 * i, axis=1)) for i in range(3)]
+    pal = im.convert("P", palette=Image.ADAPTIVE, colors=16)
+    pal.info["transparency"] = 0
+    return {
+        "jpeg": save(im, "JPEG", quality=85),
+        "jpeg_progressive_exif": save(im, "JPEG", quality=80, progressive=True, exif=exif),
+        "jpeg_cmyk": save(im.convert("CMYK"), "JPEG"),
+        "png": save(im, "PNG"),
+        "png_palette_alpha": save(pal, "PNG"),
+        "png_16bit": save(Image.fromarray((rgb[..., 0].astype(np.uint16) * 257)), "PNG"),
+        "gif": save(pal, "GIF"),
+        "gif_animated": save(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=50, loop=0),
+        "webp": save(im, "WEBP", quality=80),
+        "webp_lossless": save(im, "WEBP", lossless=True),
+        "webp_animated": save(frames[0], "WEBP", save_all=True, append_images=frames[1:], duration=50),
+        "tiff": save(im, "TIFF"),
+        "tiff_lzw": save(im, "TIFF", compression="tiff_lzw"),
+        "bmp": save(im, "BMP"),
+        "bmp_palette": save(pal.convert("P"), "BMP"),
+    }
+
+
+EXTREMES = (b"\x00", b"\xff", b"\x7f", b"\x80")
+
+
+def _header_fields(name: str, data: bytes) -> list[tuple[int, int]]:
+    """(offset, width) of header fields that hold sizes, counts and offsets, per format."""
+    fields = [(i, 1) for i in range(min(len(data), 64))] + [(i, 2) for i in range(0, min(len(data), 64), 2)]
+    if name.startswith("png"):
+        fields += [(16, 4), (20, 4), (24, 1), (25, 1), (8, 4), (33, 4)]
+    elif name.startswith("gif"):
+        fields += [(6, 2), (8, 2), (10, 1)]
+    elif name.startswith("bmp"):
+        fields += [(2, 4), (10, 4), (14, 4), (18, 4), (22, 4), (28, 2), (30, 4), (46, 4)]
+    elif name.startswith("jpeg"):
+        for marker in (b"\xff\xc0", b"\xff\xc2", b"\xff\xc4", b"\xff\xda", b"\xff\xdb", b"\xff\xe1"):
+            i = data.find(marker)
+            if i >= 0:
+                fields += [(i + 2, 2), (i + 5, 2), (i + 7, 2), (i + 9, 1)]
+    elif name.startswith("tiff"):
+        fields += [(4, 4)] + [(8 + 2 + 12 * k + j, w) for k in range(12) for j, w in ((2, 2), (4, 4), (8, 4))]
+    elif name.startswith("webp"):
+        fields += [(4, 4), (16, 4), (20, 4), (24, 4), (26, 2), (28, 2)]
+    return [(o, w) for o, w in fields if o + w <= len(data)]
+
+
+def mutants(n: int, seed: int = 0, seeds: dict[str, bytes] | None = None):
+    """Yield (format name, mutation label, bytes): n mutants spread over the seed files."""
+    rnd = random.Random(seed)
+    seeds = seeds or seed_files()
+    names = sorted(seeds)
+    for i in range(n):
+        name = names[i % len(names)]
+        data = seeds[name]
+        kind = (i // len(names)) % 3
+        if kind == 0:  # byte flips
+            d = bytearray(data)
+            for _ in range(rnd.choice((1, 1, 2, 4, 16))):
+                d[rnd.randrange(len(d))] = rnd.randrange(256)
+            yield name, "flip", bytes(d)
+        elif kind == 1:  # truncation: every offset of the header, then anywhere
+            cut = (i // (3 * len(names))) if rnd.random() < 0.5 else rnd.randrange(len(data))
+            yield name, "truncate", data[: min(cut, len(data) - 1)]
+        else:  # a header field set to an extreme value
+            off, width = rnd.choice(_header_fields(name, data))
+            d = bytearray(data)
+            d[off:off + width] = rnd.choice(EXTREMES) * width
+            yield name, "extreme", bytes(d)
+
+
+class DecodePath:
+    """The engine's measure stages (decode, size, dedup's pHash), called the way run_stage does."""
+
+    def __init__(self, max_pixels: int | None = None):
+        from pipeline.config import load_config
+        from pipeline.stages import stage_class
+        cfg = load_config()
+        dec = dict(cfg["decode"], **({"max_pixels": max_pixels} if max_pixels else {}))
+        self.decode = stage_class("decode")(dec)
+        self.size = stage_class("size")(cfg["size"])
+        self.dedup = stage_class("dedup")(cfg["dedup"])
+
+    def __call__(self, images: list[bytes]) -> list[str | None]:
+        """Per file: None (decoded) or its reject kind. Raises only if the decode path is broken."""
+        from pipeline.stages.decode import error_kind
+        n = len(images)
+        d = self.decode.measure({"image": images, "read_error": [None] * n, "sample_id": [None] * n})
+        self.size.measure({"width": d["width"], "height": d["height"]})
+        self.dedup.measure({"_thumb": d["_thumb"], "decode_error": d["decode_error"]})
+        return [error_kind(e) if e else None for e in d["decode_error"]]
+
+
+def run(n: int, seed: int = 0, max_pixels: int | None = None, batch: int = 64) -> dict:
+    import warnings
+    warnings.simplefilter("ignore")
+    path = DecodePath(max_pixels)
+    outcomes, per_format, aborts, examples = Counter(), Counter(), 0, []
+    t0 = time.perf_counter()
+    buf: list[tuple[str, str, bytes]] = []
+
+    def flush():
+        nonlocal aborts
+        try:
+            kinds = path([b for _, _, b in buf])
+        except Exception as e:  # an abort: find the file(s) that raise, one by one
+            kinds = []
+            for name, how, b in buf:
+                try:
+                    kinds += path([b])
+                except Exception as e1:
+                    aborts += 1
+                    kinds.append("ABORT")
+                    if len(examples) < 10:
+                        examples.append({"format": name, "mutation": how, "error": f"{type(e1).__name__}: {e1}",
+                                         "bytes_hex": b[:256].hex()})
+            del e
+        for (name, _, _), k in zip(buf, kinds):
+            outcomes[k or "decoded"] += 1
+            per_format[name.split("_")[0], "decoded" if k is None else "rejected"] += 1
+        buf.clear()
+
+    for item in mutants(n, seed):
+        buf.append(item)
+        if len(buf) >= batch:
+            flush()
+    if buf:
+        flush()
+    fmt: dict[str, dict] = {}
+    for (name, result), c in sorted(per_format.items()):
+        fmt.setdefault(name, {})[result] = c
+    return {"files_tried": n, "aborts": aborts, "outcomes": dict(outcomes.most_common()), "per_format": fmt,
+            "seconds": round(time.perf_counter() - t0, 2), "abort_examples": examples}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=50_000, help="mutated files (default 50000)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-pixels", type=int, default=None, help="decode.max_pixels (default: the config's)")
+    args = ap.parse_args()
+    result = run(args.n, args.seed, args.max_pixels)
+    print(json.dumps(result, indent=2))
+    return 1 if result["aborts"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

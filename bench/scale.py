@@ -1,0 +1,165 @@
+"""Scale of the curation engine on the cheap path (decode, size, dedup) over a crawl of N small
+JPEGs (320x320, WebDataset shards of 1,000). Prints JSON:
+
+  engine:  images/s (Ray already started), the driver's peak RSS (VmHWM of the `humanset curate`
+           process: it must not grow with N), seconds;
+  plain:   a single-process loop over the same crawl - PIL decode, sha256, imagehash.phash, size
+           check, a tar of the kept bytes - the peer the engine has to beat;
+  ratio:   engine images/s over plain images/s.
+
+    python bench/scale.py --n 20000 [--workdir DIR] [--num-cpus 2] [--skip-plain]
+
+The crawl is generated once into --workdir (reused when it already holds N images); the engine's
+run directory is recreated each time. Targets (README): driver VmHWM at 100k within 1.15x of 20k and
+at 1M within 1.3x; engine >= 1.5x the plain loop at 100k; per-image time at 1M within 1.2x of 100k.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # a local benchmark stays on loopback
+ROOT = Path(__file__).resolve().parents[1]
+PER_SHARD = 1000
+SIDE = 320
+
+
+def _shard(args) -> str:
+    """One shard of distinct photo-like JPEGs: a random 8x8 colour field upsampled (distinct low
+    frequencies, so distinct pHashes) plus a random crop of a shared noise texture (detail)."""
+    folder, index, start, count = args
+    import numpy as np
+    from PIL import Image
+    path = Path(folder) / f"{index:06d}.tar"
+    if path.exists():
+        return str(path)
+    tmp = path.with_name(path.name + ".part")
+    rng = np.random.default_rng(index)
+    texture = rng.normal(0, 14, (2 * SIDE, 2 * SIDE, 3)).astype(np.int16)
+    with tarfile.open(tmp, "w") as tf:
+        for k in range(start, start + count):
+            field = Image.fromarray(rng.integers(30, 225, (8, 8, 3), dtype=np.uint8)).resize((SIDE, SIDE), Image.BICUBIC)
+            y, x = rng.integers(0, SIDE, 2)
+            img = np.clip(np.asarray(field, np.int16) + texture[y:y + SIDE, x:x + SIDE], 0, 255).astype(np.uint8)
+            b = io.BytesIO()
+            Image.fromarray(img).save(b, "JPEG", quality=85)
+            info = tarfile.TarInfo(f"{k:09d}.jpg")
+            info.size = b.tell()
+            b.seek(0)
+            tf.addfile(info, b)
+    os.replace(tmp, path)
+    return str(path)
+
+
+def make_crawl(folder: Path, n: int, procs: int) -> list[Path]:
+    from multiprocessing import Pool
+    folder.mkdir(parents=True, exist_ok=True)
+    jobs = [(str(folder), i, s, min(PER_SHARD, n - s)) for i, s in enumerate(range(0, n, PER_SHARD))]
+    with Pool(procs) as pool:
+        return [Path(p) for p in pool.imap(_shard, jobs)]
+
+
+def plain_loop(tars: list[Path], out: Path, min_side: int = 300) -> dict:
+    """The single-process peer: what one would write without an engine."""
+    import imagehash
+    from PIL import Image
+
+    from catalog import iter_tar
+    t0 = time.perf_counter()
+    n = kept = 0
+    seen_sha = set()
+    with tarfile.open(out, "w") as dst:
+        for tar in tars:
+            for rec in iter_tar(tar):
+                data = rec.files["jpg"]
+                n += 1
+                try:
+                    im = Image.open(io.BytesIO(data))
+                    im.load()
+                except Exception:
+                    continue
+                sha = hashlib.sha256(data).hexdigest()
+                imagehash.phash(im)
+                if min(im.size) < min_side or sha in seen_sha:
+                    continue
+                seen_sha.add(sha)
+                info = tarfile.TarInfo(f"{sha}.jpg")
+                info.size = len(data)
+                dst.addfile(info, io.BytesIO(data))
+                kept += 1
+    s = time.perf_counter() - t0
+    return {"images": n, "kept": kept, "seconds": round(s, 2), "images_per_s": round(n / s, 1)}
+
+
+def driver(crawl: str, run: str, num_cpus: int) -> None:
+    """The engine's driver, in its own process so that VmHWM is the driver's alone."""
+    import logging
+    logging.basicConfig(level=logging.WARNING)
+    from pipeline.config import load_config
+    from pipeline.engine import curate, init_ray
+    cfg = load_config(sets=["stages=[decode,size,dedup]", f"ray.num_cpus={num_cpus}"])
+    init_ray(cfg)
+    t0 = time.perf_counter()
+    manifest = curate([crawl], run, cfg, progress=False)
+    s = time.perf_counter() - t0
+    status = Path("/proc/self/status").read_text()
+    hwm = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM"))
+    n = manifest["counts"]["inputs"]
+    print(json.dumps({"images": n, "kept": manifest["counts"]["kept"], "seconds": round(s, 2),
+                      "images_per_s": round(n / s, 1), "driver_vmhwm_mb": round(hwm / 1024, 1)}))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=20_000, help="images in the crawl (default 20000)")
+    ap.add_argument("--workdir", help="keeps the generated crawl for reuse (default: a temp dir, removed)")
+    ap.add_argument("--num-cpus", type=int, default=os.cpu_count(), help="CPUs of the local Ray")
+    ap.add_argument("--skip-plain", action="store_true", help="engine only")
+    ap.add_argument("--driver", nargs=2, metavar=("CRAWL", "RUN"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.driver:
+        driver(*args.driver, args.num_cpus)
+        return 0
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="humanset-scale-"))
+    crawl = work / f"crawl-{args.n}"
+    try:
+        t0 = time.perf_counter()
+        tars = make_crawl(crawl, args.n, max(1, args.num_cpus))
+        gen_s = time.perf_counter() - t0
+        run = work / "run"
+        shutil.rmtree(run, ignore_errors=True)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+        p = subprocess.run([sys.executable, __file__, "--driver", str(crawl), str(run), "--num-cpus",
+                            str(args.num_cpus)], env=env, capture_output=True, text=True)
+        if p.returncode:
+            print(p.stderr[-4000:], file=sys.stderr)
+            return p.returncode
+        engine = json.loads(p.stdout.strip().splitlines()[-1])
+        result = {"n": args.n, "shards": len(tars), "image_px": f"{SIDE}x{SIDE}", "num_cpus": args.num_cpus,
+                  "generate_seconds": round(gen_s, 1), "engine": engine,
+                  "engine_us_per_image": round(1e6 * engine["seconds"] / engine["images"], 1)}
+        if not args.skip_plain:
+            plain = plain_loop(tars, work / "plain.tar")
+            (work / "plain.tar").unlink(missing_ok=True)
+            result["plain"] = plain
+            result["ratio_engine_over_plain"] = round(engine["images_per_s"] / plain["images_per_s"], 3)
+        print(json.dumps(result, indent=2))
+    finally:
+        shutil.rmtree(work / "run", ignore_errors=True)
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

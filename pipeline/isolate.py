@@ -1,0 +1,153 @@
+"""Samples one at a time in a child process: finds the sample that kills its worker.
+
+The engine comes here only for a unit whose Ray worker died more than `engine.max_retries`
+times (a segfault in a native decoder, an out-of-memory kill). The unit is read again here (a
+third read, on this rare path only); every sample then goes alone through the phase's stages in
+a child process (`python -m pipeline.isolate`), which is restarted after a death. The sample a
+child died on gets decode_error 'worker crash: ...' (reject kind worker_crash); the others get
+exactly the results of the normal path. Stages are set up once per child, not per sample.
+"""
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+
+
+def _send(fh, obj) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    fh.write(struct.pack("<Q", len(data)) + data)
+    fh.flush()
+
+
+def _recv(fh):
+    head = fh.read(8)
+    if len(head) < 8:
+        raise EOFError("child closed its pipe")
+    (n,) = struct.unpack("<Q", head)
+    data = fh.read(n)
+    if len(data) < n:
+        raise EOFError("child closed its pipe")
+    return pickle.loads(data)  # our own child's reply, never data from outside
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue()
+
+
+def _from_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(data).read_all()
+
+
+class _Child:
+    """A `python -m pipeline.isolate` process that runs the stages on one row per request."""
+
+    def __init__(self, env: dict):
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.isolate"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env={**os.environ, **env})
+
+    def run(self, request) -> pa.Table:
+        _send(self.proc.stdin, request)
+        ok, payload = _recv(self.proc.stdout)
+        if not ok:
+            raise RuntimeError(payload)
+        return _from_ipc(payload)
+
+    def close(self) -> int:
+        for fh in (self.proc.stdin, self.proc.stdout):
+            try:
+                fh.close()
+            except OSError:
+                pass
+        return self.proc.wait()
+
+
+def run_rows_isolated(table: pa.Table, stage_names: list[str], cfg: dict, score_all: bool,
+                      env: dict | None = None) -> tuple[pa.Table, int]:
+    """Every row through the stages in a child process; (result, how many rows killed a child)."""
+    from .engine import _set, _typed
+    out, crashes, child = [], 0, None
+    meta = table.schema.metadata
+    for i in range(table.num_rows):
+        row = table.slice(i, 1)
+        if child is None:
+            child = _Child(env or {})
+        try:
+            out.append(child.run((stage_names, cfg, score_all, _ipc(row))))
+        except (EOFError, BrokenPipeError, OSError):
+            code = child.close()
+            child = None
+            crashes += 1
+            msg = (f"worker crash: the process running stages {', '.join(stage_names)} died on this sample "
+                   f"(exit status {code}) every time it was tried")
+            row = _set(row, "decode_error", _typed("decode_error", [msg]))
+            out.append(_set(row, "_alive", pa.array([False], pa.bool_())))
+    if child is not None:
+        child.close()
+    result = pa.concat_tables(out, promote_options="default") if out else table
+    return result.replace_schema_metadata(meta), crashes
+
+
+def isolate_unit(run: str, unit: dict, phase: str, cfg: dict, score_all: bool, limits: dict,
+                 env: dict | None = None) -> dict:
+    """Ray task: one unit of `phase` ('measure' | 'score') with each sample alone; writes the unit's
+    outputs exactly as the normal path does and returns its summary."""
+    from . import engine
+    from .sources import Unit
+    from .stages import build_stages
+    run_p, u = Path(run), Unit.from_dict(unit)
+    stages = [s for s in build_stages(cfg) if s.phase == phase and s.enabled]
+    if phase == "measure":
+        table = engine.read_for_measure(u, limits)
+    else:
+        table = engine.read_for_score(run_p, u, limits, score_all)
+    meta = engine.unit_meta(table)
+    crashes = 0
+    if stages and table.num_rows:
+        table, crashes = run_rows_isolated(table, [s.name for s in stages], cfg, score_all, env)
+    meta["worker_crashes"] = (meta.get("worker_crashes") or 0) + crashes
+    meta["isolated"] = True
+    table = engine.with_meta(table, meta)
+    if phase == "measure":
+        engine.finish_measure(run_p, table)
+    else:
+        engine.finish_unit(run_p, table, cfg)
+    return {"unit_id": u.unit_id, "worker_crashes": crashes}
+
+
+def _serve() -> None:
+    """Child: answer (stage names, cfg, score_all, one-row table) requests until stdin closes."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything a stage prints goes to stderr, never into the reply pipe
+    inp = sys.stdin.buffer
+    from .engine import run_on_unit
+    from .stages import stage_class
+    stages: dict[str, object] = {}
+    while True:
+        try:
+            names, cfg, score_all, data = _recv(inp)
+        except EOFError:
+            return
+        try:
+            table = _from_ipc(data)
+            for name in names:
+                if name not in stages:
+                    stages[name] = stage_class(name)(cfg.get(name) or {})
+                    stages[name].setup()
+                table = run_on_unit(stages[name], table, score_all)
+            _send(out, (True, _ipc(table)))
+        except Exception as e:  # the stage wrapper already isolates rows; this is a bug report
+            _send(out, (False, f"{type(e).__name__}: {e}"))
+
+
+if __name__ == "__main__":
+    _serve()

@@ -1,0 +1,175 @@
+"""The engine under faults: a dying worker, a source that changes, a second run, new files."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import catalog
+from pipeline.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CHEAP = ["stages=[decode,size,dedup]"]
+
+
+def _photos(folder, n, start=0):
+    from pipeline.demo import photo_like
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(start, start + n):
+        (folder / f"{i:03d}.jpg").write_bytes(photo_like(400, 320, 500 + i))
+    return folder
+
+
+def test_run_lock_keeps_a_second_run_out_and_deletes_nothing(tmp_path):
+    from pipeline.engine import RunError, curate
+    run = tmp_path / "run"
+    run.mkdir()
+    theirs = run / "catalog" / "samples" / ".u.parquet.tmp-4242-deadbeef"  # another run's write in flight
+    theirs.parent.mkdir(parents=True)
+    theirs.write_bytes(b"x")
+    with catalog.run_lock(run):
+        with pytest.raises(RunError, match="another run is using this directory"):
+            curate([str(_photos(tmp_path / "in", 1))], str(run), load_config(sets=CHEAP), progress=False)
+        with pytest.raises(catalog.RunLocked):
+            with catalog.run_lock(run):
+                pass
+    assert theirs.exists() and not (run / "manifest.json").exists()
+    with catalog.run_lock(run):  # released with the first holder
+        pass
+
+
+def test_clean_tmp_removes_only_our_writers_temp_files(tmp_path):
+    ours = tmp_path / "a" / ".x.parquet.tmp-12-0123abcd"
+    ours.parent.mkdir()
+    ours.write_bytes(b"")
+    keep = [tmp_path / ".notes.tmp-mine", tmp_path / "a" / ".x.tmp-12-ZZZZZZZZ", tmp_path / "data.tmp-1-0123abcd"]
+    for p in keep:
+        p.write_bytes(b"")
+    assert catalog.clean_tmp(tmp_path) == 1
+    assert not ours.exists() and all(p.exists() for p in keep)
+
+
+def test_changed_source_is_rejected_and_never_written(tmp_path):
+    """Phase 1 and phase 3 run here in-process (no Ray); the file changes in between."""
+    from pipeline import dedup, engine
+    from pipeline.demo import photo_like
+    from pipeline.sources import list_units
+    from pipeline.stages import build_stages
+    folder = _photos(tmp_path / "in", 3)
+    cfg = load_config(sets=CHEAP)
+    (unit,), _ = list_units([str(folder)])
+    run = tmp_path / "run"
+    table = engine.read_for_measure(unit, engine._limits(cfg))
+    for s in build_stages(cfg):
+        table = engine.run_on_unit(s, table, False)
+    engine.finish_measure(run, table)
+    dedup.run_dedup(run, [unit.unit_id], cfg)
+    new = photo_like(400, 320, 999)
+    (folder / "001.jpg").write_bytes(new)  # same name, other bytes
+    table = engine.read_for_score(run, unit, engine._limits(cfg), False)
+    summary = engine.finish_unit(run, table, cfg).to_pylist()[0]
+    assert summary["inputs"] == 3 and summary["kept"] == 2
+    rows = {Path(r["source_uri"]).name: r for r in
+            catalog.connect(run).sql("SELECT * FROM samples").to_arrow_table().to_pylist()}
+    assert rows["001.jpg"]["reject_reason"] == "decode:source_changed"
+    assert rows["001.jpg"]["sha256"] != __import__("hashlib").sha256(new).hexdigest()
+    stored = [rec.files for tar in catalog.list_shards(run / "shards") for rec in catalog.iter_tar(tar)]
+    assert len(stored) == 2 and all(f["jpg"] != new for f in stored)
+    assert json.loads((run / "stats" / f"{unit.unit_id}.json").read_text())["source_changed"] == 1
+
+
+def test_units_are_saved_and_files_added_later_are_reported(tmp_path, ray_local):
+    from pipeline.engine import curate
+    folder = _photos(tmp_path / "in", 4)
+    run = tmp_path / "run"
+    cfg = load_config(sets=CHEAP + ["input.files_per_unit=2"])
+    first = curate([str(folder)], str(run), cfg, progress=False)
+    saved = (run / "units.jsonl").read_text()
+    _photos(folder, 1, start=100)  # sorts before nothing, after everything: would shift no chunk...
+    (folder / "000a.jpg").write_bytes((folder / "100.jpg").read_bytes())  # ...this one shifts every chunk
+    again = curate([str(folder)], str(run), cfg, progress=False)
+    assert (run / "units.jsonl").read_text() == saved
+    assert again["not_in_this_run"] == 2 and again["counts"] == first["counts"]
+    units = [json.loads(line)["unit_id"] for line in saved.splitlines()]
+    assert len(units) == 2 and all(u.split("-")[-1] not in ("00000", "00001") for u in units)
+
+
+@pytest.mark.slow
+def test_a_sample_that_kills_its_worker_is_rejected_and_the_run_completes(tmp_path):
+    folder = _photos(tmp_path / "in", 5)
+    (folder / "killer.jpg").write_bytes((folder / "000.jpg").read_bytes()[:-1] + b"\xd9")  # a valid image
+    run = tmp_path / "run"
+    env = dict(os.environ, HUMANSET_TEST_CRASH_URI="killer.jpg", PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    cmd = [sys.executable, str(ROOT / "pipeline" / "curate.py"), "--input", str(folder), "--output", str(run),
+           "--no-progress", "--set", "ray.num_cpus=2", "--set", "engine.max_retries=1",
+           "--set", "stages=[decode,size,dedup]", "--set", "dedup.exact=false", "--set", "dedup.max_distance=null"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {Path(r["source_uri"]).name: r for r in
+            catalog.connect(run).sql("SELECT * FROM samples").to_arrow_table().to_pylist()}
+    assert len(rows) == 6
+    assert rows["killer.jpg"]["reject_reason"] == "decode:worker_crash"
+    assert "worker crash" in rows["killer.jpg"]["decode_error"]
+    assert all(r["keep"] for name, r in rows.items() if name != "killer.jpg")
+    (stats,) = [json.loads(p.read_text()) for p in (run / "stats").glob("*.json")]
+    assert stats["isolated"] and stats["worker_crashes"] == 1
+
+
+def test_a_stage_that_raises_on_one_sample_fails_only_that_sample():
+    import pyarrow as pa
+
+    from pipeline import engine
+    from pipeline.stages.size import SizeStage
+
+    class RaisesOn13(SizeStage):  # a stage with a bug that one sample's values trigger
+        def measure(self, batch):
+            if 13 in batch["width"]:
+                raise IndexError("index out of range")
+            return super().measure(batch)
+
+    t = pa.table({"sample_id": list("abcd"), "width": [400, 13, 500, 600], "height": [400, 400, 500, 600],
+                  "decode_error": pa.nulls(4, pa.string()), "_alive": [True] * 4,
+                  "scored_stages": pa.nulls(4, pa.list_(pa.string()))})
+    out = engine.run_on_unit(RaisesOn13({"batch_size": 4}), t, False)
+    assert out.column("sample_id").to_pylist() == list("abcd")
+    assert out.column("short_side").to_pylist() == [400, None, 500, 600]
+    assert out.column("_alive").to_pylist() == [True, False, True, True]
+    err = out.column("decode_error").to_pylist()[1]
+    assert "IndexError" in err and err.startswith("decoder error")
+    assert "size" in engine.unit_meta(out)["seconds"]
+
+
+def test_render_out_is_locked_too(tmp_path):
+    from render.config import load_config as render_config
+    from render.job import prepare_run
+    out = tmp_path / "render"
+    with catalog.run_lock(out):
+        with pytest.raises(ValueError, match="another run is using this directory"):
+            prepare_run(out, "anny", "builtin", 1, 0, render_config())
+    assert not (out / "render.json").exists()
+
+
+@pytest.mark.slow
+def test_a_sample_that_kills_a_model_actor_is_isolated_too(tmp_path):
+    """The same for an actor-pool stage of phase 3 (the OCR stage, CPU)."""
+    folder = _photos(tmp_path / "in", 3)
+    (folder / "killer.jpg").write_bytes((folder / "000.jpg").read_bytes()[:-1] + b"\xd9")
+    run = tmp_path / "run"
+    env = dict(os.environ, HUMANSET_TEST_CRASH_URI="killer.jpg", HUMANSET_TEST_CRASH_STAGE="text",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    cmd = [sys.executable, str(ROOT / "pipeline" / "curate.py"), "--input", str(folder), "--output", str(run),
+           "--no-progress", "--set", "ray.num_cpus=2", "--set", "engine.max_retries=1",
+           "--set", "stages=[decode,size,dedup,text]", "--set", "dedup.exact=false",
+           "--set", "dedup.max_distance=null"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {Path(r["source_uri"]).name: r for r in
+            catalog.connect(run).sql("SELECT * FROM samples").to_arrow_table().to_pylist()}
+    assert len(rows) == 4 and rows["killer.jpg"]["reject_reason"] == "decode:worker_crash"
+    others = [r for name, r in rows.items() if name != "killer.jpg"]
+    assert all(r["keep"] and "text" in r["scored_stages"] for r in others)
+    (stats,) = [json.loads(p.read_text()) for p in (run / "stats").glob("*.json")]
+    assert stats["isolated"] and stats["worker_crashes"] == 1
