@@ -11,7 +11,7 @@ import sys
 
 # modules exposing register(subparsers); each adds its commands with set_defaults(func=...)
 COMMAND_MODULES = ["humanset.demo", "pipeline.cli", "pipeline.cli_calibrate", "catalog.cli", "training.cli",
-                   "training.cli_finetune", "render.cli"]
+                   "training.cli_finetune", "training.cli_filters", "render.cli"]
 
 
 def build_parser() -> argparse.ArgumentParser:

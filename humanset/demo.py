@@ -7,6 +7,9 @@
 3. MAE pretraining for a few dozen steps on the curated shards + a reconstruction figure
 4. depth and normal heads fine-tuned briefly on the renders (encoder from step 3), predictions for
    one rendered image
+5. the watermark and art filters trained briefly from the curated photos and the renders (encoder
+   from step 3, synthetic watermarks and stylised non-photos), then the crawl curated again with
+   them: the funnel of RUN-filters shows all seven stages active (demo-quality figures)
 Rerunning resumes or skips what is already there.
 """
 from __future__ import annotations
@@ -20,7 +23,7 @@ log = logging.getLogger("humanset.demo")
 
 
 def run(output: str = "runs/demo", progress: bool = True, pretrain_steps: int = 40, frames: int = 4,
-        finetune_steps: int = 30) -> int:
+        finetune_steps: int = 30, filter_steps: int = 60) -> int:
     from pipeline.demo import run as curate_demo
     from render.demo import run as render_demo
     out = Path(output)
@@ -54,8 +57,10 @@ def run(output: str = "runs/demo", progress: bool = True, pretrain_steps: int = 
         result = finetune_demo(renders, tuned, steps=finetune_steps, encoder=str(pre / "encoder.pth"))
         for task, r in result.items():
             print(f"{task}: predictions {', '.join(r['predictions'])}")
+    filtered = filters_demo(out, out / "crawl", run_dir, renders, pre / "encoder.pth", progress=progress,
+                            steps=filter_steps)
     print(f"\ndemo outputs in {out}/: crawl/, run/ (catalog, shards, stats), report.html, render/, "
-          f"pretrain/, finetune/")
+          f"pretrain/, finetune/, filters/, {filtered.name}/ (curated with the trained filters)")
     print(f"report: {report.resolve()}")
     return 0
 
@@ -126,6 +131,42 @@ def finetune_demo(render_dir, out_dir, steps: int = 30, encoder: str = "") -> di
         summary[task] = {**run, "predictions": [str(p) for p in written]}
     catalog.write_json(out_dir / "summary.json", summary)
     return summary
+
+
+def filters_demo(out: Path, crawl: Path, run_dir: Path, renders: Path, encoder: Path, progress: bool = True,
+                 steps: int = 60) -> Path:
+    """Train the watermark and art filters on the curated photos of `run_dir` (and the renders), then curate
+    `crawl` again into OUT/run-filters with their cards at their chosen thresholds. Returns that folder."""
+    from pipeline.demo import demo_config
+    from pipeline.engine import curate
+    from pipeline.report import print_funnel
+    from training.filters import demo_config as filter_config
+    from training.filters import summary_line, train_filter
+
+    import catalog
+
+    cards = {}
+    for task in ("watermark", "art"):
+        print(f"\n== training the {task} filter from the curated photos"
+              f"{' and the renders' if task == 'art' else ''} (tiny ViT, 64 px, {steps} steps)")
+        folder = out / "filters" / task
+        if (folder / "card.json").exists():
+            print(f"already done: {folder}")
+            cards[task] = catalog.read_json(folder / "card.json")
+        else:
+            frames = renders if task == "art" and (Path(renders) / "shards").is_dir() else ""
+            cfg = filter_config(task, run_dir, folder, renders=frames,
+                                encoder=str(encoder) if Path(encoder).exists() else "", steps=steps)
+            cfg.progress = progress
+            cards[task] = train_filter(cfg)
+        print(summary_line(cards[task]))
+    sets = [f"{t}.weights={out / 'filters' / t}" for t in cards]
+    sets += [f"{t}.max_score={cards[t]['threshold']['score']:.4f}" for t in cards]
+    print("\n== curating the crawl again with the trained filters (" + ", ".join(sets[2:]) + ")")
+    filtered = out / "run-filters"
+    manifest = curate([str(crawl)], str(filtered), demo_config(sets), progress=progress)
+    print_funnel(manifest, catalog.connect(filtered))
+    return filtered
 
 
 def cmd_pretrain_demo(args) -> int:

@@ -6,6 +6,10 @@ groups with the model's own logit scale; art_score = 1 - P(photo), art_label = t
 Set `art.weights` to a local OpenCLIP checkpoint of architecture `art.model` (e.g. the
 laion2b_s34b_b79k ViT-B-32 file); nothing is ever downloaded. With no weights the stage is skipped
 and its columns stay null.
+
+`art.weights` may instead name a humanset filter card (`humanset train-filter art`, a folder with
+card.json and model.pt; see stages/card.py): its classes replace the prompt groups, art_score =
+1 - P(photo), art_label = its most probable class.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from catalog.rules import RULES
 from ..images import load_rgb
 from .base import Stage
 from .batching import infer_each
+from .card import CARD_NAME, find_card
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +73,13 @@ class ArtStage(Stage):
             raise ValueError(self.skip_reason())
         path = Path(str(w)).expanduser()
         name = str(self.cfg.get("model", "ViT-B-32"))
+        card = find_card(path) if path.exists() else None
+        if card is not None:
+            self._setup_card(card)
+            return
+        if path.is_dir():
+            raise FileNotFoundError(f"art.weights={path}: a folder without {CARD_NAME}; expected a humanset filter "
+                                    f"card folder (humanset train-filter art --output DIR) or an OpenCLIP checkpoint")
         if not path.is_file():
             raise FileNotFoundError(f"art.weights={w}: no such file (a local OpenCLIP checkpoint for "
                                     f"art.model={name}; weights are never downloaded)")
@@ -103,6 +115,19 @@ class ArtStage(Stage):
         self.input_px = max(_image_size(self.model))
         log.info("art: OpenCLIP %s from %s on %s, %d prompt groups", name, path.name, self.device,
                  len(groups))
+
+    def _setup_card(self, card_path: Path) -> None:
+        """A classifier from `humanset train-filter art` in OpenCLIP's place: its classes are the groups,
+        art_score = 1 - P(photo), art_label = the most probable class (see card.ArtAdapter)."""
+        from .card import ArtAdapter, CardClassifier
+
+        clf = CardClassifier(card_path, "art", "art.weights")
+        if clf.card["keep_class"] != PHOTO:
+            raise ValueError(f"art.weights={card_path}: keep_class {clf.card['keep_class']!r}, expected {PHOTO!r}")
+        adapter = ArtAdapter(clf)
+        self.device, self.model, self.preprocess = clf.device, adapter, clf.to_input
+        self.groups, self.group_emb, self.logit_scale = list(clf.classes), adapter.group_emb, adapter.radius
+        self.input_px = clf.size
 
     def measure(self, batch: dict[str, list]) -> dict[str, list]:
         from PIL import Image

@@ -5,6 +5,10 @@ now names `efficientnet_b3`; same architecture) with a 1536-625-256-2 MLP head, 
 with ImageNet normalisation. Softmax index 0 is "watermark" (LAION's convention). Set
 `watermark.weights` to a local copy of its `watermark_model_v1.pt` (a plain state dict); nothing is
 ever downloaded. With no weights the stage is skipped and its columns stay null.
+
+`watermark.weights` may instead name a humanset filter card (`humanset train-filter watermark`, a folder
+with card.json and model.pt; see stages/card.py): its ViT is built with timm from the card and takes
+the LAION model's place, score = 1 - P(clean).
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from catalog.rules import RULES
 from ..images import load_rgb
 from .base import Stage
 from .batching import infer_each
+from .card import CARD_NAME, find_card
 
 log = logging.getLogger(__name__)
 
@@ -89,19 +94,38 @@ class WatermarkStage(Stage):
         if not w:
             raise ValueError(self.skip_reason())
         path = Path(str(w)).expanduser()
+        card = find_card(path) if path.exists() else None
+        if card is not None:
+            self._setup_card(card)
+            return
+        if path.is_dir():
+            raise FileNotFoundError(f"watermark.weights={path}: a folder without {CARD_NAME}; expected a humanset "
+                                    f"filter card folder (humanset train-filter watermark --output DIR) or LAION's "
+                                    f"watermark_model_v1.pt")
         if not path.is_file():
             raise FileNotFoundError(f"watermark.weights={w}: no such file (a local copy of LAION's "
-                                    f"watermark_model_v1.pt; weights are never downloaded)")
+                                    f"watermark_model_v1.pt, or a humanset filter card folder; weights are never "
+                                    f"downloaded)")
         model = build_model()
         try:
             sd = load_state_dict(path)
             model.load_state_dict(sd, strict=True)
         except Exception as e:
             raise RuntimeError(f"watermark.weights={path}: not a LAION watermark checkpoint "
-                               f"(timm efficientnet_b3 + 1536-625-256-2 head): {e}") from e
+                               f"(timm efficientnet_b3 + 1536-625-256-2 head) nor a humanset filter card "
+                               f"(a folder with {CARD_NAME} from `humanset train-filter watermark`): {e}") from e
         self.device = "cuda:0" if torch.cuda.is_available() else "cpu"
         self.model = model.eval().to(self.device)
         log.info("watermark: %s on %s", path.name, self.device)
+
+    def _setup_card(self, card_path: Path) -> None:
+        """A classifier from `humanset train-filter watermark` in the LAION model's place (same inputs,
+        softmax index 0 = P(watermark))."""
+        from .card import CardClassifier, WatermarkAdapter
+
+        clf = CardClassifier(card_path, "watermark", "watermark.weights")
+        self.device = clf.device
+        self.model = WatermarkAdapter(clf, MEAN, STD)
 
     def _infer(self, x: np.ndarray) -> np.ndarray:
         """Batch of inputs -> P(watermark) per row; half precision (autocast) on a GPU."""

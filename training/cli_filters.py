@@ -1,0 +1,67 @@
+"""`humanset train-filter watermark|art`."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from .cli import user_errors
+
+
+def config_from_args(args):
+    from .cli import read_settings
+    from .filters import FilterConfig, config_from
+
+    values = read_settings(args.config, args.set, FilterConfig)
+    flags = {"filter": args.filter, "images": args.images, "renders": args.renders, "output": args.output,
+             "encoder": args.encoder, "model": args.model, "input_px": args.input_px, "batch_size": args.batch_size,
+             "steps": args.steps, "lr": args.lr, "resume": args.resume,
+             "holdout": args.holdout.split(",") if args.holdout else None}
+    values.update({k: v for k, v in flags.items() if v is not None})
+    return config_from(values)
+
+
+@user_errors
+def cmd_train_filter(args) -> int:
+    from .filters import summary_line, train_filter
+
+    card = train_filter(config_from_args(args))
+    print(json.dumps({"card": str(args.output) + "/card.json", "threshold": card["threshold"],
+                      "heldout": {k: card["validation"]["heldout"][k] for k in ("roc_auc", "at_threshold")}}, indent=2))
+    print(summary_line(card))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "train-filter", help="train the watermark or art (photo / non-photo) filter from the crawl's own photos",
+        description="Makes training data from clean photos: synthetic watermarks (text in the installed fonts, "
+                    "copyright lines, URLs, logos; single, corner and tiled layouts) against clean photos and hard "
+                    "negatives (signs, borders, frames); or non-photos (cartoon, pencil, painterly, documents, "
+                    "clip art, renders) against photos. One generator family per class is held out for "
+                    "validation. Writes OUT/model.pt (a timm VisionTransformer state dict) and OUT/card.json; "
+                    "point watermark.weights / art.weights at OUT. Example:\n"
+                    "  humanset train-filter watermark --images RUN --encoder PT/encoder.pth --output models/wm\n"
+                    "  humanset train-filter art --images RUN --renders RENDER_RUN --encoder PT/encoder.pth "
+                    "--output models/art",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("filter", choices=["watermark", "art"])
+    p.add_argument("--images", required=True, help="clean photos: a curation run (its kept samples), a shards "
+                                                  "folder, a folder of WebDataset tars or of image files")
+    p.add_argument("--output", required=True, help="folder for card.json, model.pt, checkpoints/, log.jsonl")
+    p.add_argument("--encoder", help="MAE encoder export (humanset pretrain's OUT/encoder.pth); without it the ViT "
+                                     "starts from random weights (logged as a warning)")
+    p.add_argument("--renders", help="art: a `humanset render` run whose frames are the '3d render' class")
+    p.add_argument("--model", help="encoder preset when the encoder has no .json beside it (default tiny)")
+    p.add_argument("--input-px", type=int, help="square model input, multiple of 16 (default 224)")
+    p.add_argument("--holdout", help="comma-separated generator families held out for validation "
+                                     "(default watermark: text_corner,frame; art: painterly)")
+    p.add_argument("--batch-size", type=int, help="images per step (default 32)")
+    p.add_argument("--steps", type=int, help="optimiser steps (default 500)")
+    p.add_argument("--lr", type=float, help="peak learning rate of the head (default 5e-4)")
+    p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
+                   help="continue from CKPT, or without a value from the newest checkpoint in --output")
+    p.add_argument("--config", help="YAML file of settings (names as in --set)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any setting of FilterConfig (training/filters.py), e.g. --set target_precision=0.98 "
+                        "--set max_images=5000 (repeatable)")
+    p.set_defaults(func=cmd_train_filter)
