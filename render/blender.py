@@ -11,6 +11,8 @@ Conventions of what `render` returns (the rest of humanset never sees Blender's 
           (0, 0, 0) where no surface was hit. BlenderProc writes camera-frame normals in OpenGL axes
           (x right, y up, z towards the viewer) encoded as 0.5·n + 0.5; we decode and flip y and z.
   mask    uint8 H×W, 255 where a pixel's centre ray hits the person (depth finite), else 0
+  parts   uint8 H×W class ids (render.parts vocabulary), 0 = background, set exactly where mask is; only
+          for meshes that carry per-face labels (MeshInput.face_labels), else absent
 """
 from __future__ import annotations
 
@@ -33,6 +35,10 @@ log = logging.getLogger(__name__)
 
 # Depth pass value Cycles writes for rays that hit nothing (the world); anything above is background.
 BACKGROUND_DEPTH = 1e5
+
+# Face attribute holding a mesh's part class, and the AOV (render pass) the ground-truth render writes it to
+PART_ATTRIBUTE = "humanset_part"
+PART_AOV = "part"
 
 # OpenCV camera axes (x right, y down, z forward) -> OpenGL/Blender camera axes (x right, y up, z back)
 CV_TO_GL = np.diag([1.0, -1.0, -1.0, 1.0])
@@ -126,6 +132,7 @@ class MeshInput:
     uvs: np.ndarray | None = None  # (F, 3, 2) per-corner texture coordinates
     texture: np.ndarray | None = None  # (H, W, 3) uint8 albedo
     name: str = "person"
+    face_labels: np.ndarray | None = None  # (F,) uint8 part class per face (1..255); None = no part labels
 
 
 @dataclass
@@ -233,10 +240,34 @@ class BlenderRenderer:
             if len(self._normal_matrix_nodes) != 9:
                 raise RuntimeError("unexpected BlenderProc normal-output graph; this module supports "
                                    "blenderproc==2.8.0 (see deps/render.pip.txt)")
+            self._enable_part_output(tree)
             if tree.animation_data is not None:
                 tree.animation_data_clear()
         log.info("Blender %s ready: Cycles on %s, %d samples, denoiser %s", bpy.app.version_string,
                  self.device, s.samples, s.denoiser)
+
+    def _enable_part_output(self, tree):
+        """A float AOV pass that part-labelled materials write their face's class into, saved as EXR by the
+        compositor in the ground-truth pass (one sample at the pixel centre, so the value is never blended)."""
+        import bpy
+        from blenderproc.python.utility.Utility import Utility
+        layer = bpy.context.view_layer
+        aov = layer.aovs.add()
+        aov.name, aov.type = PART_AOV, "VALUE"
+        layers = [n for n in tree.nodes if n.bl_idname == "CompositorNodeRLayers"]
+        out_dir = Utility.get_temporary_directory()
+        node = tree.nodes.new("CompositorNodeOutputFile")
+        node.base_path = out_dir
+        node.format.file_format = "OPEN_EXR"
+        node.format.color_depth = "32"
+        node.file_slots.values()[0].path = "parts_"
+        # three channels, like BlenderProc's depth file (some EXR readers reject one-channel files)
+        combine = tree.nodes.new("CompositorNodeCombineColor")
+        combine.mode = "HSV"
+        tree.links.new(layers[0].outputs[PART_AOV], combine.inputs[2])
+        tree.links.new(combine.outputs["Image"], node.inputs["Image"])
+        Utility.add_output_entry({"key": "parts", "path": os.path.join(out_dir, "parts_") + "%04d.exr",
+                                  "version": "2.0.0", "trim_redundant_channels": True})
 
     def _set_device(self, device: str) -> str:
         import bpy
@@ -273,7 +304,7 @@ class BlenderRenderer:
             self._beauty_pass()
             colors = bproc.renderer.render(load_keys={"colors"}, verbose=False)
             self._ground_truth_pass()
-            gt = bproc.renderer.render(load_keys={"depth", "normals"}, output_key=None, verbose=False)
+            gt = bproc.renderer.render(load_keys={"depth", "normals", "parts"}, output_key=None, verbose=False)
         del obj
         return self._decode({**colors, **gt}, scene)
 
@@ -320,6 +351,8 @@ class BlenderRenderer:
                 _apply_texture_array(obj, texture, m.name)
             else:
                 _apply_plain(obj, scene.base_color)
+            if m.face_labels is not None:
+                _write_part_aov(obj)
             return obj
         objs = _import_file(bproc, m)
         if not objs:
@@ -359,7 +392,13 @@ class BlenderRenderer:
         mask = (hit * 255).astype(np.uint8)
         if rgb.shape[:2] != (scene.height, scene.width):
             raise RuntimeError(f"Blender rendered {rgb.shape[:2]}, expected {(scene.height, scene.width)}")
-        return {"rgb": rgb, "depth_m": depth, "normal": n_cv, "mask": mask}
+        out = {"rgb": rgb, "depth_m": depth, "normal": n_cv, "mask": mask}
+        if getattr(scene.mesh, "face_labels", None) is not None:
+            part = np.asarray(data["parts"][0], dtype=np.float32)
+            if part.ndim == 3:
+                part = part[..., 0]
+            out["parts"] = np.where(hit, np.clip(np.rint(part), 0, 255), 0).astype(np.uint8)
+        return out
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -404,6 +443,12 @@ def _blender_mesh(m: MeshInput):
     if m.uvs is not None:
         uv = mesh.uv_layers.new(name="UVMap")
         uv.data.foreach_set("uv", np.asarray(m.uvs, dtype=np.float32).ravel())
+    if m.face_labels is not None:
+        labels = np.asarray(m.face_labels)
+        if labels.shape != (len(f),) or labels.min(initial=1) < 1:
+            raise ValueError(f"{m.name}: face_labels must hold one class >= 1 per face ({len(f)} faces)")
+        attr = mesh.attributes.new(PART_ATTRIBUTE, "FLOAT", "FACE")
+        attr.data.foreach_set("value", labels.astype(np.float32))
     mesh.update(calc_edges=True)
     mesh.validate()
     # smooth shading: normals interpolated across faces, like a scan's
@@ -497,6 +542,16 @@ def _apply_texture_array(obj, texture: np.ndarray, name):
 def _apply_texture_file(obj, path, name):
     import bpy
     _apply_texture_image(obj, bpy.data.images.load(str(path), check_existing=True), name)
+
+
+def _write_part_aov(obj):
+    """Every material of obj also writes the face's part class (a face attribute) into the part AOV."""
+    for mat in obj.get_materials():
+        attr = mat.new_node("ShaderNodeAttribute")
+        attr.attribute_type, attr.attribute_name = "GEOMETRY", PART_ATTRIBUTE
+        aov = mat.new_node("ShaderNodeOutputAOV")
+        aov.aov_name = PART_AOV
+        mat.link(attr.outputs["Fac"], aov.inputs["Value"])
 
 
 def _apply_plain(obj, color):

@@ -7,7 +7,7 @@ Layout of a run directory OUT:
   catalog/frames/render-NNNNN.parquet  FRAMES rows of shard NNNNN, failed frames included (error set)
   shards/render-NNNNN.tar|.parquet the WebDataset shard and its index (schema FRAMES)
   shards/render-NNNNN.stats.json   completion marker: a shard with stats is never rendered again
-  contact/render-NNNNN.png         contact sheet: RGB | depth | normals | mask
+  contact/render-NNNNN.png         contact sheet: RGB | depth | normals | part labels (or mask)
   staging/render-NNNNN/            frames of an unfinished shard; `{key}.json` is written last, so a
                                    frame with its json is done. Rerunning renders only missing frames.
 
@@ -41,6 +41,8 @@ CONVENTIONS = {
     "depth": "planar z along the optical axis, metres, float32; 0 = no person",
     "normal": "unit vectors in the OpenCV camera frame, towards the camera, float32; 0 = no person",
     "mask": "uint8, 255 where the pixel centre's ray hits the person",
+    "parts": "uint8 class ids of the manifest's part vocabulary (sapiens28), 0 = background, set exactly "
+             "where mask is; absent for scans without part labels",
 }
 
 
@@ -106,7 +108,8 @@ def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: Render
         scan_path = out / "catalog" / "scans" / "scans.parquet"
         if not scan_path.exists():
             write_parquet(scan_path, conform(scan_index.index_scans(scans), SCANS))
-    write_json(manifest, spec.to_dict())
+    from . import parts
+    write_json(manifest, {**spec.to_dict(), "part_vocabulary": parts.vocabulary()})
     if not usable_hdris(spec):
         raise ValueError(f"no readable HDRI in {hdris}; see {hdri_path} (reject_reason)")
     if scans != "anny" and not usable_scans(spec):
@@ -201,7 +204,7 @@ class ShardRenderer:
             scene["scan_id"] = bodies.body_id(body.params)
             body_params = body.params
             joints = body.keypoints3d
-            mesh = MeshInput(body.vertices, body.faces, body.uvs, body.texture, name="person")
+            mesh = MeshInput(body.vertices, body.faces, body.uvs, body.texture, name="person", face_labels=body.parts)
             bbox = body.bbox
             scan_row = {"scan_id": scene["scan_id"], "path": None, "format": "anny", "ok": True, "warnings": [],
                         "texture": None, "unit_scale": 1.0, "up_axis": "Z", "n_triangles": len(body.faces),
@@ -218,7 +221,9 @@ class ShardRenderer:
         result = self.renderer.render(SceneInput(
             mesh=mesh, hdri_path=self.hdris[scene["hdri_id"]], hdri_rotation_deg=scene["hdri_rotation_deg"],
             hdri_strength=scene["hdri_strength"], K=K, cam_to_world=T, height=cam["height"], width=cam["width"]))
-        params = {"scene": scene, "camera": cam, "body": body_params,
+        parts_gt = ({"vocabulary": "sapiens28"} if "parts" in result
+                    else {"missing": "the scan has no part labels: no parts.png"})
+        params = {"scene": scene, "camera": cam, "body": body_params, "parts": parts_gt,
                   "cycles": {k: v for k, v in vars(cfg.cycles).items()}, "device": self.renderer.device}
         frame = {"frame_index": i, "key": frame_key(i), "seed": spec.seed, "scan_id": scene["scan_id"],
                  "hdri_id": scene["hdri_id"], "height": cam["height"], "width": cam["width"],
@@ -254,8 +259,8 @@ def pack_shard(spec: RunSpec, shard: int) -> dict:
         if frame.get("error"):
             rows.append(row)
             continue
-        members = {ext: (staging / f"{key}.{ext}").read_bytes() for ext in ("rgb.png", "depth.npy", "normal.npy",
-                                                                          "mask.png")}
+        members = {ext: (staging / f"{key}.{ext}").read_bytes() for ext in outfmt.MEMBERS
+                   if ext in outfmt.REQUIRED or (staging / f"{key}.{ext}").exists()}
         files = {**members, "json": frame}
         row["shard"] = writer.add(key, files, row)
         row["members"] = writer._rows[-1]["members"]  # offsets in the tar, so the catalog alone finds bytes

@@ -67,6 +67,38 @@ def test_ground_truth_matches_oracle(renderer, body):
     _check_against_oracle(out, body.vertices, body.faces, cam)
 
 
+def test_part_labels_match_oracle(renderer, body):
+    """parts: the Sapiens-28 class of the face hit at each pixel centre, 0 exactly off the mask."""
+    from render import parts
+    mesh = MeshInput(body.vertices, body.faces, body.uvs, body.texture, face_labels=body.parts)
+    cam, scene = _scene(body.bbox, mesh, index=9, fill=(0.8, 0.85))
+    out = renderer.render(scene)
+    labels, mask = out["parts"], out["mask"] > 0
+    assert labels.dtype == np.uint8 and labels.shape == (H, W)
+    assert np.array_equal(labels > 0, mask)
+    o = oracle.raycast(body.vertices, body.faces, cam["K"], cam["cam_to_world"], H, W)
+    agreement = oracle.part_agreement(labels, oracle.part_labels(o, body.parts), out["mask"])
+    assert agreement >= 0.99, agreement
+    names = parts.vocabulary()["names"]
+    seen = {names[c] for c in np.unique(labels) if c}
+    assert {"Face_Neck", "Torso"} <= seen and len(seen) >= 6, seen
+    # the oracle is not a copy of the renderer: a wrong label table disagrees
+    shifted = oracle.part_labels(o, np.roll(body.parts, 1000))
+    assert oracle.part_agreement(labels, shifted, out["mask"]) < 0.9
+
+
+def test_anny_parts_cover_the_body_and_sides_are_the_persons(body):
+    from render import parts
+    names = parts.vocabulary()["names"]
+    assert body.parts.shape == (len(body.faces),) and body.parts.min() >= 1
+    centre = {names[c]: body.vertices[body.faces[body.parts == c]].reshape(-1, 3).mean(0) for c in np.unique(body.parts)}
+    assert set(centre) == {"Face_Neck", "Torso", *(f"{s}_{p}" for s in ("Left", "Right") for p in (
+        "Hand", "Foot", "Upper_Arm", "Lower_Arm", "Upper_Leg", "Lower_Leg"))}
+    # anny's body faces -y with its left side at +x; the head is on top, the feet at the bottom
+    assert all(centre[f"Left_{p}"][0] > centre[f"Right_{p}"][0] for p in ("Hand", "Foot", "Upper_Leg"))
+    assert centre["Face_Neck"][2] > centre["Torso"][2] > centre["Left_Upper_Leg"][2] > centre["Left_Foot"][2]
+
+
 def test_obj_import_turns_y_up_and_centimetres(renderer, body, tmp_path):
     """The anny body as a Y-up OBJ in centimetres: indexed, scaled, turned upright, same ground truth."""
     cm = bodies.Body(body.vertices * 100, body.faces, body.uvs, body.texture, body.params)
@@ -131,8 +163,13 @@ def test_run_writes_shards_catalogs_and_resumes(tmp_path, monkeypatch):
             recs[rec.key] = rec
     assert sorted(recs) == ["00000000", "00000001", "00000002"]
     r = recs["00000001"]
-    assert set(r.files) == {"rgb.png", "depth.npy", "normal.npy", "mask.png", "json"}
+    assert set(r.files) == {"rgb.png", "depth.npy", "normal.npy", "mask.png", "parts.png", "json"}
     meta = json.loads(r.files["json"])
+    part_png = load_png(r.files["parts.png"])
+    assert part_png.dtype == np.uint8 and np.array_equal(part_png > 0, load_png(r.files["mask.png"]) > 0)
+    assert meta["params"]["parts"] == {"vocabulary": "sapiens28"}
+    manifest = json.loads((out / "render.json").read_text())
+    assert manifest["part_vocabulary"]["names"][2] == "Face_Neck" and len(manifest["part_vocabulary"]["names"]) == 28
     depth, normal, mask = load_npy(r.files["depth.npy"]), load_npy(r.files["normal.npy"]), load_png(r.files["mask.png"])
     assert depth.shape == (H, W) and normal.shape == (H, W, 3) and mask.dtype == np.uint8
     assert ((depth > 0) == (mask > 0)).all() and meta["person_px"] == int((mask > 0).sum())
@@ -199,6 +236,10 @@ def test_bad_inputs_are_reported_and_the_job_goes_on(tmp_path, body):
     con = catalog.connect(tmp_path / "run")
     assert con.sql("SELECT count(*) FROM scans WHERE NOT ok").fetchall()[0][0] == 2
     assert {r[0] for r in con.sql("SELECT DISTINCT hdri_id FROM frames").fetchall()} == {"studio"}
+    # scan files carry no part labels: the member is left out and the frames catalog says why
+    for (params, members) in con.sql("SELECT params, members FROM frames").fetchall():
+        assert "no part labels" in json.loads(params)["parts"]["missing"]
+        assert not any(m["name"].endswith(".parts.png") for m in members)
 
     # a camera that can never see the whole person: each frame fails with the reason, the run completes
     spec = _tiny_run(tmp_path / "unseen", 2, extra=["sampling.camera.fill=[1.5,1.6]", "sampling.camera.max_resamples=3"])

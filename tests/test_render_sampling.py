@@ -87,3 +87,22 @@ def test_cli_registers_render_commands(capsys):
     assert args.scans_dir == "some/dir" and args.func.__name__ == "run_scan_index"
     assert main(["render", "--frames", "1"]) == 2  # --output missing: a clear error, not a traceback
     assert "--frames and --output are required" in capsys.readouterr().err
+
+
+def test_part_vocabulary_is_sapiens28_and_the_mapping_is_data():
+    from render import parts
+    from training.vocab import load
+    voc = parts.vocabulary()
+    assert voc["name"] == "sapiens28" and tuple(voc["names"]) == load("sapiens28").names
+    names = voc["names"]
+    ids = parts.bone_classes(["head", "upperarm02.L", "lowerleg01.R", "finger3-2.R", "spine04", "toe1-1.L"])
+    assert [names[i] for i in ids] == ["Face_Neck", "Left_Upper_Arm", "Right_Lower_Leg", "Right_Hand", "Torso",
+                                       "Left_Foot"]
+    with pytest.raises(KeyError, match="no rule maps anny bone 'tail'"):
+        parts.bone_classes(["head", "tail"])
+    # a vertex takes its heaviest bone; a face the class most of its corners have
+    vc = parts.vertex_classes(np.array([[0.2, 0.8], [0.9, 0.1], [0.5, 0.5]]), np.array([[0, 1], [1, 0], [1, 0]]),
+                              np.array([7, 3], np.uint8))
+    assert vc.tolist() == [3, 3, 3]
+    fc = parts.face_classes(np.array([[0, 1, 2], [0, 1, 3], [3, 1, 1], [0, 3, 4]]), np.array([5, 5, 6, 6, 7]))
+    assert fc.tolist() == [5, 5, 5, 5]
