@@ -1,8 +1,10 @@
 """Everything Blender: BlenderProc 2.8 running in-process on the pip `bpy` 4.2 wheel.
 
 No other module of humanset imports bpy or blenderproc. A `BlenderRenderer` is one warm Blender per
-process: `init` once, then `render(scene)` per frame; between frames the scene is reset with
-`bproc.clean_up()` (objects, materials, world) while render settings and compositor outputs stay.
+process: `init` once, then `render(scene)` per frame. A scan file stays loaded (mesh, materials,
+textures) while consecutive frames show the same scan (scan-major plans, render.plan); only the camera
+and the world change. HDRIs are loaded once and kept; the world's nodes are built once and re-pointed.
+Generated meshes (anny bodies, a new body per frame) are replaced every frame.
 
 Conventions of what `render` returns (the rest of humanset never sees Blender's conventions):
   rgb     uint8 H×W×3, sRGB ("Standard" view transform, so colours are the albedo under the HDRI light)
@@ -25,6 +27,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +42,10 @@ BACKGROUND_DEPTH = 1e5
 # Face attribute holding a mesh's part class, and the AOV (render pass) the ground-truth render writes it to
 PART_ATTRIBUTE = "humanset_part"
 PART_AOV = "part"
+
+# Fault injection for crash-isolation tests: a scan file starting with these bytes aborts the process
+# (as a native crash in an importer would) when it is loaded for rendering; indexing reads it normally.
+FAULT_ABORT_ON_LOAD = b"# humanset-fault-injection: abort-on-load"
 
 # OpenCV camera axes (x right, y down, z forward) -> OpenGL/Blender camera axes (x right, y up, z back)
 CV_TO_GL = np.diag([1.0, -1.0, -1.0, 1.0])
@@ -185,6 +192,8 @@ class BlenderRenderer:
         BlenderRenderer._instance_made = True
         self.settings = settings or RenderSettings()
         self.bproc = import_blenderproc()
+        self._scan_key, self._scan_blocks = None, []
+        self._world_nodes, self._hdris = None, {}
         self._init_blender()
 
     def configure(self, settings: RenderSettings):
@@ -285,28 +294,78 @@ class BlenderRenderer:
 
     # --- per frame --------------------------------------------------------------------------------
     def render(self, scene: SceneInput) -> dict:
-        import bpy
+        """Render one frame. `timings` in the result: scan_load_s, setup_s (world, camera), render_s."""
         bproc = self.bproc
+        timings = {}
         with _quiet():
-            bproc.clean_up(clean_up_camera=False)
+            t = time.perf_counter()
+            key = _scan_key(scene.mesh)
+            if key is None or key != self._scan_key:
+                self._unload_scan()
+                before = set(_datablocks())
+                try:
+                    self._load_mesh(scene)
+                finally:  # a failed load is unloaded with the next frame's
+                    self._scan_blocks = [b for b in _datablocks() if b not in before]
+                self._scan_key = key
+            timings["scan_load_s"] = round(time.perf_counter() - t, 4)
+            t = time.perf_counter()
             bproc.utility.reset_keyframes()
-            obj = self._load_mesh(scene)
-            # clean_up() replaced the world with an empty one: give it nodes, then the HDRI, every frame
-            bproc.renderer.set_world_background([0.0, 0.0, 0.0])
-            bproc.world.set_world_background_hdr_img(
-                scene.hdri_path, strength=float(scene.hdri_strength),
-                rotation_euler=[0.0, 0.0, float(np.deg2rad(scene.hdri_rotation_deg))])
+            self._set_world(scene)
             bproc.camera.set_intrinsics_from_K_matrix(np.asarray(scene.K, dtype=float), scene.width,
                                                       scene.height, clip_start=0.05, clip_end=1000.0)
             cam_gl = np.asarray(scene.cam_to_world, dtype=float) @ CV_TO_GL
             bproc.camera.add_camera_pose(cam_gl, frame=0)
             self._set_normal_matrix(cam_gl)
+            timings["setup_s"] = round(time.perf_counter() - t, 4)
+            t = time.perf_counter()
             self._beauty_pass()
             colors = bproc.renderer.render(load_keys={"colors"}, verbose=False)
             self._ground_truth_pass()
             gt = bproc.renderer.render(load_keys={"depth", "normals", "parts"}, output_key=None, verbose=False)
-        del obj
-        return self._decode({**colors, **gt}, scene)
+            out = self._decode({**colors, **gt}, scene)
+            timings["render_s"] = round(time.perf_counter() - t, 4)
+        out["timings"] = timings
+        return out
+
+    def _unload_scan(self):
+        """Remove the previous person (objects, meshes, materials, images it brought), nothing else."""
+        import bpy
+        order = ("objects", "meshes", "materials", "node_groups", "textures", "images")
+        for kind in order:
+            coll = getattr(bpy.data, kind)
+            for block in [b for k, b in self._scan_blocks if k == kind]:
+                with contextlib.suppress(ReferenceError):
+                    coll.remove(block)
+        self._scan_blocks, self._scan_key = [], None
+
+    def _set_world(self, scene: SceneInput):
+        """HDRI light: one node tree built once; per frame only the image, rotation and strength change."""
+        import bpy
+        world = bpy.context.scene.world
+        if world is None:
+            world = bpy.data.worlds.new("World")
+            bpy.context.scene.world = world
+        if self._world_nodes is None or self._world_nodes[0] != world.name_full:
+            world.use_nodes = True
+            nodes, links = world.node_tree.nodes, world.node_tree.links
+            bg = next(n for n in nodes if n.bl_idname == "ShaderNodeBackground")
+            env = nodes.new("ShaderNodeTexEnvironment")
+            mapping = nodes.new("ShaderNodeMapping")
+            coords = nodes.new("ShaderNodeTexCoord")
+            links.new(coords.outputs["Generated"], mapping.inputs["Vector"])
+            links.new(mapping.outputs["Vector"], env.inputs["Vector"])
+            links.new(env.outputs["Color"], bg.inputs["Color"])
+            self._world_nodes = (world.name_full, env, mapping, bg)
+        _, env, mapping, bg = self._world_nodes
+        path = str(scene.hdri_path)
+        if path not in self._hdris:
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"HDRI {path}: no such file")
+            self._hdris[path] = bpy.data.images.load(path, check_existing=True)
+        env.image = self._hdris[path]
+        mapping.inputs["Rotation"].default_value = (0.0, 0.0, float(np.deg2rad(scene.hdri_rotation_deg)))
+        bg.inputs["Strength"].default_value = float(scene.hdri_strength)
 
     # Two renders per frame. The beauty pass is anti-aliased: Cycles spreads a pixel's samples over a
     # 1.5 px filter, so its depth and normal passes would be averages over that footprint (and blend the
@@ -354,6 +413,9 @@ class BlenderRenderer:
             if m.face_labels is not None:
                 _write_part_aov(obj)
             return obj
+        with open(m.path, "rb") as fh:
+            if fh.read(len(FAULT_ABORT_ON_LOAD)) == FAULT_ABORT_ON_LOAD:
+                os.abort()
         objs = _import_file(bproc, m)
         if not objs:
             raise ValueError(f"{m.path}: the importer produced no mesh objects")
@@ -402,6 +464,17 @@ class BlenderRenderer:
 
 
 # --- helpers ---------------------------------------------------------------------------------------
+def _scan_key(mesh):
+    """Identity of a scan file load (None for generated meshes, which change every frame)."""
+    if isinstance(mesh, FileMeshInput):
+        return (str(mesh.path), float(mesh.unit_scale), mesh.up_axis.upper(), mesh.texture, mesh.name)
+    return None
+
+
+def _datablocks() -> list:
+    import bpy
+    return [(kind, b) for kind in ("objects", "meshes", "materials", "node_groups", "textures", "images")
+            for b in getattr(bpy.data, kind)]
 @contextlib.contextmanager
 def _quiet():
     """Send Blender's and BlenderProc's chatter on stdout (C and Python prints) to /dev/null.

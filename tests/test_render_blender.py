@@ -286,3 +286,38 @@ def test_fbx_and_gltf_scans_match_the_oracle(renderer, body, tmp_path, fmt):
     mesh = FileMeshInput(str(target), unit_scale=row["unit_scale"], up_axis=row["up_axis"], texture=row["texture"])
     cam, scene = _scene(body.bbox, mesh, index=7)
     _check_against_oracle(renderer.render(scene), body.vertices, body.faces, cam)
+
+
+@pytest.mark.slow
+def test_a_scan_that_crashes_blender_fails_its_frames_and_the_run_goes_on(tmp_path, body, ray_local):
+    """A scan whose import aborts the worker process: the Ray actor restarts, the frame is tried twice and
+    failed with error "blender_crash", the scan is rejected for its other frames and in the scan catalog;
+    the good scan renders, scan-major (one load for its two frames)."""
+    from render.blender import FAULT_ABORT_ON_LOAD
+    from render.distributed import run_ray
+    lib = tmp_path / "lib"
+    bodies.export_obj(body, lib, "good")
+    bad = bodies.export_obj(body, lib, "crashy")
+    bad.write_bytes(FAULT_ABORT_ON_LOAD + b"\n" + bad.read_bytes())  # a comment line: still a valid OBJ
+    cfg = load_config(sets=TINY + ["output.frames_per_shard=2", "schedule.frames_per_scan_visit=2"])
+    spec = jobmod.prepare_run(tmp_path / "run", str(lib), "builtin", 4, 1, cfg)
+    assert spec.scan_ids == ["crashy", "good"]  # seed 1 draws crashy for frames 0 and 3, good for 1 and 2
+    assert [spec.shard_frames(0), spec.shard_frames(1)] == [[0, 3], [1, 2]]
+    stats = run_ray(spec, workers=1, cpus_per_worker=1, progress=False)
+    assert sorted(s["shard"] for s in stats) == ["render-00000", "render-00001"]
+    con = catalog.connect(tmp_path / "run")
+    rows = {r[0]: r[1:] for r in con.sql("SELECT frame_index, scan_id, error, params FROM frames").fetchall()}
+    assert rows[0][:2] == ("crashy", "blender_crash") and "died 2 time(s)" in json.loads(rows[0][2])["error_detail"]
+    assert rows[3][:2] == ("crashy", "blender_crash") and "rejected" in json.loads(rows[3][2])["error_detail"]
+    assert rows[1][1] is None and rows[2][1] is None
+    (ok, reason), = con.sql("SELECT ok, reject_reason FROM scans WHERE scan_id = 'crashy'").fetchall()
+    assert not ok and reason.startswith("blender_crash")
+    assert con.sql("SELECT ok FROM scans WHERE scan_id = 'good'").fetchall() == [(True,)]
+    timings = {}
+    for tar in catalog.list_shards(tmp_path / "run" / "shards"):
+        for rec in catalog.iter_tar(tar):
+            timings[int(rec.key)] = json.loads(rec.files["json"])["timings"]
+    assert timings[1]["scan_load_s"] > 0 and timings[2]["scan_load_s"] == 0  # the scan stayed loaded
+    assert set(timings[2]) >= {"scan_load_s", "setup_s", "render_s", "write_s"}
+    # a rerun has nothing left to do and still draws frames from the original scan list
+    assert jobmod.prepare_run(tmp_path / "run", str(lib), "builtin", 4, 1, cfg).scan_ids == ["crashy", "good"]
