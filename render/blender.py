@@ -230,8 +230,9 @@ class BlenderRenderer:
             bproc.renderer.set_light_bounces(diffuse_bounces=s.max_bounces, glossy_bounces=s.max_bounces,
                                              max_bounces=s.max_bounces, transmission_bounces=0,
                                              transparent_max_bounces=4, volume_bounces=0)
-            # No persistent data: with it, Cycles sometimes kept the previous frame's texture (its cache
-            # is keyed by datablock address, which a new frame's image can reuse).
+            # No persistent data across a change of scan: with it, Cycles sometimes kept the previous frame's
+            # texture (its cache is keyed by datablock address, which a new frame's image can reuse).
+            # render() turns it on only while consecutive frames show the same scan file.
             bpy.context.scene.render.use_persistent_data = False
             # "Standard" keeps albedo colours honest (BlenderProc's default is Filmic)
             bproc.renderer.set_output_format(file_format="PNG", color_depth=8, enable_transparency=False,
@@ -295,12 +296,18 @@ class BlenderRenderer:
     # --- per frame --------------------------------------------------------------------------------
     def render(self, scene: SceneInput) -> dict:
         """Render one frame. `timings` in the result: scan_load_s, setup_s (world, camera), render_s."""
+        import bpy
         bproc = self.bproc
         timings = {}
         with _quiet():
             t = time.perf_counter()
             key = _scan_key(scene.mesh)
-            if key is None or key != self._scan_key:
+            reload = key is None or key != self._scan_key
+            # Cycles keeps its scene (BVH, textures) between renders only while the same scan stays loaded;
+            # a frame that (re)loads renders without persistent data, which frees Cycles' previous scene
+            # (its caches are keyed by datablock address, which new data can reuse).
+            bpy.context.scene.render.use_persistent_data = not reload
+            if reload:
                 self._unload_scan()
                 before = set(_datablocks())
                 try:
@@ -327,6 +334,11 @@ class BlenderRenderer:
             timings["render_s"] = round(time.perf_counter() - t, 4)
         out["timings"] = timings
         return out
+
+    def unload(self):
+        """Forget the loaded scan (the next frame loads its own); benchmarks start each mode cold."""
+        with _quiet():
+            self._unload_scan()
 
     def _unload_scan(self):
         """Remove the previous person (objects, meshes, materials, images it brought), nothing else."""

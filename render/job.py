@@ -135,9 +135,10 @@ def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: Render
     if old and spec.frames > old.get("frames", 0):
         window = plan.window_frames(*spec._plan_args)
         if old.get("frames", 0) % window:
-            raise ValueError(f"{out}: a scan-major run of {old['frames']} frames cannot grow to {spec.frames}: its "
-                             f"last plan window ({window} frames) would be re-ordered. Grow it to a multiple of "
-                             f"{window} frames at its start, or render the new frames into a new --output.")
+            raise ValueError(f"{out}: a run of {old['frames']} frames cannot grow to {spec.frames}: its last plan "
+                             f"window ({window} frames, render.plan) is partial and would be re-planned. Start "
+                             f"runs that will grow with a multiple of {window} frames, or render the new frames "
+                             f"into a new --output.")
     write_json(manifest, {**spec.to_dict(), "part_vocabulary": parts.vocabulary()})
     if not usable_hdris(spec):
         raise ValueError(f"no readable HDRI in {hdris}; see {hdri_path} (reject_reason)")
