@@ -319,5 +319,42 @@ def test_a_scan_that_crashes_blender_fails_its_frames_and_the_run_goes_on(tmp_pa
             timings[int(rec.key)] = json.loads(rec.files["json"])["timings"]
     assert timings[1]["scan_load_s"] > 0 and timings[2]["scan_load_s"] == 0  # the scan stayed loaded
     assert set(timings[2]) >= {"scan_load_s", "setup_s", "render_s", "write_s"}
+    # frame 2 rendered with the scan (and Cycles' scene) kept from frame 1 equals a fresh render of it
+    worker = jobmod.ShardRenderer(spec)
+    worker.renderer.unload()
+    _, members, _ = worker.render_frame(2)
+    (kept,) = [r for t in catalog.list_shards(tmp_path / "run" / "shards") for r in catalog.iter_tar(t) if r.key == "00000002"]
+    assert np.array_equal(load_png(members["rgb.png"]), load_png(kept.files["rgb.png"]))
     # a rerun has nothing left to do and still draws frames from the original scan list
     assert jobmod.prepare_run(tmp_path / "run", str(lib), "builtin", 4, 1, cfg).scan_ids == ["crashy", "good"]
+
+
+def _heavy_scans_module():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "bench" / "heavy_scans.py"
+    spec = importlib.util.spec_from_file_location("heavy_scans", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.slow
+def test_heavy_generated_scan_is_renderpeople_sized_and_renders_true(renderer, tmp_path):
+    """bench/heavy_scans.py: >= 300k triangles and a 4096² albedo from an anny body, offline; the renderer
+    imports it like any scan and its silhouette and depth match the oracle on the unsubdivided body
+    (midpoint subdivision leaves the surface where it was)."""
+    from render.blender import image_size
+    heavy = _heavy_scans_module()
+    info = heavy.write_heavy_scan(tmp_path / "lib", "heavy", seed=0, index=4)
+    assert info["faces"] >= 300_000 and info["texture"] == [4096, 4096]
+    (row,) = index_scans(tmp_path / "lib")
+    assert row["ok"] and row["n_triangles"] == info["faces"] and not row["warnings"], row
+    assert image_size(row["texture"]) == (4096, 4096)
+    body = bodies.make_body(0, 4)
+    mesh = FileMeshInput(row["path"], unit_scale=row["unit_scale"], up_axis=row["up_axis"], texture=row["texture"])
+    cam, scene = _scene(body.bbox, mesh, index=3)
+    out = renderer.render(scene)
+    m = oracle.compare(out, oracle.raycast(body.vertices, body.faces, cam["K"], cam["cam_to_world"], H, W))
+    assert m["mask_iou"] > 0.99 and m["depth_abs_err_max_m"] < 1e-3, m
+    assert out["rgb"][out["mask"] > 0].std() > 3  # the texture shows
