@@ -167,8 +167,8 @@ def crashed_scans(spec: RunSpec) -> dict[str, dict]:
         return {}
     found = {}
     for f in sorted(folder.glob("*.json")):
-        with_err = catalog.read_json(f)
-        found[with_err["scan_id"]] = with_err
+        crash = catalog.read_json(f)
+        found[crash["scan_id"]] = crash
     return found
 
 
