@@ -206,12 +206,17 @@ def test_bad_inputs_are_reported_and_the_job_goes_on(tmp_path, body):
     lib.mkdir()
     (lib / "corrupt.obj").write_text("v 0 0\nf 1 2 9\nthis is not an obj file\n")
     (lib / "broken.glb").write_bytes(b"glTF\x02\x00\x00\x00garbage")
+    from render.blender import FAULT_ABORT_ON_INDEX
+    crashing = bodies.export_obj(body, lib, "crashes_importer")
+    crashing.write_bytes(FAULT_ABORT_ON_INDEX + b"\n" + crashing.read_bytes())
     bodies.export_obj(body, lib, "textured")
     bodies.export_obj(body, lib / "notex", "missing_texture")
     (lib / "notex" / "missing_texture.png").unlink()
     rows = {r["scan_id"]: r for r in index_scans(lib)}
     assert not rows["corrupt"]["ok"] and rows["corrupt"]["reject_reason"]
     assert not rows["broken"]["ok"] and "cannot load" in rows["broken"]["reject_reason"]
+    # an import that kills Blender's process costs only that scan: the index goes on in a new process
+    assert not rows["crashes_importer"]["ok"] and rows["crashes_importer"]["reject_reason"].startswith("blender_crash")
     assert rows["textured"]["ok"] and rows["textured"]["texture"] and not rows["textured"]["warnings"]
     miss = rows["notex/missing_texture"]
     assert miss["ok"] and any("missing" in w and "plain material" in w for w in miss["warnings"]), miss
@@ -234,7 +239,7 @@ def test_bad_inputs_are_reported_and_the_job_goes_on(tmp_path, body):
     stats = jobmod.run_local(spec, progress=False)
     assert stats[0]["rendered"] == 2, stats
     con = catalog.connect(tmp_path / "run")
-    assert con.sql("SELECT count(*) FROM scans WHERE NOT ok").fetchall()[0][0] == 2
+    assert con.sql("SELECT count(*) FROM scans WHERE NOT ok").fetchall()[0][0] == 3
     assert {r[0] for r in con.sql("SELECT DISTINCT hdri_id FROM frames").fetchall()} == {"studio"}
     # scan files carry no part labels: the member is left out and the frames catalog says why
     for (params, members) in con.sql("SELECT params, members FROM frames").fetchall():
