@@ -36,7 +36,7 @@ def shard_frames(seed: int, shard: int, frames: int, n_scans: int, frames_per_sc
     w_size = window_frames(n_scans, frames_per_scan_visit, frames_per_shard)
     window, j = divmod(shard, w_size // frames_per_shard)
     lo, hi = window * w_size, min(frames, (window + 1) * w_size)
-    if w_size == frames_per_shard:
+    if frames_per_scan_visit <= 1 or n_scans <= 1:
         return list(range(lo, hi))
     order = _window_order(seed, lo, hi, n_scans)
     return order[j * frames_per_shard:(j + 1) * frames_per_shard].tolist()

@@ -138,6 +138,10 @@ def test_scan_major_plan_covers_each_frame_once_and_keeps_frame_parameters():
     per_frame = [plan.shard_frames(5, k, frames, len(scans), 1, per) for k in range(len(shards))]
     assert per_frame[3] == list(range(48, 64))  # frames_per_scan_visit=1: today's order
     assert mean_run(per_frame) < 1.2 and mean_run(shards) > 4, (mean_run(per_frame), mean_run(shards))
+    # a window of exactly one shard is still sorted by scan
+    one = plan.shard_frames(0, 0, 8, 4, 2, 8)
+    assert plan.window_frames(4, 2, 8) == 8 and sorted(one) == list(range(8))
+    assert [sampling.scan_draw(0, i, 4) for i in one] == sorted(sampling.scan_draw(0, i, 4) for i in range(8))
 
 
 def test_scan_major_plan_keeps_the_scan_distribution_uniform():
