@@ -1,21 +1,29 @@
 """Benchmark of the human filters. Prints one JSON object.
 
   per_stage:  images/s of each stage's measure() on batches (in this process, CPU unless a GPU
-              is visible), over the whole mixed crawl. watermark and art run randomly initialised
-              checkpoints of their real architectures: same compute, meaningless scores.
+              is visible, with as many threads as the machine has cores), over the whole mixed
+              crawl. watermark and art run randomly initialised checkpoints of their real
+              architectures: same compute, meaningless scores.
+  plain_ultralytics: what a user would write for the person rule alone: an ultralytics predict
+              loop over the same files with the same weights, batches of person.batch_size paths.
+  plain_cascade: the loop a user would write for the same cascade, in one process: that predict
+              loop over all inputs, then rapidocr (same detection size and thresholds) on the
+              images passing the person rule, batches of text.batch_size; its verdicts.
   cascade:    `pipeline.engine.curate` on the mixed crawl (default config: decode -> size -> dedup
-              -> person -> text; watermark/art skipped without weights), Ray started beforehand.
-  plain:      what a user would write instead: an ultralytics predict loop over the same files
-              with the same weights, batches of person.batch_size file paths.
-  ratio:      cascade images/s / plain images/s (both over all inputs).
-  text_area:  text_area_frac of shipped photos and generated captions: the measurements behind
-              text.max_area_frac in pipeline/default.yaml.
+              -> person -> text; watermark/art skipped without weights). Ray start-up is timed
+              apart; `breakdown` splits the run with its own stats (RUN/stats/*.json): work seconds
+              per stage summed over rows (decode = read + decode), the writer, and what the wall
+              time on all cores leaves (Ray scheduling, queueing, dedup, driver).
+  ratio_*:    cascade images/s / each plain loop's images/s (all over all inputs).
+  text_area:  text_area_frac of shipped photos and generated captions, exact (text.recognize=all):
+              the measurements behind text.max_area_frac in pipeline/default.yaml; and whether
+              the default text.recognize=needed reaches the same verdicts on them.
 
 The crawl is generated (nothing is downloaded): shipped photos of people, re-cropped, flipped and
 rescaled into distinct images, some with captions; at least half are non-human (shipped photos
 without people, photo-like textures, flat graphics).
 
-usage: python bench/filters.py [--n 96] [--skip-art] [--out bench.json]
+usage: python bench/filters.py [--n 96] [--skip-art] [--out bench.json] [--set KEY=VALUE ...]
 """
 from __future__ import annotations
 
@@ -133,7 +141,7 @@ def random_checkpoints(folder: Path, with_art: bool) -> dict:
     return out
 
 
-def text_area_cases() -> dict:
+def text_area_cases(cfg: dict | None = None) -> dict:
     """text_area_frac on shipped photos and generated captions (the default's measurements)."""
     from pipeline.stages.text import TextStage
     photos = shipped_photos()
@@ -157,36 +165,103 @@ def text_area_cases() -> dict:
         "bus + caption 5% high": cap("bus", "Summer sale 50% off", 0.05),
         "astronaut + meme bands (demo)": encode(with_caption(Image.open(io.BytesIO(photos["astronaut"]))), "PNG"),
     })
-    stage = TextStage(load_config()["text"])
-    out = stage.measure({"sample_id": list(cases), "image": list(cases.values())})
-    return {k: round(v, 4) if v is not None else None for k, v in zip(cases, out["text_area_frac"])}
+    batch = {"sample_id": list(cases), "image": list(cases.values())}
+    cfg = (cfg or load_config())["text"]
+    exact = TextStage(cfg | {"recognize": "all"}).measure(batch)["text_area_frac"]
+    needed = TextStage(cfg).measure(batch)["text_area_frac"]
+    limit = float(cfg["max_area_frac"])
+    out = {k: round(v, 4) if v is not None else None for k, v in zip(cases, exact)}
+    out["_verdicts_equal_with_recognize_needed"] = all(
+        (a is None and b is None) or (a is not None and b is not None and (a > limit) == (b > limit))
+        for a, b in zip(exact, needed))
+    return out
 
 
-def bench_plain(weights: str, files: list[Path], batch_size: int, imgsz: int) -> dict:
+def _ultralytics_loop(weights: str, files: list[Path], batch_size: int, imgsz: int, min_score: float,
+                      min_box: float) -> tuple[list[Path], float]:
+    """The user's predict loop: file paths in batches; returns the files passing the person rule."""
     from pipeline.stages.person import import_ultralytics_offline
     YOLO = import_ultralytics_offline()
     model = YOLO(weights)
     model.predict([str(files[0])], imgsz=imgsz, verbose=False)  # warm-up
     t0 = time.perf_counter()
-    kept = 0
+    kept = []
     for i in range(0, len(files), batch_size):
-        for r in model.predict([str(f) for f in files[i:i + batch_size]], imgsz=imgsz, classes=[0], verbose=False):
+        part = files[i:i + batch_size]
+        for f, r in zip(part, model.predict([str(f) for f in part], imgsz=imgsz, classes=[0], verbose=False)):
             xywh, conf = r.boxes.xywh.cpu().numpy(), r.boxes.conf.cpu().numpy()
-            kept += bool(((conf > 0.9) & (np.maximum(xywh[:, 2], xywh[:, 3]) > 300)).any())
-    dt = time.perf_counter() - t0
-    return {"images_per_s": round(len(files) / dt, 2), "seconds": round(dt, 2), "kept_by_person_rule": int(kept),
+            if ((conf > min_score) & (np.maximum(xywh[:, 2], xywh[:, 3]) > min_box)).any():
+                kept.append(f)
+    return kept, time.perf_counter() - t0
+
+
+def bench_plain(weights: str, files: list[Path], batch_size: int, imgsz: int, min_score: float = 0.9,
+                min_box: float = 300) -> dict:
+    kept, dt = _ultralytics_loop(weights, files, batch_size, imgsz, min_score, min_box)
+    return {"images_per_s": round(len(files) / dt, 2), "seconds": round(dt, 2), "kept_by_person_rule": len(kept),
             "batch_size": batch_size, "imgsz": imgsz}
 
 
+def bench_plain_cascade(weights: str, files: list[Path], cfg: dict) -> dict:
+    """One process: the ultralytics loop over every input, then rapidocr on the images that pass
+    the person rule, with the stages' thresholds and batch sizes."""
+    from rapidocr import RapidOCR
+
+    from pipeline.stages.text import confirmed, union_area_frac
+    p, t = cfg["person"], cfg["text"]
+    side = int(t["max_side"])
+    ocr = RapidOCR(params={"Global.use_cls": False, "Global.log_level": "error", "Global.max_side_len": side,
+                           "Det.limit_type": "max", "Det.limit_side_len": side})
+    ocr(np.zeros((64, 64, 3), np.uint8))  # model load, as the predict loop's warm-up
+    people, dt_person = _ultralytics_loop(weights, files, int(p["batch_size"]), int(p["imgsz"]),
+                                          float(p["min_score"]), float(p["min_box_px"]))
+    t0 = time.perf_counter()
+    kept = 0
+    bs = int(t["batch_size"])
+    for i in range(0, len(people), bs):
+        for f in people[i:i + bs]:
+            res = ocr(str(f))
+            h, w = Image.open(f).size[::-1]
+            s = side / max(h, w) if max(h, w) > side else 1.0
+            if res.boxes is None or res.txts is None or len(res.txts) == 0:
+                kept += 1
+                continue
+            keep = confirmed(res.txts, res.scores, float(t["min_rec_score"]), int(t["min_chars"]))
+            frac = union_area_frac([res.boxes[k] * s for k in keep], round(h * s), round(w * s))
+            kept += frac <= float(t["max_area_frac"])
+    dt_text = time.perf_counter() - t0
+    dt = dt_person + dt_text
+    return {"images_per_s": round(len(files) / dt, 2), "seconds": round(dt, 2),
+            "person_seconds": round(dt_person, 2), "text_seconds": round(dt_text, 2),
+            "passed_person": len(people), "kept": int(kept)}
+
+
 def bench_cascade(crawl: Path, out: Path, cfg: dict) -> dict:
+    import ray
+
     from pipeline import engine
-    engine.init_ray(cfg)  # cluster start-up is not part of the throughput
+    t0 = time.perf_counter()
+    engine.init_ray(cfg)  # cluster start-up is timed apart from the throughput
+    startup = time.perf_counter() - t0
+    cpus = float(ray.cluster_resources().get("CPU", 0))
     n = len(list(crawl.glob("*.jpg")))
     t0 = time.perf_counter()
     manifest = engine.curate([str(crawl)], str(out), cfg, progress=False)
     dt = time.perf_counter() - t0
+    work: dict[str, float] = {}
+    for f in sorted((out / "stats").glob("*.json")):
+        for k, v in json.loads(f.read_text()).get("seconds", {}).items():
+            work[k] = work.get(k, 0.0) + float(v)
+    busy = sum(work.values())
     return {"images_per_s": round(n / dt, 2), "seconds": round(dt, 2), "funnel": manifest.get("funnel"),
-            "kept": manifest.get("counts", {}).get("kept"), "skipped_stages": manifest.get("skipped_stages")}
+            "kept": manifest.get("counts", {}).get("kept"), "skipped_stages": manifest.get("skipped_stages"),
+            "breakdown": {
+                "ray_startup_s": round(startup, 2), "cluster_cpus": cpus, "wall_s": round(dt, 2),
+                "work_s": {("read+decode" if k == "decode" else k): round(v, 2) for k, v in work.items()},
+                "work_total_s": round(busy, 2),
+                "queueing_and_overhead_s": round(max(0.0, dt * cpus - busy), 2),
+                "note": "work_s: seconds inside each stage summed over rows (per unit, from RUN/stats); "
+                        "queueing_and_overhead_s: wall time x cluster CPUs minus that work"}}
 
 
 def main(argv=None) -> int:
@@ -195,16 +270,20 @@ def main(argv=None) -> int:
     p.add_argument("--skip-art", action="store_true", help="leave out the OpenCLIP stage timing")
     p.add_argument("--skip-cascade", action="store_true", help="leave out the Ray cascade")
     p.add_argument("--out", help="also write the JSON here")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every part of the bench, e.g. --set text.max_side=640")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     import torch
     from pipeline.stages import stage_class
     from pipeline.stages.person import PersonStage
 
-    cfg = load_config()
+    cfg = load_config(sets=args.sets)
     cfg["stages"] = list(CASCADE)  # the whole cascade, whatever default.yaml enables today
-    result: dict = {"machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                                "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}}
+    result: dict = {"machine": {"cpus": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()],
+                                "torch_threads": torch.get_num_threads(),
+                                "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
+                    "sets": args.sets}
     with tempfile.TemporaryDirectory(prefix="humanset-bench-") as tmp:
         tmp = Path(tmp)
         kinds = make_crawl(tmp / "crawl", args.n)
@@ -221,20 +300,30 @@ def main(argv=None) -> int:
             if name == "art" and args.skip_art:
                 continue
             scfg = dict(cfg.get(name) or {})
+            scfg["resources"] = dict(scfg.get("resources") or {}, num_cpus=os.cpu_count())  # all cores
             if name in ckpts:
                 scfg["weights"] = str(ckpts[name])
             per_stage[name] = bench_stage(stage_class(name)(scfg), files)
             if name in ckpts:
                 per_stage[name]["weights"] = "random init of the real architecture (timing only)"
+        # the text stage as it was: every detected box recognised (same detection)
+        tcfg = dict(cfg["text"], recognize="all", resources={"num_cpus": os.cpu_count()})
+        per_stage["text_recognize_all"] = bench_stage(stage_class("text")(tcfg), files)
+        per_stage["text_speedup_over_recognize_all"] = round(
+            per_stage["text"]["images_per_s"] / per_stage["text_recognize_all"]["images_per_s"], 3)
         result["per_stage"] = per_stage
         person = PersonStage(cfg["person"])
-        result["plain_ultralytics"] = bench_plain(str(person.weights_path()), files, person.batch_size, person.imgsz)
+        weights = str(person.weights_path())
+        result["plain_ultralytics"] = bench_plain(weights, files, person.batch_size, person.imgsz,
+                                                  float(cfg["person"]["min_score"]), float(cfg["person"]["min_box_px"]))
         result["plain_ultralytics"]["weights"] = person.weights_path().name
+        result["plain_cascade"] = bench_plain_cascade(weights, files, cfg)
         if not args.skip_cascade:
             result["cascade"] = bench_cascade(tmp / "crawl", tmp / "run", cfg)
-            result["ratio_cascade_over_plain"] = round(
-                result["cascade"]["images_per_s"] / result["plain_ultralytics"]["images_per_s"], 3)
-        result["text_area"] = text_area_cases()
+            for peer in ("plain_ultralytics", "plain_cascade"):
+                result[f"ratio_cascade_over_{peer}"] = round(
+                    result["cascade"]["images_per_s"] / result[peer]["images_per_s"], 3)
+        result["text_area"] = text_area_cases(cfg)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

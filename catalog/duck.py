@@ -30,6 +30,12 @@ WHERE p.i <= len(s.person_scores)
 """
 
 
+def glob_escape(path: str) -> str:
+    """`path` as a DuckDB glob that matches only itself: a run folder named `exp[1]` or `a*b` must
+    not read another run's files. Each glob character becomes a one-character class."""
+    return "".join(f"[{c}]" if c in "[*?" else c for c in str(path))
+
+
 def connect(run_dir, database: str = ":memory:", prefix: str = "") -> duckdb.DuckDBPyConnection:
     """Open DuckDB with the run's Parquet files registered as views.
 
@@ -49,7 +55,7 @@ def register(con: duckdb.DuckDBPyConnection, run_dir, prefix: str = "") -> list[
     made = []
     for view, pattern in VIEWS.items():
         if any(run.glob(pattern)):
-            glob = str(run / pattern).replace("'", "''")
+            glob = f"{glob_escape(run)}/{pattern}".replace("'", "''")
             con.execute(f"CREATE OR REPLACE VIEW {prefix}{view} AS "
                         f"SELECT * FROM read_parquet('{glob}', union_by_name = true)")
             made.append(prefix + view)

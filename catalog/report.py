@@ -10,6 +10,7 @@ from the stored bytes: kept samples from the curated shards, rejected ones from 
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import io
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from . import stats as st
 from .io import write_bytes
+from .rules import PERSON_BOX, PERSON_SCORE, box_side
 from .shards import read_member
 from .sources import is_uri, read_source
 
@@ -26,6 +28,19 @@ IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
 
 
 # --- charts (matplotlib's object API: no pyplot, no global state) ------------------------------
+
+def _literal_text(chart):
+    """Draw every label as plain text: reasons and names come from data, and matplotlib would parse
+    `$...$` in them as mathtext (and fail on `$x^$`). Tick labels are made at draw time, so the
+    setting covers the whole chart function, savefig included."""
+    @functools.wraps(chart)
+    def wrapped(*args, **kwargs):
+        import matplotlib
+
+        with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+            return chart(*args, **kwargs)
+    return wrapped
+
 
 def _figure(w=7.0, h=3.2):
     from matplotlib.figure import Figure
@@ -39,6 +54,7 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+@_literal_text
 def funnel_chart(funnel: list[dict]) -> str:
     rows = [f for f in funnel if not f.get("skipped")]
     fig = _figure(7, 0.45 * len(rows) + 1)
@@ -56,6 +72,7 @@ def funnel_chart(funnel: list[dict]) -> str:
     return _png(fig)
 
 
+@_literal_text
 def bar_chart(labels: list[str], values: list[int], title: str, xlabel: str, color="#d73027",
               horizontal=True) -> str:
     fig = _figure(7, 0.35 * len(labels) + 1.2 if horizontal else 3.2)
@@ -78,6 +95,7 @@ def bar_chart(labels: list[str], values: list[int], title: str, xlabel: str, col
     return _png(fig)
 
 
+@_literal_text
 def histogram_chart(hist: dict, title: str, xlabel: str, threshold=None, keep_side=None) -> str:
     """A histogram from SQL-binned counts; the active threshold is drawn and the rejected side shaded."""
     fig = _figure(4.6, 2.8)
@@ -88,7 +106,7 @@ def histogram_chart(hist: dict, title: str, xlabel: str, threshold=None, keep_si
     if threshold is not None:
         ax.axvline(threshold, color=FAIL_COLOR, lw=2, label=f"threshold {threshold:g} (kept {keep_side})")
         lo, hi = (edges[0], edges[-1]) if edges else (threshold, threshold)
-        if keep_side == ">=":
+        if keep_side in (">", ">="):  # a minimum: the rejected side is below
             ax.axvspan(min(lo, threshold), threshold, color=FAIL_COLOR, alpha=0.08)
         else:
             ax.axvspan(threshold, max(hi, threshold), color=FAIL_COLOR, alpha=0.08)
@@ -104,11 +122,12 @@ def histogram_chart(hist: dict, title: str, xlabel: str, threshold=None, keep_si
 # --- thumbnails ------------------------------------------------------------------------------
 
 def _passes(box, score, person: dict) -> bool:
-    side_l = max(box[2] - box[0], box[3] - box[1])
-    side_s = min(box[2] - box[0], box[3] - box[1])
-    min_px, rule = person.get("min_box_px") or 0, person.get("box_rule") or "longer_side"
-    big = {"longer_side": side_l, "shorter_side": side_s, "both": side_s}.get(rule, side_l) >= min_px
-    return score is not None and score >= (person.get("min_score") or 0) and big
+    """The person rule on one box, through its declaration (catalog.rules); no threshold known: red."""
+    min_score, min_px = person.get("min_score"), person.get("min_box_px")
+    if score is None or min_score is None or min_px is None:
+        return False
+    side = box_side(box, person.get("box_rule") or "longer_side")
+    return PERSON_SCORE.keeps(score, min_score) and PERSON_BOX.keeps(side, min_px)
 
 
 def thumbnail(data: bytes, row: dict, person: dict) -> str:
@@ -339,12 +358,12 @@ def render_report(run_dir, *, thumbs: int = 12, seed: int = 0, max_reasons: int 
             charts.append(_img(histogram_chart(st.histogram_from(con, "score", persons_src,
                                                                  person["detected"]["score"], lo=0.0, hi=1.0),
                                                "person: score of every detected person", "score",
-                                               person["min_score"], ">="),
+                                               person["min_score"], PERSON_SCORE.keep),
                                _alt("person score histogram", "person.min_score", person["min_score"])))
             side = "box_shorter_side" if person["box_rule"] in ("shorter_side", "both") else "box_longer_side"
             charts.append(_img(histogram_chart(st.histogram_from(con, side, persons_src, person["detected"][side]),
                                                f"person: {side} of every detected person", f"{side} (px)",
-                                               person["min_box_px"], ">="),
+                                               person["min_box_px"], PERSON_BOX.keep),
                                _alt("person box histogram", "person.min_box_px", person["min_box_px"])))
         parts.append(f'<div class="charts">{"".join(charts)}</div>' if charts else "<p class=muted>no scores</p>")
         parts.append(_html_table(["score", "n", "min", "p5", "p25", "p50", "p75", "p95", "max", "kept if",

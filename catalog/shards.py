@@ -128,6 +128,14 @@ def iter_tar(fileobj_or_path, *, name: str = "") -> Iterator[TarRecord]:
             fh.close()
 
 
+def index_path(tar_path) -> Path:
+    """The Parquet index beside a shard: only the trailing `.tar` changes (a unit id may hold `.tar`)."""
+    tar_path = Path(tar_path)
+    if tar_path.suffix != ".tar":
+        raise ValueError(f"{tar_path}: a shard's name ends in .tar")
+    return tar_path.with_suffix(".parquet")
+
+
 def read_member(tar_path, offset: int, size: int) -> bytes:
     """Random access to one member's bytes through the index's offsets."""
     with open(tar_path, "rb") as fh:
@@ -191,7 +199,7 @@ class ShardWriter:
         self._fh.close()
         os.replace(self._tmp, self.folder / self._name)
         table = conform(self._rows, self.schema)
-        with atomic_path(self.folder / self._name.replace(".tar", ".parquet")) as tmp:
+        with atomic_path(index_path(self.folder / self._name)) as tmp:
             pq.write_table(table, tmp, compression="zstd")
         self.written.append(self._name)
         self._tar = None
@@ -223,7 +231,7 @@ def list_shards(folder) -> list[Path]:
 
 def read_index(folder) -> pa.Table:
     """The concatenated Parquet index of every shard in `folder` (empty table if none)."""
-    files = [str(p.with_suffix(".parquet")) for p in list_shards(folder)]
+    files = [str(index_path(p)) for p in list_shards(folder)]
     if not files:
         raise FileNotFoundError(f"{folder}: no shards (tar + parquet index) found")
     return pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")

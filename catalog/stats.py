@@ -7,10 +7,12 @@ bench/stats.py share these functions; nothing is loaded into pandas.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
 from .duck import register
+from .rules import PERSON_BOX, PERSON_SCORE, RULES, Rule
 
 QUANTILES = (0.0, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0)
 PERSON_BUCKETS = ("1", "2", "3", "4", "5+")
@@ -27,17 +29,9 @@ def reason_kind(reason: str) -> str:
     return _REASON_KIND_RE.match(reason).group(1).strip()
 FAILED = "NOT coalesce(keep, false)"
 
-# stage -> stored per-image measurements its thresholds cut: (column, config key, kept side).
-# A key of None means the column is informative only.
-STAGE_SCORES = {
-    "size": [("short_side", "min_short_side", ">="), ("aspect", "max_aspect", "<=")],
-    "dedup": [("dup_cluster_size", None, None)],
-    "person": [("person_score_max", "min_score", ">="), ("person_box_max_px", "min_box_px", ">="),
-               ("n_persons", None, None)],
-    "text": [("text_area_frac", "max_area_frac", "<=")],
-    "watermark": [("watermark_score", "max_score", "<=")],
-    "art": [("art_score", "max_score", "<=")],
-}
+# per-image measurements shown beside the rules' columns (catalog.rules), with no threshold of their own
+INFO_COLUMNS = {"dedup": ("dup_cluster_size",), "person": ("n_persons",)}
+STAGE_ORDER = ("size", "dedup", "person", "text", "watermark", "art")
 # columns whose values are probabilities: histograms over [0, 1] rather than over the data range
 UNIT_RANGE = {"person_score_max", "watermark_score", "art_score", "text_area_frac"}
 
@@ -48,12 +42,14 @@ def read_manifest(run_dir) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def threshold(manifest: dict, stage: str, key: str | None):
-    """The active value of config[stage][key] in the run's manifest, or None."""
-    if key is None:
+def threshold(manifest: dict, rule: Rule | None):
+    """The active threshold of `rule` in the run's manifest: its config value, the rule's default
+    when the config lacks the key, None without a config (a run with no manifest) or when off."""
+    config = manifest.get("config")
+    if rule is None or not config:
         return None
-    section = (manifest.get("config") or {}).get(stage) or {}
-    return section.get(key) if isinstance(section, dict) else None
+    section = config.get(rule.stage)
+    return rule.threshold(section if isinstance(section, dict) else {})
 
 
 def _rows(con, sql: str, params=None) -> list[dict]:
@@ -215,15 +211,11 @@ def persons(con, manifest: dict, p: str = "", exact: bool = True) -> dict:
     """Per detected person: score and box-side quantiles, all detections and those in kept images."""
     out = _quantile_block(con, ["score", "box_longer_side", "box_shorter_side"],
                           {"detected": "", "in_kept_images": "keep"}, persons_source(p), exact)
-    out["min_score"] = threshold(manifest, "person", "min_score")
-    out["min_box_px"] = threshold(manifest, "person", "min_box_px")
-    out["box_rule"] = threshold(manifest, "person", "box_rule")
+    out["min_score"] = threshold(manifest, PERSON_SCORE)
+    out["min_box_px"] = threshold(manifest, PERSON_BOX)
+    section = (manifest.get("config") or {}).get("person") or {}
+    out["box_rule"] = section.get("box_rule") if isinstance(section, dict) else None
     return out
-
-
-def _fails(col: str, side: str, value) -> str:
-    op = "<" if side == ">=" else ">"
-    return f"count(*) FILTER (WHERE {col} {op} {float(value)!r})"
 
 
 def scores(con, manifest: dict, p: str = "", exact: bool = True) -> list[dict]:
@@ -232,25 +224,33 @@ def scores(con, manifest: dict, p: str = "", exact: bool = True) -> list[dict]:
     `fail_threshold` counts measured rows on the rejected side of the threshold, whatever stage
     rejected them first. One scan for all columns.
     """
-    measures = [(stage, col, key, side, threshold(manifest, stage, key))
-                for stage, ms in STAGE_SCORES.items() for col, key, side in ms]
+    measures = [(stage, rule.column, rule, threshold(manifest, rule))
+                for stage in STAGE_ORDER for rule in RULES.get(stage, ())]
+    measures += [(stage, col, None, None) for stage in STAGE_ORDER for col in INFO_COLUMNS.get(stage, ())]
+    order = {stage: i for i, stage in enumerate(STAGE_ORDER)}
+    measures.sort(key=lambda m: order[m[0]])  # stable: a stage's rules, then its other columns
     parts = []
-    for stage, col, key, side, t in measures:
+    for stage, col, rule, t in measures:
         parts.append(_quantile_sql(col, exact=exact))
-        parts.append(_fails(col, side, t) if isinstance(t, (int, float)) else "NULL")
+        parts.append(f"count(*) FILTER (WHERE {rule.sql_fails(col, t)})" if _number(t) else "NULL")
     vals = con.execute(f"SELECT {', '.join(parts)} FROM {p}samples").fetchone()
     out = []
     k = N_QUANTILE_SQL + 1
-    for i, (stage, col, key, side, t) in enumerate(measures):
+    for i, (stage, col, rule, t) in enumerate(measures):
         *q, fails = vals[k * i: k * i + k]
         if not q[1]:
             continue  # the run never measured it
         d = {"stage": stage, "column": col, **_quantile_dict(*q, exact=exact), "threshold": None}
-        if isinstance(t, (int, float)):
-            d["threshold"] = {"key": f"{stage}.{key}", "value": t, "keep": f"{side} {t}"}
+        if _number(t):
+            d["threshold"] = {"key": rule.config_key, "value": t, "keep": f"{rule.keep} {t}"}
             d["fail_threshold"] = fails
         out.append(d)
     return out
+
+
+def _number(t) -> bool:
+    """A threshold usable in SQL: finite (config validation refuses NaN; an old manifest may hold it)."""
+    return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
 
 
 def per_source(con, p: str = "") -> list[dict]:

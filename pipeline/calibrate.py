@@ -8,7 +8,8 @@ Labels are a CSV of `sample_id,label` rows with label `STAGE=0|1`, one row per s
     91bc...,watermark=1
 
 For every stage the positive class is label 1 and a sample is predicted positive when its score
-is ABOVE the threshold, which is exactly how the stage's rule reads its config:
+is ABOVE the threshold, which is exactly how the stage's rule (catalog.rules.CALIBRATED, the one
+declaration the stages' reject() apply) reads its config:
 
     stage      score (from the catalog)                               config key it calibrates
     person     best score among boxes large enough under the box rule  person.min_score (keep if >)
@@ -28,9 +29,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from catalog.rules import CALIBRATED
 
-STAGE_KEYS = {"person": "min_score", "text": "max_area_frac", "watermark": "max_score", "art": "max_score"}
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -112,8 +113,8 @@ def read_labels(path: str | Path) -> dict[str, dict[str, int]]:
                 raise ValueError(f"{path}:{n}: expected 'sample_id,STAGE=0|1' (e.g. 'ab12..,person=1'), "
                                  f"got {','.join(row)!r}")
             stage, value = (x.strip() for x in row[1].split("=", 1))
-            if stage not in STAGE_KEYS:
-                raise ValueError(f"{path}:{n}: unknown stage {stage!r}; label one of {', '.join(STAGE_KEYS)}")
+            if stage not in CALIBRATED:
+                raise ValueError(f"{path}:{n}: unknown stage {stage!r}; label one of {', '.join(CALIBRATED)}")
             if value not in ("0", "1"):
                 raise ValueError(f"{path}:{n}: label value must be 0 or 1, got {value!r}")
             out.setdefault(stage, {})[row[0].strip()] = int(value)
@@ -126,14 +127,13 @@ def stage_scores(run: str | Path, cfg: dict) -> dict[str, dict[str, float | None
     """{stage: {sample_id: score or None}} read from the run's catalog with DuckDB."""
     from catalog import connect
 
-    from .stages.person import best_passing_score
+    from .stages.person import _thresholds, best_passing_score
 
     con = connect(run)
     cols = ["sample_id", "person_boxes", "person_scores", "text_area_frac", "watermark_score", "art_score"]
     rows = con.execute(f"SELECT {', '.join(cols)} FROM samples").fetchall()
-    p = cfg.get("person", {})
-    min_box, rule = float(p.get("min_box_px", 300)), str(p.get("box_rule", "longer_side"))
-    out: dict[str, dict[str, float | None]] = {s: {} for s in STAGE_KEYS}
+    _, min_box, rule = _thresholds(cfg.get("person") or {})
+    out: dict[str, dict[str, float | None]] = {s: {} for s in CALIBRATED}
     for sid, boxes, scores, text, wm, art in rows:
         out["person"][sid] = best_passing_score(boxes, scores, min_box, rule)
         out["text"][sid], out["watermark"][sid], out["art"][sid] = text, wm, art
@@ -168,10 +168,12 @@ def calibrate(run: str | Path, labels_csv: str | Path, target_precision: float =
         if missing:
             log.warning("%s: %d labelled sample ids are not in %s (first: %s)", stage, len(missing), run, missing[0])
         curve = pr_curve([known[s] for s in use], [lab[s] for s in use])
-        current = float(cfg.get(stage, {}).get(STAGE_KEYS[stage], math.nan))
+        rule = CALIBRATED[stage]
+        t = rule.threshold(cfg.get(stage))
+        current = math.nan if t is None else float(t)
         best = threshold_for_precision(curve, target_precision)
         report[stage] = {"n": len(use), "positives": sum(lab[s] for s in use), "unscored": len(unscored),
-                         "missing": len(missing), "curve": curve, "config_key": f"{stage}.{STAGE_KEYS[stage]}",
+                         "missing": len(missing), "curve": curve, "config_key": rule.config_key,
                          "config_threshold": current, "at_config": at_threshold(curve, current),
                          "target_precision": target_precision, "best": best}
         _print_stage(stage, report[stage], print_fn)

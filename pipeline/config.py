@@ -1,58 +1,59 @@
-"""One YAML config with documented defaults (pipeline/default.yaml), overridden by --config and --set."""
+"""The curation config: pipeline/default.yaml, loaded through catalog.config (the one loader of every
+room: defaults, --config, --set, validation). This module only names pipeline's defaults and checks.
+"""
 from __future__ import annotations
 
-import copy
 from importlib import resources
 from pathlib import Path
 
 import yaml
 
+from catalog import config as loader
+from catalog.config import Check, ConfigError
+from catalog.rules import CHECKS as RULE_CHECKS
+
 DEFAULT_PATH = resources.files("pipeline") / "default.yaml"
+
+# beyond the rules' thresholds and what each YAML default's type implies
+CHECKS: dict[str, Check] = {
+    **RULE_CHECKS,
+    "input.files_per_unit": Check(("int",), low=1),
+    "dedup.max_distance": Check(("int",), nullable=True, low=0, high=64),
+    "decode.max_pixels": Check(("int",), nullable=True, low=1),
+    "person.weights": Check(("str",), nullable=True),
+    "person.min_store_score": Check(("number",), low=0, high=1),
+    "person.imgsz": Check(("int",), low=32),
+    "text.max_side": Check(("int",), low=32),
+    "text.min_rec_score": Check(("number",), low=0, high=1),
+    "text.min_chars": Check(("int",), low=0),
+    "watermark.weights": Check(("str",), nullable=True),
+    "art.weights": Check(("str",), nullable=True),
+    "output.shard_max_count": Check(("int",), low=1),
+    "output.shard_max_bytes": Check(("int",), low=1),
+    "ray.address": Check(("str",), nullable=True),
+    "ray.num_cpus": Check(("int",), nullable=True, low=1),
+    "*.batch_size": Check(("int",), low=1),
+    "*.concurrency": Check(("int", "list"), nullable=True, low=1, words=("auto",)),
+    "*.num_cpus": Check(("number",), low=0),
+    "*.num_gpus": Check(("number",), low=0),
+}
 
 
 def default_config() -> dict:
     return yaml.safe_load(DEFAULT_PATH.read_text())
 
 
-def merge(base: dict, over: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in (over or {}).items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = merge(out[k], v)
-        else:
-            out[k] = copy.deepcopy(v)
-    return out
-
-
-def parse_set(item: str) -> tuple[list[str], object]:
-    """'person.min_score=0.95' -> (['person', 'min_score'], 0.95); values are parsed as YAML."""
-    if "=" not in item:
-        raise ValueError(f"--set {item!r}: expected key=value, e.g. --set person.min_score=0.95")
-    key, value = item.split("=", 1)
-    return key.strip().split("."), yaml.safe_load(value)
+def validate(cfg: dict) -> dict:
+    return loader.validate(cfg, default_config(), CHECKS)
 
 
 def apply_sets(cfg: dict, sets: list[str] | None) -> dict:
-    cfg = copy.deepcopy(cfg)
-    for item in sets or []:
-        path, value = parse_set(item)
-        node = cfg
-        for part in path[:-1]:
-            if not isinstance(node.get(part), dict):
-                raise KeyError(f"--set {item!r}: no config section {part!r}")
-            node = node[part]
-        if path[-1] not in node:
-            known = ", ".join(sorted(node))
-            raise KeyError(f"--set {item!r}: unknown key {path[-1]!r} (known here: {known})")
-        node[path[-1]] = value
-    return cfg
+    """`--set` overrides on a config (e.g. a finished run's, for `humanset select`), validated."""
+    return validate(loader.apply_sets(cfg, sets))
 
 
 def load_config(path: str | Path | None = None, sets: list[str] | None = None) -> dict:
-    cfg = default_config()
-    if path:
-        p = Path(path)
-        if not p.exists():
-            raise FileNotFoundError(f"--config {p}: no such file")
-        cfg = merge(cfg, yaml.safe_load(p.read_text()) or {})
-    return apply_sets(cfg, sets)
+    return loader.load(default_config(), path, sets, CHECKS)
+
+
+__all__ = ["CHECKS", "ConfigError", "apply_sets", "default_config", "load_config", "validate"]

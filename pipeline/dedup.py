@@ -1,33 +1,302 @@
-"""Run-wide duplicate clusters: exact (same sha256) and near (pHash Hamming distance <= k).
+"""Run-wide duplicate clusters: exact (same sha256 or same pHash) and near (pHash Hamming distance <= k).
 
-Near pairs are found exactly with the pigeonhole principle: cut the 64-bit hash into k+1 bands;
-two hashes within distance k agree on at least one whole band. DuckDB joins distinct hashes on
-each band (out of core) and verifies each candidate with bit_count(xor). Clusters are the
-connected components of exact + near pairs (union-find); each keeps one canonical sample:
-largest resolution, then smallest sample_id. The result is a pure function of the inputs, so a
-resumed run gets the same clusters as a clean one.
+1. Exact duplicates are collapsed first: samples with one sha256, and samples with one pHash, are
+   linked to one representative, so each distinct pHash enters the near search once.
+2. Near pairs among the distinct hashes come from permuted block tables (Manku, Jain and Das Sarma,
+   "Detecting near-duplicates for web crawling", WWW 2007): cut the 64 bits into m blocks; two
+   hashes within distance k agree exactly on at least m-k blocks, so for each of the C(m, k) choices
+   of m-k blocks one table sorts the hashes with those blocks moved to the top bits (the key) and
+   compares only hashes with the same key, verifying each with a popcount. A pair is emitted by the
+   first table (in a fixed order) whose kept blocks it agrees on, so by exactly one table. m is
+   chosen from the number of distinct hashes so buckets stay small (`choose_blocks`).
+   A bucket with more than WINDOW hashes is compared by an exact blocked scan; one with more than
+   `dedup.bucket_cap` hashes is skipped, counted in the stats and logged, never silently.
+   The tables are independent: run_dedup runs them as Ray tasks (the hash array is put in the
+   object store once) and writes each table's pairs to its own file, so a crashed dedup resumes
+   per table.
+3. Clusters are the connected components of all links (numpy union-find in this process); each
+   keeps one canonical sample: largest area, then smallest sample_id.
+
+Everything is a pure function of the inputs, so a resumed run gets the same clusters as a clean one.
+
+Memory in the process that builds the components, per sample: its sample_id and sha256 as Arrow
+strings (4 + length each) plus about 80 bytes of numpy arrays at the peak (pHash, sha256 key, area,
+sort orders, parent); per near pair 16 bytes (two hashes) while the pair files are read, then 16
+(two sample numbers). A near-search table holds 8 bytes per distinct hash (its sorted permuted copy)
+plus its candidate positions (4 bytes each, about one per hash), next to the shared hash array (8
+bytes per distinct hash); its scan runs in steps, so other temporaries stay small.
+bench/dedup.py measures the totals.
 """
 from __future__ import annotations
 
+import itertools
+import json
+import logging
+import math
+import time
 from pathlib import Path
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+log = logging.getLogger("humanset.dedup")
 
-def bands(k: int, bits: int = 64) -> list[tuple[int, int]]:
-    """(shift, width) of k+1 bands covering `bits` bits."""
-    n = k + 1
-    widths = [bits // n + (1 if i < bits % n else 0) for i in range(n)]
+BITS = 64
+WINDOW = 256  # buckets up to this size: pairs by sliding offsets; larger ones: blocked scan
+DEFAULT_BUCKET_CAP = 20_000  # buckets larger than this are skipped (and counted): O(size^2) each
+MAX_TABLES = 500  # choose_blocks never picks more tables than this (unless k needs it)
+MAX_DISTANCE = 32  # beyond half the bits a "near" pHash pair is no longer a duplicate
+RAY_MIN_HASHES = 100_000  # fewer distinct hashes: the tables run in the driver (a task costs more)
+_SCAN_CELLS = 1 << 22
+_STEP = 1 << 22  # positions per step of a table's scan (bounds its temporaries to ~100 MB)  # popcounts per step of the blocked scan (memory: 8 bytes each)
+
+
+# --------------------------------------------------------------------------------------------
+# Permuted block tables (pure numpy; no files, no cluster)
+
+def blocks(m: int, bits: int = BITS) -> list[tuple[int, int]]:
+    """(shift, width) of m blocks covering `bits` bits, from the top; the first get the extra bits."""
+    if not 1 <= m <= bits:
+        raise ValueError(f"blocks: need 1 <= m <= {bits}, got m={m}")
+    widths = [bits // m + (1 if i < bits % m else 0) for i in range(m)]
     out, shift = [], bits
     for w in widths:
         shift -= w
         out.append((shift, w))
     return out
 
+
+def tables(m: int, k: int) -> list[tuple[int, ...]]:
+    """The kept blocks of each table, in the fixed order that decides which table emits a pair."""
+    return list(itertools.combinations(range(m), m - k))
+
+
+def expected_candidates(n: int, m: int, k: int) -> float:
+    """Candidate pairs over all tables for n uniform distinct hashes: sum_t n^2 / 2^(key bits + 1)."""
+    w = [width for _, width in blocks(m)]
+    return sum(n * n / 2.0 ** (sum(w[b] for b in kept) + 1) for kept in tables(m, k))
+
+
+# relative costs (this machine, numpy): one hash through one table (permute + sort + scan) vs
+# one candidate pair (gather, xor, popcount); see bench/dedup.py
+_COST_PER_HASH, _COST_PER_CANDIDATE = 1.0, 0.3
+
+
+def choose_blocks(n: int, k: int) -> int:
+    """Number of blocks m minimising tables * n * (per-hash cost) + candidates * (per-pair cost).
+
+    More blocks mean longer keys (fewer candidates) but more tables: C(m, k). For k = 4 this picks
+    m = 6 (15 tables, 21-22 bit keys) from ~30k to ~25M hashes, then m = 7 (35 tables, 27-28 bits)
+    up to ~1.2e9, then m = 8 (70 tables, 32 bits).
+    """
+    if k <= 0:
+        return 1
+    best = None
+    for m in range(k + 1, min(BITS, k + 8) + 1):
+        if math.comb(m, k) > MAX_TABLES and best is not None:
+            break
+        cost = len(tables(m, k)) * n * _COST_PER_HASH + expected_candidates(n, m, k) * _COST_PER_CANDIDATE
+        if best is None or cost < best[0]:
+            best = (cost, m)
+    return best[1]
+
+
+class Layout:
+    """Table t of (m, k): the kept blocks moved to the top bits, the others below, order kept.
+
+    Hamming distance is the same before and after, so candidates are verified on permuted values.
+    """
+
+    def __init__(self, m: int, k: int, t: int):
+        self.m, self.k, self.t = m, k, t
+        bl = blocks(m)
+        kept = tables(m, k)[t]
+        order = list(kept) + [b for b in range(m) if b not in kept]
+        self.key_bits = sum(bl[b][1] for b in kept)
+        self.key_shift = BITS - self.key_bits
+        moves, dst = [], BITS
+        self.block_mask = np.zeros(m, dtype=np.uint64)  # block b's bits in the permuted value
+        for b in order:
+            src, w = bl[b]
+            dst -= w
+            moves.append((src, dst, w))
+            self.block_mask[b] = np.uint64(((1 << w) - 1) << dst)
+        self.moves = _merge(moves)
+
+    def permute(self, x: np.ndarray) -> np.ndarray:
+        return _move(x, [(s, d, w) for s, d, w in self.moves])
+
+    def unpermute(self, p: np.ndarray) -> np.ndarray:
+        return _move(p, [(d, s, w) for s, d, w in self.moves])
+
+    def agree(self, diff: np.ndarray) -> np.ndarray:
+        """Bit b set where the pair (given by x ^ y of permuted values) agrees on block b."""
+        out = np.zeros(len(diff), dtype=np.int64)
+        for b in range(self.m):
+            out |= ((diff & self.block_mask[b]) == 0).astype(np.int64) << b
+        return out
+
+
+def _merge(moves):
+    """Join moves of adjacent bit ranges that stay adjacent (fewer passes over the array)."""
+    out = []
+    for s, d, w in moves:
+        if out and out[-1][0] == s + w and out[-1][1] == d + w:
+            ps, pd, pw = out.pop()
+            s, d, w = s, d, pw + w
+        out.append((s, d, w))
+    return out
+
+
+def _move(x: np.ndarray, moves) -> np.ndarray:
+    out = np.zeros(len(x), dtype=np.uint64)
+    tmp = np.empty(len(x), dtype=np.uint64)
+    for s, d, w in moves:
+        if w == BITS:
+            return x.astype(np.uint64, copy=True)
+        np.right_shift(x, np.uint64(s), out=tmp)
+        np.bitwise_and(tmp, np.uint64((1 << w) - 1), out=tmp)
+        np.left_shift(tmp, np.uint64(d), out=tmp)
+        np.bitwise_or(out, tmp, out=out)
+    return out
+
+
+def first_table(m: int, k: int) -> np.ndarray:
+    """For each mask of agreeing blocks: the first table whose kept blocks all agree (-1: none)."""
+    masks = np.arange(1 << m, dtype=np.int64)
+    out = np.full(1 << m, -1, dtype=np.int64)
+    for t, kept in reversed(list(enumerate(tables(m, k)))):
+        need = sum(1 << b for b in kept)
+        out[(masks & need) == need] = t
+    return out
+
+
+def table_pairs(hashes: np.ndarray, k: int, m: int, t: int, bucket_cap: int = DEFAULT_BUCKET_CAP
+                ) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Pairs of distinct hashes within distance k that table t of (m, k) emits.
+
+    hashes: distinct uint64 values. Returns (a, b, stats) with a < b (the hash values); stats counts
+    candidates compared, pairs verified, pairs emitted and hot buckets scanned or skipped.
+    """
+    lay = Layout(m, k, t)
+    first = first_table(m, k)
+    p = lay.permute(np.asarray(hashes, dtype=np.uint64))
+    p.sort()
+    n = len(p)
+    stats = {"table": t, "hashes": n, "candidates": 0, "verified": 0, "pairs": 0, "largest_bucket": 0,
+             "hot_buckets_scanned": 0, "hot_buckets_skipped": 0, "hot_hashes_skipped": 0}
+    if n < 2:
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint64), stats
+    shift = np.uint64(lay.key_shift)
+    pos = np.int32 if n < 2**31 else np.int64
+    cand = []  # positions i where p[i] and p[i+1] share the key; built in steps to bound temporaries
+    for s in range(0, n - 1, _STEP):
+        e = min(n - 1, s + _STEP)
+        x = np.bitwise_xor(p[s + 1:e + 1], p[s:e])
+        np.right_shift(x, shift, out=x)
+        cand.append((np.flatnonzero(x == 0) + s).astype(pos))
+    cand = np.concatenate(cand)
+    found_x, found_y = [], []
+
+    def keep(x, y, diff):
+        ok = np.bitwise_count(diff) <= k
+        stats["verified"] += int(ok.sum())
+        x, y, diff = x[ok], y[ok], diff[ok]
+        mine = first[lay.agree(diff)] == t  # emitted by the first table they share a bucket in
+        found_x.append(x[mine])
+        found_y.append(y[mine])
+
+    if len(cand):
+        # bucket sizes, from the starts of runs of equal keys among the candidate positions
+        run_start = np.flatnonzero(np.diff(cand, prepend=-2) != 1)
+        run_len = np.diff(run_start, append=len(cand)) + 1  # hashes per bucket
+        lo = cand[run_start]
+        stats["largest_bucket"] = int(run_len.max())
+        hot = run_len > min(WINDOW, bucket_cap)
+        if hot.any():
+            # drop positions inside hot buckets from the sliding pass
+            inside = np.zeros(len(cand), dtype=bool)
+            for s, ln in zip(run_start[hot], run_len[hot]):
+                inside[s:s + ln - 1] = True
+            cand = cand[~inside]
+            for s, ln in zip(lo[hot].tolist(), run_len[hot].tolist()):
+                if ln > bucket_cap:
+                    stats["hot_buckets_skipped"] += 1
+                    stats["hot_hashes_skipped"] += ln
+                    continue
+                stats["hot_buckets_scanned"] += 1
+                _scan(p[s:s + ln], k, keep, stats)
+        for s in range(0, len(cand), _STEP):
+            _slide(p, cand[s:s + _STEP].astype(np.int64), shift, keep, stats)
+    x = np.concatenate(found_x) if found_x else np.zeros(0, np.uint64)
+    y = np.concatenate(found_y) if found_y else np.zeros(0, np.uint64)
+    x, y = lay.unpermute(x), lay.unpermute(y)
+    stats["pairs"] = len(x)
+    return np.minimum(x, y), np.maximum(x, y), stats
+
+
+def _slide(p: np.ndarray, cand: np.ndarray, shift, keep, stats: dict) -> None:
+    """Compare each p[i] (i in cand) with p[i + d], d = 1, 2, ... while both share a bucket."""
+    n = len(p)
+    d, x, y = 1, p[cand], p[cand + 1]
+    diff = x ^ y
+    while len(cand):
+        stats["candidates"] += len(cand)
+        keep(x, y, diff)
+        nxt = cand + (d + 1)
+        inside = nxt < n
+        if not inside.all():
+            cand, x, nxt = cand[inside], x[inside], nxt[inside]
+        y = p[nxt]
+        diff = x ^ y
+        same = (diff >> shift) == 0
+        cand, x, y, diff = cand[same], x[same], y[same], diff[same]
+        d += 1
+
+
+def _scan(bucket: np.ndarray, k: int, keep, stats: dict) -> None:
+    """Every pair of one (hot) bucket, in blocks of rows against the rest of the bucket."""
+    ln = len(bucket)
+    step = max(1, _SCAN_CELLS // ln)
+    for r in range(0, ln - 1, step):
+        rows = bucket[r:r + step]
+        rest = bucket[r + 1:]
+        close = np.bitwise_count(rows[:, None] ^ rest[None, :]) <= k
+        # row i (global r+i) against rest column j (global r+1+j): keep j >= i, so each pair once
+        close &= np.arange(len(rest))[None, :] >= np.arange(len(rows))[:, None]
+        stats["candidates"] += len(rows) * (ln - 1 - r) - len(rows) * (len(rows) - 1) // 2
+        i, j = np.nonzero(close)
+        if len(i):
+            keep(rows[i], rest[j], rows[i] ^ rest[j])
+
+
+def near_pairs(hashes: np.ndarray, k: int, m: int | None = None, bucket_cap: int = DEFAULT_BUCKET_CAP
+               ) -> tuple[np.ndarray, np.ndarray, dict]:
+    """All pairs of distinct hashes within distance k (each once), every table in this process."""
+    hashes = np.asarray(hashes, dtype=np.uint64)
+    m = m or choose_blocks(len(hashes), k)
+    a, b, per = [], [], []
+    for t in range(len(tables(m, k))):
+        x, y, st = table_pairs(hashes, k, m, t, bucket_cap)
+        a.append(x)
+        b.append(y)
+        per.append(st)
+    return np.concatenate(a), np.concatenate(b), _sum_stats(m, k, per)
+
+
+def _sum_stats(m: int, k: int, per: list[dict]) -> dict:
+    keys = {"candidates": "candidate_pairs", "verified": "verified_pairs", "pairs": "near_pairs",
+            "hot_buckets_scanned": "hot_buckets_scanned", "hot_buckets_skipped": "hot_buckets_skipped",
+            "hot_hashes_skipped": "hot_hashes_skipped"}
+    out = {"blocks": m, "tables": len(tables(m, k)), **{v: sum(s[f] for s in per) for f, v in keys.items()}}
+    out["largest_bucket"] = max((s["largest_bucket"] for s in per), default=0)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Samples -> components -> verdicts (pure: arrays in, arrays out)
 
 def _union_find(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Root per node after unioning every (a[i], b[i]); path halving, vectorised over edges."""
@@ -54,54 +323,191 @@ def _union_find(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return find(np.arange(n, dtype=np.int64))
 
 
+_HEX = np.full(256, 255, dtype=np.uint8)
+_HEX[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10, dtype=np.uint8)
+_HEX[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+_MIX = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 1], dtype=np.uint64)
+_CHUNK = 1 << 18  # rows per step when parsing digests (about 200 bytes of temporaries each)
+
+
+def _strings(col) -> pa.ChunkedArray:
+    """A string column as chunks (no copy of the whole column when it already is one)."""
+    col = col if isinstance(col, pa.ChunkedArray) else pa.chunked_array([col])
+    return col if col.type == pa.string() else col.cast(pa.string())
+
+
+def sha_key(arr: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(key, valid, exact): one uint64 per sha256 string; equal strings get equal keys.
+
+    Lower-case hex digests (what the decode stage writes) are mixed down from all 256 bits, chunk
+    by chunk; the rare equal key of two different digests is caught by _sha_links (exact=False).
+    Any other strings are numbered by Arrow's dictionary encoding (exact=True).
+    """
+    valid = arr.is_valid().to_numpy(zero_copy_only=False)
+    key = np.zeros(len(arr), dtype=np.uint64)
+    out, hexes = 0, True
+    for chunk in arr.chunks:
+        present = chunk if not chunk.null_count else chunk.filter(chunk.is_valid())
+        mixed = _mix_hex(present) if hexes else None
+        if mixed is None:
+            hexes = False
+            break
+        rows = np.flatnonzero(valid[out:out + len(chunk)]) + out
+        key[rows] = mixed
+        out += len(chunk)
+    if hexes:
+        return key, valid, False
+    key[valid] = pc.dictionary_encode(arr.filter(arr.is_valid()).combine_chunks()).indices.to_numpy().astype(np.uint64)
+    return key, valid, True
+
+
+def _mix_hex(present: pa.Array) -> np.ndarray | None:
+    """64-char lower-case hex strings (no nulls) -> one uint64 each from all 256 bits; else None."""
+    if not len(present):
+        return np.zeros(0, dtype=np.uint64)
+    if not (pc.binary_length(present).to_numpy() == 64).all():
+        return None
+    off = int(np.frombuffer(present.buffers()[1], np.int32)[present.offset])
+    raw = np.frombuffer(present.buffers()[2], np.uint8)[off:off + 64 * len(present)].reshape(-1, 64)
+    mixed = np.empty(len(present), dtype=np.uint64)
+    for s in range(0, len(present), _CHUNK):
+        nib = _HEX[raw[s:s + _CHUNK]]
+        if (nib == 255).any():
+            return None
+        words = np.ascontiguousarray((nib[:, 0::2] << 4) | nib[:, 1::2]).view(">u8").astype(np.uint64)
+        mixed[s:s + _CHUNK] = np.bitwise_xor.reduce(words * _MIX, axis=1)
+    return mixed
+
+
+def _sha_links(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Links (first sample of the group, sample) between samples with one sha256."""
+    arr = _strings(arr)
+    key, valid, exact = sha_key(arr)
+    nodes = np.flatnonzero(valid)
+    order = nodes[np.argsort(key[nodes])]
+    k = key[order]
+    same = k[1:] == k[:-1]
+    if not exact and same.any():
+        i = np.flatnonzero(same)
+        equal = pc.equal(arr.take(pa.array(order[i])), arr.take(pa.array(order[i + 1])))
+        if not equal.to_numpy(zero_copy_only=False).all():  # two digests on one key: number the strings
+            key[valid] = pc.dictionary_encode(
+                arr.filter(arr.is_valid()).combine_chunks()).indices.to_numpy().astype(np.uint64)
+            order = nodes[np.argsort(key[nodes])]
+            k = key[order]
+            same = k[1:] == k[:-1]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = ~same
+    first = order[np.flatnonzero(new)][np.cumsum(new) - 1]
+    ok = first != order
+    return first[ok], order[ok]
+
+
+def components(phash: pa.Array, sha256, max_distance: int | None = 4, exact: bool = True,
+               near=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """Component root per sample, plus the near search's counts.
+
+    near(distinct_hashes, k) -> (a, b, stats) finds the near pairs; default `near_pairs` here.
+    """
+    if max_distance is not None and max_distance > MAX_DISTANCE:
+        raise ValueError(f"dedup.max_distance={max_distance}: at most {MAX_DISTANCE} of 64 bits "
+                         f"(beyond that unrelated images match); the usual value is 4")
+    n = len(phash)
+    ea, eb, stats = [], [], {"distinct_hashes": 0}
+    if exact:
+        a, b = _sha_links(sha256)
+        ea.append(a)
+        eb.append(b)
+    if max_distance is not None and max_distance >= 0:
+        ph = phash.combine_chunks() if isinstance(phash, pa.ChunkedArray) else phash
+        ph = ph.cast(pa.uint64())
+        nodes = np.flatnonzero(ph.is_valid().to_numpy(zero_copy_only=False))
+        values = ph.fill_null(0).to_numpy()[nodes]
+        order = np.argsort(values)
+        values = values[order]
+        new = np.ones(len(values), dtype=bool)
+        new[1:] = values[1:] != values[:-1]
+        head = np.flatnonzero(new)
+        distinct = values[head]
+        rep = nodes[order[head]]  # one sample per distinct hash
+        del values, new
+        a = np.repeat(rep, np.diff(np.r_[head, len(order)]))
+        same = a != nodes[order]
+        ea.append(a[same])
+        eb.append(nodes[order][same])
+        del a, same, order
+        stats["distinct_hashes"] = len(distinct)
+        if max_distance > 0 and len(distinct) > 1:
+            x, y, st = (near or near_pairs)(distinct, int(max_distance))
+            stats.update(st)
+            ea.append(rep[np.searchsorted(distinct, x)])
+            eb.append(rep[np.searchsorted(distinct, y)])
+    a = np.concatenate(ea) if ea else np.zeros(0, np.int64)
+    b = np.concatenate(eb) if eb else np.zeros(0, np.int64)
+    return _union_find(n, a, b), stats
+
+
+def verdicts(root: np.ndarray, sample_id: pa.Array, area: np.ndarray, sha256) -> pa.Table:
+    """dup_of / dup_kind / dup_cluster_size per sample, in input order.
+
+    The canonical sample of a component is the largest (area), then the smallest sample_id;
+    dup_kind is 'exact' when a sample has its canonical's sha256, else 'near'.
+    """
+    n = len(root)
+    size = np.bincount(root, minlength=n)[root].astype(np.int32)
+    multi = np.flatnonzero(size > 1)
+    canon = np.arange(n, dtype=np.int64)  # only entries of multi are read back
+    if len(multi):
+        sid = _strings(sample_id)
+        t = pa.table({"root": root[multi], "area": area[multi], "sid": sid.take(pa.array(multi)),
+                      "node": multi})
+        t = t.take(pc.sort_indices(t, sort_keys=[("root", "ascending"), ("area", "descending"),
+                                                 ("sid", "ascending")]))
+        r = t.column("root").to_numpy()
+        node = t.column("node").to_numpy()
+        head = np.ones(len(r), dtype=bool)
+        head[1:] = r[1:] != r[:-1]
+        canon[node] = node[np.flatnonzero(head)][np.cumsum(head) - 1]
+    dup = np.zeros(n, dtype=bool)
+    dup[multi] = canon[multi] != multi
+    take = np.where(dup, canon, -1)
+    sid_all = _strings(sample_id)
+    dup_of = sid_all.take(pa.array(take, mask=~dup)).cast(pa.string())
+    kind = np.ones(n, dtype=np.int32)  # 1 = near
+    dups = np.flatnonzero(dup)
+    if len(dups):
+        sha = _strings(sha256)
+        same = pc.equal(sha.take(pa.array(dups)), sha.take(pa.array(canon[dups]))).fill_null(False)
+        kind[dups[same.to_numpy(zero_copy_only=False)]] = 0  # 0 = exact
+    dup_kind = pa.DictionaryArray.from_arrays(pa.array(kind, mask=~dup), pa.array(["exact", "near"]))
+    return pa.table({"sample_id": sid_all.cast(pa.string()), "dup_of": dup_of,
+                     "dup_kind": dup_kind.cast(pa.string()),
+                     "dup_cluster_size": pa.array(size, pa.int32())})
+
+
+def _area(table: pa.Table) -> np.ndarray:
+    w = table.column("width").cast(pa.int64()).fill_null(0).to_numpy()
+    h = table.column("height").cast(pa.int64()).fill_null(0).to_numpy()
+    return w * h
+
+
 def cluster(samples: pa.Table, max_distance: int = 4, exact: bool = True) -> pa.Table:
     """samples: sample_id, sha256, phash (uint64, may be null), width, height.
 
-    Returns sample_id, dup_of, dup_kind, dup_cluster_size for every input row.
+    Returns sample_id, dup_of, dup_kind, dup_cluster_size for every input row, ordered by sample_id.
+    The near search runs in this process; run_dedup runs the same tables as Ray tasks.
     """
-    con = duckdb.connect()
-    con.register("s0", samples)
-    # row order fixed by sample_id, so node numbers (and everything after) are deterministic
-    con.execute("CREATE TEMP TABLE s AS SELECT row_number() OVER (ORDER BY sample_id) - 1 AS i, "
-                "sample_id, sha256, phash, coalesce(width, 0)::BIGINT * coalesce(height, 0) AS area FROM s0")
-    n = con.execute("SELECT count(*) FROM s").fetchall()[0][0]
-    edges = []
-    if exact:
-        edges.append("SELECT min(i) OVER (PARTITION BY sha256) AS a, i AS b FROM s WHERE sha256 IS NOT NULL")
-    if max_distance is not None and max_distance >= 0:
-        # identical hashes: one edge to the first sample of the hash
-        edges.append("SELECT min(i) OVER (PARTITION BY phash) AS a, i AS b FROM s WHERE phash IS NOT NULL")
-        if max_distance > 0:
-            con.execute("CREATE TEMP TABLE h AS SELECT phash, min(i) AS i FROM s "
-                        "WHERE phash IS NOT NULL GROUP BY phash")
-            for shift, width in bands(max_distance):
-                mask = (1 << width) - 1
-                band = f"((phash >> {shift}) & {mask}::UBIGINT)"
-                edges.append(
-                    f"SELECT x.i AS a, y.i AS b FROM (SELECT i, phash, {band} AS band FROM h) x "
-                    f"JOIN (SELECT i, phash, {band} AS band FROM h) y "
-                    f"ON x.band = y.band AND x.phash < y.phash "
-                    f"WHERE bit_count(xor(x.phash, y.phash)) <= {int(max_distance)}")
-    if edges:
-        e = con.execute(" UNION ".join(f"({q})" for q in edges)).fetchnumpy()
-        a, b = e["a"].astype(np.int64), e["b"].astype(np.int64)
-    else:
-        a = b = np.zeros(0, dtype=np.int64)
-    root = _union_find(n, a, b)
-    con.register("roots", pa.table({"i": np.arange(n, dtype=np.int64), "root": root}))
-    return con.sql("""
-        WITH c AS (
-            SELECT s.*, r.root,
-                   count(*) OVER (PARTITION BY r.root) AS size,
-                   first_value(s.sample_id) OVER (PARTITION BY r.root ORDER BY s.area DESC, s.sample_id) AS canon,
-                   first_value(s.sha256) OVER (PARTITION BY r.root ORDER BY s.area DESC, s.sample_id) AS canon_sha
-            FROM s JOIN roots r USING (i))
-        SELECT sample_id,
-               CASE WHEN sample_id <> canon THEN canon END AS dup_of,
-               CASE WHEN sample_id = canon THEN NULL
-                    WHEN sha256 = canon_sha THEN 'exact' ELSE 'near' END AS dup_kind,
-               size::INTEGER AS dup_cluster_size
-        FROM c ORDER BY sample_id""").to_arrow_table()
+    return cluster_stats(samples, max_distance, exact)[0]
+
+
+def cluster_stats(samples: pa.Table, max_distance: int = 4, exact: bool = True, bucket_cap: int | None = None,
+                  blocks: int | None = None) -> tuple[pa.Table, dict]:
+    """cluster() plus the near search's counts (candidate pairs, tables, hot buckets, ...)."""
+    cap = bucket_cap or DEFAULT_BUCKET_CAP
+    root, stats = components(samples.column("phash"), samples.column("sha256"), max_distance, exact,
+                             lambda h, k: near_pairs(h, k, blocks, bucket_cap=cap))
+    out = verdicts(root, samples.column("sample_id"), _area(samples), samples.column("sha256"))
+    return out.take(pc.sort_indices(out, sort_keys=[("sample_id", "ascending")])), stats
 
 
 # --------------------------------------------------------------------------------------------
@@ -116,45 +522,143 @@ def dedup_dir(run) -> Path:
     return Path(run) / "work" / "dedup"
 
 
+def pairs_dir(run) -> Path:
+    return dedup_dir(run) / "pairs"
+
+
 def is_done(run) -> bool:
     """True once run_dedup finished for this RUN (its marker is written last)."""
     return (dedup_dir(run) / "_done.json").exists()
+
+
+def _fingerprint(hashes: np.ndarray) -> str:
+    """Identifies the distinct-hash array a pair file was computed from (resume must not mix runs)."""
+    if not len(hashes):
+        return "0"
+    mix = (hashes * np.uint64(0x9E3779B97F4A7C15)) ^ (hashes >> np.uint64(29))
+    return f"{len(hashes)}-{int(np.bitwise_xor.reduce(mix)):016x}-{int(hashes.sum(dtype=np.uint64)):016x}"
+
+
+def table_file(folder: Path, m: int, k: int, t: int) -> Path:
+    return Path(folder) / f"m{m}-k{k}-t{t:03d}.parquet"
+
+
+def run_table(hashes: np.ndarray, k: int, m: int, t: int, bucket_cap: int, folder: str, fingerprint: str
+              ) -> dict:
+    """One table: its pairs to FOLDER/m{m}-k{k}-t{t}.parquet (written once, atomically); its stats."""
+    import catalog
+    path = table_file(Path(folder), m, k, t)
+    st = _read_table_stats(path, fingerprint, bucket_cap)
+    if st is not None:
+        return st  # done before a crash
+    t0 = time.perf_counter()
+    a, b, st = table_pairs(hashes, k, m, t, bucket_cap)
+    st["seconds"] = round(time.perf_counter() - t0, 3)
+    meta = {"fingerprint": fingerprint, "bucket_cap": bucket_cap, "stats": st}
+    table = pa.table({"a": a, "b": b}).replace_schema_metadata({"humanset_dedup": json.dumps(meta)})
+    catalog.write_parquet(path, table)
+    return st
+
+
+def _read_table_stats(path: Path, fingerprint: str, bucket_cap: int) -> dict | None:
+    if not path.exists():
+        return None
+    meta = json.loads((pq.read_schema(path).metadata or {}).get(b"humanset_dedup", b"{}"))
+    if meta.get("fingerprint") != fingerprint or meta.get("bucket_cap") != bucket_cap:
+        return None  # computed from other hashes or settings: redo
+    return meta["stats"]
+
+
+def _run_tables(hashes: np.ndarray, k: int, m: int, bucket_cap: int, folder: Path) -> list[dict]:
+    """Every table, as Ray tasks when Ray is up (the hash array put in the object store once)."""
+    fp = _fingerprint(hashes)
+    todo = list(range(len(tables(m, k))))
+    try:
+        import ray
+        use_ray = ray.is_initialized()
+    except ImportError:
+        use_ray = False
+    log.log(logging.INFO if use_ray and len(hashes) >= RAY_MIN_HASHES else logging.DEBUG,
+            "dedup: %d distinct hashes, %d blocks, %d tables%s", len(hashes), m, len(todo),
+             " (Ray tasks)" if use_ray and len(hashes) >= RAY_MIN_HASHES else "")
+    if not use_ray or len(hashes) < RAY_MIN_HASHES:
+        out = []
+        for t in todo:
+            out.append(run_table(hashes, k, m, t, bucket_cap, str(folder), fp))
+            _log_table(len(out), len(todo), out[-1], logging.DEBUG)  # small: seconds in all
+        return out
+    task = ray.remote(num_cpus=1)(run_table)
+    ref = ray.put(hashes)
+    refs = [task.remote(ref, k, m, t, bucket_cap, str(folder), fp) for t in todo]
+    pending, done = list(refs), 0
+    while pending:  # progress on the console as tables finish
+        ready, pending = ray.wait(pending, num_returns=1)
+        done += 1
+        _log_table(done, len(todo), ray.get(ready[0]))
+    return ray.get(refs)
+
+
+def _log_table(done: int, total: int, st: dict, level: int = logging.INFO) -> None:
+    log.log(level, "dedup: table %d done (%d/%d): %d candidate pairs, %d near pairs%s", st["table"], done, total,
+             st["candidates"], st["pairs"],
+             f", {st['hot_buckets_skipped']} buckets over dedup.bucket_cap skipped" if st["hot_buckets_skipped"] else "")
 
 
 def run_dedup(run, unit_ids: list[str], cfg: dict) -> dict:
     """Cluster every measured sample of the run and write one verdict file per unit.
 
     Reads RUN/work/measure/{unit}.parquet (columns MEASURE_COLUMNS; only rows with `_alive`
-    take part), writes RUN/work/dedup/{unit}.parquet (VERDICT_SCHEMA, the unit's alive rows)
+    take part), writes each near-search table's pairs to RUN/work/dedup/pairs/ (reused after a
+    crash), RUN/work/dedup/{unit}.parquet (VERDICT_SCHEMA, the unit's alive rows, in its order)
     and, last, RUN/work/dedup/_done.json with counts. Returns those counts.
     """
     import catalog
+    t_start = time.perf_counter()
     run = Path(run)
-    d = cfg.get("dedup", {})
+    d = cfg.get("dedup", {}) or {}
     enabled = "dedup" in cfg.get("stages", ["dedup"])
+    k = d.get("max_distance", 4)
+    bucket_cap = int(d.get("bucket_cap") or DEFAULT_BUCKET_CAP)
     parts = []
     for u in unit_ids:
         t = pq.read_table(run / "work" / "measure" / f"{u}.parquet", columns=MEASURE_COLUMNS)
-        t = t.filter(t.column("_alive")).drop_columns(["_alive"])
-        parts.append(t.append_column("_unit", pa.array([u] * t.num_rows, pa.string())))
-    table = pa.concat_tables(parts) if parts else None
-    if table is not None and table.num_rows and enabled:
-        result = cluster(table.drop_columns(["_unit"]), d.get("max_distance", 4), d.get("exact", True))
+        parts.append(t.filter(t.column("_alive")).drop_columns(["_alive"]))
+    table = pa.concat_tables(parts) if parts else pa.table({c: pa.array([], pa.string()) for c in MEASURE_COLUMNS})
+    sizes = [p.num_rows for p in parts]
+    stats = {"candidates": table.num_rows}
+    if table.num_rows and enabled:
+        def near(hashes, kk):
+            m = int(d.get("blocks") or choose_blocks(len(hashes), kk))
+            per = _run_tables(hashes, kk, m, bucket_cap, pairs_dir(run))
+            a, b = [], []
+            for t in range(len(tables(m, kk))):
+                p = pq.read_table(table_file(pairs_dir(run), m, kk, t))
+                a.append(p.column("a").to_numpy())
+                b.append(p.column("b").to_numpy())
+            return np.concatenate(a), np.concatenate(b), _sum_stats(m, kk, per)
+        root, st = components(table.column("phash"), table.column("sha256"), k,
+                                           d.get("exact", True), near)
+        result = verdicts(root, table.column("sample_id"), _area(table), table.column("sha256"))
+        stats.update(st)
+        if st.get("hot_buckets_skipped"):
+            log.warning("dedup: %d hash buckets larger than dedup.bucket_cap=%d (%d hashes) were not searched "
+                        "for near duplicates in some tables; raise dedup.bucket_cap to search them",
+                        st["hot_buckets_skipped"], bucket_cap, st["hot_hashes_skipped"])
     else:
-        ids = table.column("sample_id") if table is not None else pa.array([], pa.string())
-        n = len(ids)
-        result = pa.table({"sample_id": ids, "dup_of": pa.nulls(n, pa.string()),
-                           "dup_kind": pa.nulls(n, pa.string()), "dup_cluster_size": pa.nulls(n, pa.int32())})
-    units = {r: u for r, u in zip(table.column("sample_id").to_pylist(),
-                                  table.column("_unit").to_pylist())} if table is not None else {}
-    by_unit: dict[str, list[int]] = {u: [] for u in unit_ids}
-    for i, sid in enumerate(result.column("sample_id").to_pylist()):
-        by_unit[units[sid]].append(i)
-    for u, idx in by_unit.items():
-        part = result.take(pa.array(idx, pa.int64())).cast(VERDICT_SCHEMA)
-        catalog.write_parquet(dedup_dir(run) / f"{u}.parquet", part)
-    stats = {"candidates": result.num_rows,
-             "duplicates": result.filter(pc.is_valid(result.column("dup_of"))).num_rows}
+        n = table.num_rows
+        result = pa.table({"sample_id": table.column("sample_id").cast(pa.string()),
+                           "dup_of": pa.nulls(n, pa.string()), "dup_kind": pa.nulls(n, pa.string()),
+                           "dup_cluster_size": pa.nulls(n, pa.int32())})
+    offset = 0
+    for u, size in zip(unit_ids, sizes):
+        catalog.write_parquet(dedup_dir(run) / f"{u}.parquet", result.slice(offset, size).cast(VERDICT_SCHEMA))
+        offset += size
+    dup = result.column("dup_of").is_valid()
+    kinds = result.column("dup_kind")
+    stats.update(duplicates=int(pc.sum(dup).as_py() or 0),
+                 exact_duplicates=int(pc.sum(pc.equal(kinds, "exact")).as_py() or 0),
+                 near_duplicates=int(pc.sum(pc.equal(kinds, "near")).as_py() or 0),
+                 seconds=round(time.perf_counter() - t_start, 3))
     catalog.write_json(dedup_dir(run) / "_done.json", stats)
     return stats
 

@@ -24,6 +24,7 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -31,6 +32,7 @@ import pyarrow.parquet as pq
 import catalog
 from catalog import CURATED_INDEX, SAMPLES
 
+from . import console
 from . import dedup as dedup_mod
 from .config import load_config
 from .decide import decide, funnel
@@ -62,47 +64,74 @@ def _set(table: pa.Table, col: str, arr) -> pa.Table:
     return table.set_column(idx, col, arr) if idx >= 0 else table.append_column(col, arr)
 
 
+def _flag(batch: pa.Table, col: str, default: bool) -> np.ndarray:
+    return pc.fill_null(batch.column(col), default).to_numpy(zero_copy_only=False).astype(bool)
+
+
+def _scatter(values: pa.Array, idx: np.ndarray, n: int) -> pa.Array:
+    """values for rows idx of an n-row batch; null elsewhere."""
+    if len(idx) == n:
+        return values
+    pos = np.full(n, -1, np.int64)
+    pos[idx] = np.arange(len(idx))
+    return values.take(pa.array(pos, mask=pos < 0))
+
+
+def _append_name(lists: pa.Array, todo: np.ndarray, name: str) -> pa.Array:
+    """list<string> column with `name` appended on rows where todo (a null list becomes [name])."""
+    lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
+    n = len(lists)
+    old_len = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    new_len = old_len + todo
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(new_len, out=offsets[1:])
+    flat = pc.list_flatten(lists)
+    parent = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False).astype(np.int64)
+    old_starts = np.zeros(n + 1, np.int64)
+    np.cumsum(old_len, out=old_starts[1:])
+    src = np.empty(offsets[-1], np.int64)
+    src[offsets[parent] + np.arange(len(parent)) - old_starts[parent]] = np.arange(len(parent))
+    src[(offsets[:-1] + old_len)[todo]] = len(flat)
+    values = pa.concat_arrays([flat.cast(pa.string()), pa.array([name], pa.string())]).take(pa.array(src))
+    mask = pa.array(~todo & np.asarray(lists.is_null().to_numpy(zero_copy_only=False), bool))
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values, mask=mask,
+                                    type=SAMPLES.field("scored_stages").type)
+
+
 def run_stage(stage: Stage, batch: pa.Table, score_all: bool) -> pa.Table:
     """Measure the rows this stage should see and merge its columns into the batch.
 
     Measure stages see every row. Score stages see rows still alive (all decodable rows with
     score_all); other rows get nulls. Afterwards `_alive` drops rows this stage rejects.
+    Columns are assembled with Arrow kernels: no Python loop over rows here.
     """
     n = batch.num_rows
-    sentinel = batch.column("_sentinel").to_pylist()
-    if stage.phase == "measure":
-        todo = [not s for s in sentinel]
-    else:
-        decoded = pc.is_null(batch.column("decode_error")).to_pylist()
-        alive = batch.column("_alive").to_pylist()
-        todo = [d and (a or score_all) and not s for d, a, s in zip(decoded, alive, sentinel)]
-    idx = [i for i, t in enumerate(todo) if t]
+    todo = ~_flag(batch, "_sentinel", False)
+    if stage.phase != "measure":
+        todo &= pc.is_null(batch.column("decode_error")).to_numpy(zero_copy_only=False).astype(bool)
+        if not score_all:
+            todo &= _flag(batch, "_alive", False)
+    idx = np.flatnonzero(todo)
     t0 = time.perf_counter()
-    if idx:
-        sub = batch.take(pa.array(idx, pa.int64()))
+    if len(idx):
+        sub = batch.take(pa.array(idx, pa.int64())) if len(idx) < n else batch
         wanted = [c for c in set(stage.reads) | {"sample_id"} if c in sub.column_names]
         result = stage.measure(sub.select(wanted).to_pydict())
     else:
         result = {c: [] for c in stage.writes}
     seconds = time.perf_counter() - t0
     for col in stage.writes:
-        values = [None] * n
         got = result.get(col, [None] * len(idx))
         if len(got) != len(idx):
             raise RunError(f"stage {stage.name} returned {len(got)} values of {col} for {len(idx)} rows")
-        for j, i in enumerate(idx):
-            values[i] = got[j]
-        batch = _set(batch, col, _typed(col, values))
-    scored = batch.column("scored_stages").to_pylist()
-    for i in idx:
-        scored[i] = (scored[i] or []) + [stage.name]
-    batch = _set(batch, "scored_stages", _typed("scored_stages", scored))
-    per_row = seconds / len(idx) if idx else 0.0
-    batch = _set(batch, f"_t_{stage.name}", pa.array([per_row if t else 0.0 for t in todo], pa.float64()))
+        batch = _set(batch, col, _scatter(_typed(col, got), idx, n))
+    batch = _set(batch, "scored_stages", _append_name(batch.column("scored_stages"), todo, stage.name))
+    per_row = seconds / len(idx) if len(idx) else 0.0
+    batch = _set(batch, f"_t_{stage.name}", pa.array(np.where(todo, per_row, 0.0), pa.float64()))
     if stage.name != "dedup":  # dedup's verdict needs the whole run; it is applied in phase 3
-        reasons = stage.reject(batch)
-        alive = [a and not r for a, r in zip(batch.column("_alive").to_pylist(), reasons)]
-        batch = _set(batch, "_alive", pa.array(alive, pa.bool_()))
+        rejected = pc.is_valid(pa.array(stage.reject(batch), pa.string()))
+        alive = pc.and_(pc.fill_null(batch.column("_alive"), False), pc.invert(rejected))
+        batch = _set(batch, "_alive", alive)
     return batch
 
 
@@ -127,9 +156,32 @@ class _ActorFn:
         self.stage = stage_class(name)(cfg)
         self.stage.setup()
         self.score_all = score_all
+        if "torch" in sys.modules:  # torch threads = the actor's CPUs (ONNX Runtime stages set theirs)
+            import torch
+            torch.set_num_threads(max(1, int(round(self.stage.resources.num_cpus))))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         return run_stage(self.stage, batch, self.score_all)
+
+
+def _pool(stage: Stage):
+    """Ray Data's actor pool for a stateful stage: `concurrency` N is a fixed pool, [min, max] an
+    autoscaling one; unset (or "auto"), it autoscales from 1 to as many actors as the cluster's
+    CPUs (GPUs for a GPU stage) can hold at the stage's resources."""
+    import ray
+
+    c = stage.concurrency
+    if isinstance(c, int):
+        return ray.data.ActorPoolStrategy(size=c)
+    res, total = stage.resources, ray.cluster_resources()
+    if res.num_gpus:
+        fit = max(1, int(total.get("GPU", 0) // res.num_gpus))
+    else:
+        fit = max(1, int(total.get("CPU", 1) // max(res.num_cpus, 1e-3)))
+    if isinstance(c, tuple):  # [min, max]; a null max means "what the cluster holds"
+        lo = int(c[0] or 1)
+        return ray.data.ActorPoolStrategy(min_size=lo, max_size=max(lo, int(c[1]) if c[1] else fit))
+    return ray.data.ActorPoolStrategy(min_size=1, max_size=fit)
 
 
 def apply_stage(ds, stage: Stage, score_all: bool):
@@ -142,7 +194,7 @@ def apply_stage(ds, stage: Stage, score_all: bool):
         kw["memory"] = int(res.memory_gb * 2**30)
     if stage.stateful:
         return ds.map_batches(_ActorFn, fn_constructor_kwargs=dict(name=stage.name, cfg=stage.cfg,
-                              score_all=score_all), concurrency=stage.concurrency or 1, **kw)
+                              score_all=score_all), compute=_pool(stage), **kw)
     return ds.map_batches(_task_fn, fn_kwargs=dict(name=stage.name, cfg=stage.cfg, score_all=score_all), **kw)
 
 
@@ -220,11 +272,10 @@ class _Collector:
     """Groups streamed rows by unit; calls `done(unit_id, table, unit_error)` when a unit is whole."""
 
     def __init__(self, done, total_units: int, desc: str, progress: bool):
-        from tqdm import tqdm
         self.parts: dict[str, list[pa.Table]] = defaultdict(list)
         self.counts: dict[str, int] = defaultdict(int)
         self.done = done
-        self.bar = tqdm(total=total_units, desc=desc, unit="unit", disable=not progress, file=sys.stderr)
+        self.bar = console.progress(total_units, desc, enabled=progress)
 
     def add(self, batch: pa.Table):
         if "image" in batch.column_names:
@@ -342,14 +393,18 @@ def init_ray(cfg: dict):
     if local:
         loopback_only()
     import ray
+    console.quiet_ray()
     if ray.is_initialized():
         return
     kw = dict(include_dashboard=False, log_to_driver=True, logging_level=logging.WARNING)
     if local:  # a private single-node cluster, reachable on loopback only
+        console.token_auth_notice()
         ray.init(num_cpus=cfg.get("ray", {}).get("num_cpus"), **kw)
     else:
         ray.init(address=address or "auto", **{k: v for k, v in kw.items() if k != "include_dashboard"})
-    log.info("ray: %s", ray.cluster_resources())
+    res = ray.cluster_resources()
+    log.info("ray: %s, %g CPU, %g GPU", "private local cluster on 127.0.0.1 (token authentication on)" if local
+             else f"cluster at {address or 'auto'}", res.get("CPU", 0), res.get("GPU", 0))
 
 
 def curate(inputs: list[str], output: str, config: dict | None = None, score_all: bool = False,
@@ -391,11 +446,7 @@ def curate(inputs: list[str], output: str, config: dict | None = None, score_all
     cfg_active = dict(cfg, stages=[s.name for s in active])
 
     if todo:
-        init_ray(cfg)
-        import ray
-        ctx = ray.data.DataContext.get_current()
-        ctx.enable_progress_bars = progress
-        ctx.verbose_progress = False
+        init_ray(cfg)  # Ray Data's own progress off: ours (console.progress) counts units
         t_start = time.time()
         if to_measure:
             _measure(run, to_measure, measure_stages, score_all, progress)
@@ -454,8 +505,7 @@ def _score_and_write(run: Path, units: list[Unit], stages: list[Stage], cfg: dic
     else:
         for u in units:
             done(u.unit_id, _measured_table(run, u.unit_id), None)
-    from tqdm import tqdm
-    with tqdm(total=len(refs), desc="write", unit="unit", disable=not progress, file=sys.stderr) as bar:
+    with console.progress(len(refs), "write", enabled=progress) as bar:
         pending = list(refs)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)

@@ -42,15 +42,20 @@ def _open(data: bytes, max_pixels: int | None) -> Image.Image:
 
 
 THUMB = 32  # side of the grey thumbnail probe() keeps: what a 64-bit pHash looks at
+# JPEGs are draft-decoded (DCT scaling, a power of two) to at least this many pixels a side before
+# the LANCZOS resize to THUMB, as imagehash.phash resizes the full image: at 8x THUMB the hash agrees
+# with imagehash's of the full image (tests/test_phash.py measures it); the old 1/8 draft did not
+THUMB_DRAFT = 8 * THUMB
 
 
 def probe(data: bytes, max_pixels: int | None = None, verify: bool = True) -> dict:
     """Format, mode, size after EXIF orientation, frame count - from the header.
 
-    With verify=True the pixel data is decoded too (JPEG in draft mode at 1/8 scale, which still
-    reads every entropy-coded byte), so truncated files are caught without a full-size decode, and
-    the decoded pixels leave a THUMBxTHUMB grey thumbnail ("thumb", EXIF-oriented, first frame) for
-    the perceptual hash, so no stage decodes the image twice.
+    With verify=True the pixel data is decoded too (JPEG in draft mode, scaled down by up to 8 but
+    kept at least THUMB_DRAFT px a side; it still reads every entropy-coded byte), so truncated files
+    are caught without a full-size decode, and the decoded pixels leave a THUMBxTHUMB grey thumbnail
+    ("thumb", EXIF-oriented, first frame; grey then LANCZOS as imagehash.phash does) for the
+    perceptual hash, so no stage decodes the image twice.
     """
     im = _open(data, max_pixels)
     try:
@@ -65,7 +70,7 @@ def probe(data: bytes, max_pixels: int | None = None, verify: bool = True) -> di
     if verify:
         try:
             if im.format == "JPEG":
-                im.draft(im.mode if im.mode in ("RGB", "L") else None, (max(1, w // 8), max(1, h // 8)))
+                im.draft(im.mode if im.mode in ("RGB", "L") else None, (THUMB_DRAFT, THUMB_DRAFT))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 Image.LOAD_TRUNCATED_IMAGES = False

@@ -16,6 +16,7 @@ import catalog
 from catalog import SAMPLES
 from catalog.sources import read_source
 
+from . import console
 from . import dedup as dedup_mod
 from .config import apply_sets
 from .decide import decide, funnel
@@ -62,7 +63,6 @@ def plan(run: Path, sets: list[str]) -> tuple[dict, dict, list[str]]:
 
 
 def select(run: str, output: str, sets: list[str], progress: bool = True) -> dict:
-    from tqdm import tqdm
     run_p, out = Path(run), Path(output)
     manifest, cfg, changed = plan(run_p, sets)
     if (out / "manifest.json").exists():
@@ -83,7 +83,7 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
     by_unit = defaultdict(list)
     for i, u in enumerate(table.column("shard").to_pylist()):
         by_unit[u].append(i)
-    for unit, rows in tqdm(sorted(by_unit.items()), desc="select", unit="unit", disable=not progress):
+    for unit, rows in console.progress(iterable=sorted(by_unit.items()), desc="select", enabled=progress):
         part = table.take(pa.array(rows, pa.int64()))
         keep = part.filter(part.column("keep"))
         images = _images(run_p, keep, stored)
@@ -113,12 +113,11 @@ def _redo_dedup(table: pa.Table, stages, cfg: dict) -> pa.Table:
     alive = pa.array([not any(r[i] for r in reasons) for i in range(table.num_rows)], pa.bool_())
     cand = table.filter(alive).select(["sample_id", "sha256", "phash", "width", "height"])
     d = cfg.get("dedup", {})
-    result = {r["sample_id"]: r for r in dedup_mod.cluster(cand, d.get("max_distance", 4), d.get("exact", True)).to_pylist()}
-    ids = table.column("sample_id").to_pylist()
+    result = dedup_mod.cluster(cand, d.get("max_distance", 4), d.get("exact", True))
+    row = pc.index_in(table.column("sample_id"), value_set=result.column("sample_id"))  # null: not a candidate
     for col in ("dup_of", "dup_kind", "dup_cluster_size"):
         idx = table.schema.get_field_index(col)
-        table = table.set_column(idx, col, pa.array([result.get(i, {}).get(col) for i in ids],
-                                                    SAMPLES.field(col).type))
+        table = table.set_column(idx, col, result.column(col).take(row).cast(SAMPLES.field(col).type))
     return table
 
 

@@ -4,10 +4,9 @@
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict, dataclass, field
 
-import yaml
+from catalog import config as loader
 
 from .blender import RenderSettings
 from .sampling import SamplingConfig
@@ -61,36 +60,9 @@ def _build(cls, d):
 
 def apply_sets(d: dict, sets: list[str] | None) -> dict:
     """'sampling.camera.height=512' style overrides; values parsed as YAML. Unknown keys are errors."""
-    d = copy.deepcopy(d)
-    for item in sets or []:
-        if "=" not in item:
-            raise ValueError(f"--set {item!r}: expected key=value, e.g. --set sampling.camera.height=512")
-        key, value = item.split("=", 1)
-        path = key.strip().split(".")
-        node = d
-        for part in path[:-1]:
-            if not isinstance(node.get(part), dict):
-                raise KeyError(f"--set {item!r}: no config section {part!r} (have {sorted(node)})")
-            node = node[part]
-        if path[-1] not in node:
-            raise KeyError(f"--set {item!r}: unknown key {path[-1]!r} (known here: {', '.join(sorted(node))})")
-        node[path[-1]] = yaml.safe_load(value)
-    return d
+    return loader.apply_sets(d, sets)
 
 
 def load_config(path=None, sets: list[str] | None = None) -> RenderConfig:
-    d = RenderConfig().to_dict()
-    if path:
-        from pathlib import Path
-        p = Path(path)
-        if not p.exists():
-            raise FileNotFoundError(f"--config {p}: no such file")
-        d = _merge(d, yaml.safe_load(p.read_text()) or {})
-    return RenderConfig.from_dict(apply_sets(d, sets))
-
-
-def _merge(base: dict, over: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+    """Defaults -> --config FILE -> --set -> validation (catalog.config, the loader of every room)."""
+    return RenderConfig.from_dict(loader.load(RenderConfig().to_dict(), path, sets))

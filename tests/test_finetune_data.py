@@ -9,11 +9,13 @@ import torch
 
 import catalog
 from training import checkpoint as ckpt
-from training.finetune import GridViT, StepSampler, load_encoder, resize_pos_embed
 from training.finetune_testing import write_coco_person, write_sphere_renders
 from training.mae import MaskedAutoencoder
+from training.sampler import StepSampler
 from training.task_data import Augment, BackgroundPool, CocoKeypoints, CocoParts, RenderFrames
+from training.vit import VisionTransformer
 from training.vocab import load
+from training.weights import load_encoder, resize_pos_embed
 
 
 @pytest.fixture(scope="module")
@@ -179,22 +181,22 @@ def test_encoder_loads_from_mae_checkpoint_export_and_timm(tmp_path):
     torch.save({"state_dict": {f"backbone.{k}": v for k, v in mae.encoder.state_dict().items()}}, timm_path)
     expected_pos = resize_pos_embed(mae.encoder.pos_embed.detach(), (4, 3))
     for source in (path, exported, timm_path):
-        enc = GridViT.from_preset("micro", (64, 48)).init_weights()
+        enc = VisionTransformer.from_preset("micro", (64, 48), learn_pos_embed=True).init_weights()
         load_encoder(enc, source)
         torch.testing.assert_close(enc.blocks[1].mlp.fc2.weight, mae.encoder.blocks[1].mlp.fc2.weight)
         torch.testing.assert_close(enc.pos_embed.detach(), expected_pos)
         assert enc.pos_embed.requires_grad  # fine-tuning learns the positions
         assert enc(torch.randn(1, 3, 64, 48)).shape == (1, 13, 64)
-    wrong = GridViT.from_preset("tiny", (64, 48))
+    wrong = VisionTransformer.from_preset("tiny", (64, 48), learn_pos_embed=True)
     with pytest.raises(ValueError, match="is --model the preset"):
         load_encoder(wrong, exported)
 
 
-def test_gridvit_loads_into_timm():
+def test_rectangular_vit_loads_into_timm():
     timm = pytest.importorskip("timm", reason="timm is not installed")
-    from timm.models.vision_transformer import VisionTransformer
-    enc = GridViT.from_preset("micro", (64, 48)).init_weights()
-    model = VisionTransformer(**enc.timm_kwargs())
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+    enc = VisionTransformer.from_preset("micro", (64, 48), learn_pos_embed=True).init_weights()
+    model = TimmViT(**enc.timm_kwargs())
     model.load_state_dict(enc.state_dict(), strict=True)
     x = torch.randn(1, 3, 64, 48)
     torch.testing.assert_close(model.forward_features(x), enc(x), atol=1e-5, rtol=1e-4)

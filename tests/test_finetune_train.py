@@ -9,8 +9,9 @@ from PIL import Image
 
 from humanset.cli import main as humanset
 from training.evaluate import evaluate
-from training.finetune import (FinetuneConfig, build_model, demo, finetune, param_groups, warmup_linear,
-                               warmup_step)
+from humanset.demo import finetune_demo as demo
+from training.finetune import FinetuneConfig, build_model, finetune
+from training.lr import layer_decay_groups, warmup_linear, warmup_step
 from training.finetune_testing import write_coco_person, write_sphere_renders
 from training.predict import predict
 
@@ -72,7 +73,7 @@ def test_resume_replays_the_same_losses(data, tmp_path):
 
 def test_layer_decay_and_weight_decay_groups():
     model = build_model(FinetuneConfig(task="depth", model="micro", image_size=(64, 48), head_width=16))
-    groups = {n: (g["lr_scale"], g["weight_decay"]) for g in param_groups(model, 0.1, 0.85) for n in g["names"]}
+    groups = {n: (g["lr_scale"], g["weight_decay"]) for g in layer_decay_groups(model, 0.1, 0.85) for n in g["names"]}
     depth = model.encoder.depth  # 2
     assert groups["encoder.blocks.1.attn.qkv.weight"] == (pytest.approx(0.85), 0.1)  # 0.85^(L - i), i = 1
     assert groups["encoder.blocks.0.mlp.fc1.weight"] == (pytest.approx(0.85 ** 2), 0.1)
@@ -107,14 +108,18 @@ def test_cli_finetune_evaluate_predict(data, tmp_path, capsys):
     ckpt_path = out / "checkpoints" / "step-00000003.pt"
     assert ckpt_path.is_file()
     capsys.readouterr()
-    assert humanset(["evaluate", str(ckpt_path), "--out", str(tmp_path / "m.json")]) == 0
+    assert humanset(["evaluate", "--checkpoint", str(ckpt_path), "--out", str(tmp_path / "m.json")]) == 0
     assert "mIoU" in json.loads((tmp_path / "m.json").read_text())
     image = Path(data["seg"]).parent / "cameraman.png"
     assert humanset(["predict", "--task", "seg", "--checkpoint", str(ckpt_path), str(image), "--out",
                      str(tmp_path / "p")]) == 0
     assert (tmp_path / "p" / "cameraman.seg.png").is_file() and (tmp_path / "p" / "cameraman.seg.npy").is_file()
-    with pytest.raises(ValueError, match="fine-tuned for seg"):
-        humanset(["predict", "--task", "depth", "--checkpoint", str(ckpt_path), str(image), "--out", str(tmp_path)])
+    capsys.readouterr()
+    # a user error: one line on stderr naming the problem, exit status 2
+    assert humanset(["predict", "--task", "depth", "--checkpoint", str(ckpt_path), str(image), "--out",
+                     str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "fine-tuned for seg" in err and len(err.splitlines()) == 1
 
 
 def test_demo_fine_tunes_depth_and_normals_and_predicts(data, tmp_path):
@@ -128,3 +133,15 @@ def test_ray_train_two_cpu_workers(data, tmp_path, ray_local):
     summary = finetune(small("depth", data, tmp_path, steps=2, workers=2, batch_size=2))
     assert [r["step"] for r in logged(tmp_path)] == [1, 2]
     assert Path(summary["checkpoint"]).name == "step-00000002.pt"
+
+
+def test_gradient_accumulation_equals_the_larger_batch(data, tmp_path):
+    """2 micro-batches of 2 per step read the samples of one batch of 4 and give its losses and weights."""
+    finetune(small("depth", data, tmp_path / "big", steps=4, batch_size=4, checkpoint_every=4))
+    finetune(small("depth", data, tmp_path / "accum", steps=4, batch_size=2, accum_steps=2, checkpoint_every=4))
+    big, accum = logged(tmp_path / "big"), logged(tmp_path / "accum")
+    assert [r["loss"] for r in accum] == pytest.approx([r["loss"] for r in big], rel=1e-4)
+    from training import checkpoint as ckpt
+    a = ckpt.load_checkpoint(tmp_path / "big" / "checkpoints" / "step-00000004.pt")["model"]
+    b = ckpt.load_checkpoint(tmp_path / "accum" / "checkpoints" / "step-00000004.pt")["model"]
+    assert all(torch.allclose(a[k], b[k], rtol=1e-3, atol=1e-5) for k in a)

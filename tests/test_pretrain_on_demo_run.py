@@ -2,7 +2,7 @@
 import json
 
 import catalog
-from training.pretrain import demo
+from humanset.demo import pretrain_demo as demo
 
 
 def test_tiny_preset_learns_on_the_demo_runs_curated_shards(demo_run, tmp_path):

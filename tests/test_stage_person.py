@@ -14,8 +14,9 @@ from PIL import Image
 import catalog
 from pipeline.config import default_config
 from pipeline.imageio import probe
+from pipeline.imageio import load_rgb
 from pipeline.stages.person import (PersonStage, box_passes, count_passing, default_weights,
-                                    n_pass_column)
+                                    import_ultralytics_offline, n_pass_column, onnx_path)
 
 # located without importing ultralytics (its import-time network check must see YOLO_OFFLINE)
 ASSETS = Path(list(importlib.util.find_spec("ultralytics").submodule_search_locations)[0]) / "assets"
@@ -155,6 +156,105 @@ def test_reject_uses_stored_columns_and_thresholds(stage, scored):
     assert [(n or 0) > 0 for n in n_pass[:5]] == [r is None for r in lenient.reject(table)[:5]]
 
 
+# --- the runtime matches ultralytics' own predict -------------------------------------------------
+PHOTOS = [ASSETS / "bus.jpg", ASSETS / "zidane.jpg"] + [
+    SKIMAGE / f"{n}.png" for n in ("astronaut", "camera", "coffee", "chelsea", "rocket", "motorcycle_left")]
+
+
+def _iou(a, b) -> float:
+    x1, y1, x2, y2 = max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])
+    inter = max(0.0, x2 - x1) * max(0.0, y2 - y1)
+    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+
+def _match(boxes, scores, ref_boxes, ref_scores, min_score=0.0):
+    """Worst score difference and IoU between each reference box (score >= min_score) and its
+    best-overlapping box of the stage."""
+    worst_ds, worst_iou = 0.0, 1.0
+    for rb, rs in zip(ref_boxes, ref_scores):
+        if rs < min_score:
+            continue
+        assert boxes, "the stage found no box where ultralytics found one"
+        j = max(range(len(boxes)), key=lambda k: _iou(boxes[k], rb))
+        worst_iou = min(worst_iou, _iou(boxes[j], rb))
+        worst_ds = max(worst_ds, abs(scores[j] - rs))
+    return worst_ds, worst_iou
+
+
+@pytest.fixture(scope="module")
+def reference(stage):
+    """ultralytics' YOLO.predict (torch, .pt) on the shipped photos, two ways: on the array the
+    stage decodes (same pixels: the runtime's equivalence) and on the file itself (full decode)."""
+    model = import_ultralytics_offline()(str(stage.weights_path()))
+    kw = dict(imgsz=stage.imgsz, conf=0.25, classes=[stage.person_class], verbose=False)
+    photos = [p for p in PHOTOS if p.is_file()]
+    assert len(photos) >= 6
+    same, full = [], []
+    for p in photos:
+        rgb, _ = load_rgb(p.read_bytes(), max_side=stage.imgsz)
+        r = model.predict([np.ascontiguousarray(rgb[..., ::-1])], **kw)[0]
+        scale = probe(p.read_bytes())["width"] / rgb.shape[1]
+        same.append((r.boxes.xyxy.numpy() * scale, r.boxes.conf.numpy()))
+        r = model.predict(str(p), **kw)[0]
+        full.append((r.boxes.xyxy.numpy(), r.boxes.conf.numpy()))
+    return photos, same, full
+
+
+def test_runtime_matches_ultralytics_predict(stage, reference):
+    """The stage's runtime (ONNX Runtime on CPU) against ultralytics' predict on the same decoded
+    pixels: every box found, score within 0.01, IoU >= 0.98; the same number of people."""
+    photos, same, full = reference
+    out = stage.measure(_batch([p.read_bytes() for p in photos]))
+    print(f"person runtime: {stage.backend} on {stage.device}")
+    for p, boxes, scores, (rb, rs), (fb, fs) in zip(photos, out["person_boxes"], out["person_scores"], same, full):
+        assert len(scores) == len(rs), (p.name, scores, rs.tolist())
+        ds, iou = _match(boxes, scores, rb.tolist(), rs.tolist())
+        print(f"{p.name}: {len(rs)} boxes, max |score diff| {ds:.1e}, min IoU {iou:.4f} (same pixels)")
+        assert ds <= 0.01 and iou >= 0.98, p.name
+        # from the file, ultralytics decodes at full size where the stage draft-decodes: the clear
+        # people (score > 0.5) still agree within the same bounds
+        ds, iou = _match(boxes, scores, fb.tolist(), fs.tolist(), min_score=0.5)
+        print(f"{p.name}: max |score diff| {ds:.1e}, min IoU {iou:.4f} (ultralytics decoding the file)")
+        assert ds <= 0.01 and iou >= 0.98, p.name
+
+
+def test_onnx_export_is_cached_by_content(stage, tmp_path):
+    if stage.backend != "onnx":
+        pytest.skip(f"person stage runs {stage.backend} here (a GPU is visible): no ONNX export")
+    assert stage.onnx_file.is_file() and stage.onnx_file == onnx_path(stage.weights_path())
+    copy = tmp_path / stage.weights_path().name
+    copy.write_bytes(stage.weights_path().read_bytes())
+    assert onnx_path(copy) == stage.onnx_file  # same bytes, same export, wherever the file lives
+    copy.write_bytes(copy.read_bytes() + b"\0")
+    assert onnx_path(copy) != stage.onnx_file  # other bytes, another export
+
+
+def test_threads_follow_the_actor_cpus():
+    assert PersonStage({"resources": {"num_cpus": 2}}).threads == 2
+    assert PersonStage({"resources": {"num_cpus": 0.5}}).threads == 1
+    with pytest.raises(ValueError, match="person.backend"):
+        PersonStage({"backend": "tensorrt"})
+
+
+def test_gpu_fp16_scores_match_cpu(stage):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: the GPU half-precision path is checked on machines with one")
+    gpu = PersonStage(default_config()["person"] | {"backend": "torch", "resources": {"num_cpus": 1, "num_gpus": 1},
+                                                     "batch_size": 64})
+    gpu.setup()
+    assert gpu.device.startswith("cuda") and gpu.half
+    photos = [p for p in PHOTOS if p.is_file()]
+    batch = _batch([p.read_bytes() for p in photos] * 4)  # one batch, square letterbox
+    g, c = gpu.measure(batch), stage.measure(batch)
+    for name, gb, gs, cb, cs in zip([p.name for p in photos] * 4, g["person_boxes"], g["person_scores"],
+                                    c["person_boxes"], c["person_scores"]):
+        ds, iou = _match(gb, gs, cb, cs, min_score=0.3)
+        print(f"{name}: GPU fp16 vs CPU max |score diff| {ds:.1e}, min IoU {iou:.4f}")
+        assert ds <= 0.02 and iou >= 0.95, name
+
+
 def test_box_rules_and_count():
     tall = [0, 0, 100, 400]   # 100 x 400 px: a standing person far away
     big = [0, 0, 350, 500]
@@ -200,12 +300,15 @@ for cls in (PersonStage, TextStage):
     stage.setup()
     out = stage.measure({"sample_id": ["a"], "image": [data], "width": [810], "height": [1080]})
     assert out[cls.name + "_error"] == [None], out
+import ultralytics.utils
+assert ultralytics.utils.SAFE_LOAD  # weights-only loading of the .pt
 print(json.dumps(attempts))
 """
 
 
 def test_models_load_and_run_without_network(tmp_path):
-    """Fresh interpreter (import-time checks included): no DNS lookup, no connection attempt."""
+    """Fresh interpreter (import-time checks included), cold ONNX cache: no DNS lookup, no connection
+    attempt, no pip install."""
     import json
     import subprocess
     import sys
@@ -213,9 +316,13 @@ def test_models_load_and_run_without_network(tmp_path):
     root = Path(__file__).resolve().parents[1]
     p = subprocess.run([sys.executable, "-c", NO_NETWORK_SCRIPT, str(ASSETS / "bus.jpg")], cwd=root,
                        capture_output=True, text=True, timeout=300,
-                       env={**__import__("os").environ, "PYTHONPATH": str(root)})
+                       env={**__import__("os").environ, "PYTHONPATH": str(root),
+                            "HUMANSET_CACHE": str(tmp_path / "cache")})  # a cold cache: the export too
     assert p.returncode == 0, p.stderr[-3000:]
     assert json.loads(p.stdout.strip().splitlines()[-1]) == []
+    import torch
+    if not torch.cuda.is_available():  # CPU: the ONNX export was made, offline, in the cold cache
+        assert list((tmp_path / "cache" / "onnx").glob("yolo11n-pose-*.onnx"))
 
 
 def test_cascade_through_the_engine(tmp_path, ray_local):
@@ -248,3 +355,42 @@ def test_cascade_through_the_engine(tmp_path, ray_local):
     n_bus = con.execute("SELECT count(*) FROM persons p JOIN samples s USING (sample_id) "
                         "WHERE s.source_uri LIKE '%bus.jpg' AND p.score > 0.8").fetchone()[0]
     assert n_bus >= 3
+
+
+def test_a_failing_sample_is_retried_alone_and_only_it_is_rejected(stage, monkeypatch):
+    """A sample that breaks the detector's batch is retried alone; the others keep their scores."""
+    solid = _jpeg(Image.new("RGB", (640, 480), (90, 140, 60)))
+    images = [_bytes(ASSETS / "zidane.jpg"), solid, _bytes(SKIMAGE / "astronaut.png")]
+    clean = stage.measure(_batch(images))
+    real, calls = stage._forward, []
+
+    def forward(x):
+        calls.append(len(x))
+        if (x.reshape(len(x), 3, -1)[:, :, 1000:-1000].std(axis=2) < 1e-3).all(axis=1).any():
+            raise RuntimeError("injected failure")
+        return real(x)
+
+    monkeypatch.setattr(stage, "_forward", forward)
+    out = stage.measure(_batch(images))
+    assert len(calls) > len(images)  # the batch (one call per letterbox shape), then each alone
+    assert out["person_error"] == [None, "inference: injected failure", None]
+    assert out["person_boxes"][1] is None
+    assert out["person_scores"][0] == pytest.approx(clean["person_scores"][0], abs=1e-5)
+    assert out["person_scores"][2] == pytest.approx(clean["person_scores"][2], abs=1e-5)
+    assert stage.reject(_table(out))[1] == "error"
+
+
+def test_unwritable_cache_falls_back_to_torch_with_the_same_scores(stage, tmp_path, monkeypatch):
+    """backend auto with a cache it cannot write: a warning and the torch path, same measurements;
+    backend onnx: a clear error naming the cache."""
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("x")
+    monkeypatch.setenv("HUMANSET_CACHE", str(blocked))
+    s = PersonStage(default_config()["person"])
+    s.setup()
+    assert s.backend == "torch"
+    images = [_bytes(ASSETS / "zidane.jpg")]
+    a, b = s.measure(_batch(images)), stage.measure(_batch(images))
+    assert a["person_scores"][0] == pytest.approx(b["person_scores"][0], abs=1e-3)
+    with pytest.raises(RuntimeError, match="not writable"):
+        PersonStage(default_config()["person"] | {"backend": "onnx"}).setup()

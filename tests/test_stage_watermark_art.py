@@ -164,3 +164,46 @@ def test_group_probs_picks_the_matching_group():
     p = group_probs(groups[[2, 5]], groups, logit_scale=100.0)
     assert p.shape == (2, 6) and np.allclose(p.sum(axis=1), 1.0)
     assert p[0].argmax() == 2 and p[1].argmax() == 5 and p[0, 2] > 0.9
+
+
+# --- one sample that breaks the model costs only its own row ------------------------------------------
+def _solid(colour=(90, 140, 60)) -> bytes:
+    return _png(Image.new("RGB", (320, 240), colour))
+
+
+def _poison(stage, monkeypatch):
+    """Make the stage's model fail on any batch holding a solid-colour image (a constant input per
+    channel), like a sample that trips a kernel; count the calls."""
+    real, calls = stage._infer, []
+
+    def infer(x):
+        calls.append(len(x))
+        flat = x.reshape(x.shape[0], x.shape[1], -1)
+        if (flat.std(axis=2) < 1e-3).all(axis=1).any():
+            raise RuntimeError("injected failure")
+        return real(x)
+
+    monkeypatch.setattr(stage, "_infer", infer)
+    return calls
+
+
+@pytest.mark.parametrize("which", ["watermark", "art"])
+def test_a_failing_sample_is_retried_alone_and_only_it_is_rejected(which, watermark_ckpt, art_ckpt, monkeypatch):
+    cls, ckpt = (WatermarkStage, watermark_ckpt) if which == "watermark" else (ArtStage, art_ckpt)
+    s = cls(default_config()[which] | {"weights": str(ckpt)})
+    s.setup()
+    names = ["astronaut", "solid", "graphic", "garbage"]
+    images = [IMAGES["astronaut"], _solid(), IMAGES["graphic"], IMAGES["garbage"]]
+    clean = s.measure({"sample_id": names, "image": images})
+    calls = _poison(s, monkeypatch)
+    out = s.measure({"sample_id": names, "image": images})
+    assert calls == [3, 1, 1, 1]  # the batch of 3 decodable samples, then each alone
+    score, error = f"{which}_score", f"{which}_error"
+    assert out[error][1] == "inference: injected failure" and out[score][1] is None
+    assert out[error][0] is None and out[error][2] is None
+    assert out[score][0] == pytest.approx(clean[score][0], abs=1e-4)
+    assert out[score][2] == pytest.approx(clean[score][2], abs=1e-4)
+    assert "decode" in out[error][3]
+    reasons = s.reject(_table(out, 4))
+    assert reasons[1] == "error" and reasons[3] == "error"
+    assert reasons[0] == s.reject(_table(clean, 4))[0] and reasons[2] == s.reject(_table(clean, 4))[2]

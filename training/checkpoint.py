@@ -1,18 +1,21 @@
 """Training checkpoints (one file per step) and the encoder export that loads into timm.
 
-A checkpoint is a plain `torch.save` dict:
+A checkpoint is a plain `torch.save` dict of tensors and JSON-able values, read back with
+`torch.load(weights_only=True)` only (a file whose pickle names anything else is refused unread):
     model       full state dict of the MaskedAutoencoder (keys `encoder.*`, `decoder_*`, `mask_token`)
     optimizer   AdamW state (full, also under FSDP)
     scheduler   LambdaLR state
     step        optimiser steps done
     config      the PretrainConfig as a dict
-    ranks       per rank: masking RNG, torch / numpy / python RNG, data stream positions
-It is written to a temporary name and renamed, so a crash never leaves a file that looks whole.
+    ranks       per rank: masking RNG, torch / numpy / python RNG (tensors and lists), data stream positions
+Checkpoints written before the RNG states became tensors hold numpy's tuple state; they load with exactly
+numpy's array-rebuilding globals allowed (`LEGACY_GLOBALS`). It is written to a temporary name and renamed, so a crash never leaves a file that looks whole.
 """
 from __future__ import annotations
 
 import json
 import logging
+import pickle
 import random
 import re
 from pathlib import Path
@@ -42,24 +45,45 @@ def list_checkpoints(output) -> list[Path]:
     return sorted(p for p in folder.iterdir() if _NAME.match(p.name))
 
 
+def step_of(path) -> int:
+    """The step in a checkpoint's file name (step-00000042.pt -> 42); 0 for another name."""
+    m = _NAME.match(Path(path).name)
+    return int(m.group(1)) if m else 0
+
+
 def latest_checkpoint(output) -> Path | None:
     found = list_checkpoints(output)
     return found[-1] if found else None
 
 
-def rng_state(mask_generator: torch.Generator) -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-             "mask": mask_generator.get_state()}
+def rng_state(mask_generator: torch.Generator | None = None) -> dict:
+    """Every RNG a step draws from, as tensors and plain lists (loadable with weights_only=True)."""
+    version, words, gauss = random.getstate()
+    np_state = np.random.get_state(legacy=False)
+    state = {"python": {"version": version, "state": list(words), "gauss": gauss},
+             "numpy": {"bit_generator": np_state["bit_generator"],
+                       "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+                       "pos": int(np_state["state"]["pos"]), "has_gauss": int(np_state["has_gauss"]),
+                       "gauss": float(np_state["gauss"])},
+             "torch": torch.get_rng_state()}
+    if mask_generator is not None:
+        state["mask"] = mask_generator.get_state()
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
-def set_rng_state(state: dict, mask_generator: torch.Generator):
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+def set_rng_state(state: dict, mask_generator: torch.Generator | None = None):
+    """Restore `rng_state`'s output; also the tuple states of checkpoints from before it was tensors."""
+    py, npy = state["python"], state["numpy"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]) if isinstance(py, dict) else py)
+    if isinstance(npy, dict):
+        npy = {"bit_generator": npy["bit_generator"], "has_gauss": npy["has_gauss"], "gauss": npy["gauss"],
+               "state": {"key": npy["key"].numpy().astype(np.uint32), "pos": npy["pos"]}}
+    np.random.set_state(npy)
     torch.set_rng_state(state["torch"])
-    mask_generator.set_state(state["mask"])
+    if mask_generator is not None and "mask" in state:
+        mask_generator.set_state(state["mask"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
 
@@ -76,12 +100,40 @@ def save_checkpoint(output, step: int, payload: dict, keep: int = 3) -> Path:
     return path
 
 
+# numpy's array rebuilding, which old checkpoints' numpy RNG tuples need; nothing here runs code
+LEGACY_GLOBALS = [np._core.multiarray._reconstruct, (np._core.multiarray._reconstruct,
+                                                    "numpy.core.multiarray._reconstruct"),
+                  np.ndarray, np.dtype, np.dtypes.UInt32DType]
+
+
+class UnsafeCheckpointError(ValueError):
+    """A .pt file whose pickle names code to run or classes to build: refused, never executed."""
+
+
+def safe_load(path, what: str = "checkpoint"):
+    """`torch.load(path, weights_only=True)`: tensors, containers and plain values only.
+
+    A file that needs any other global (a pickled object, a function call) is refused with an error that
+    names it; its payload never runs.
+    """
+    path = Path(path)
+    try:
+        with torch.serialization.safe_globals(LEGACY_GLOBALS):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        named = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        detail = f"its pickle calls {named.group(1)}" if named else str(exc).strip().splitlines()[-1]
+        raise UnsafeCheckpointError(
+            f"{what} {path}: refused to load: it is not a plain tensor file ({detail}). humanset only "
+            f"loads tensors, lists and dicts (torch.load weights_only=True); re-save the weights as a plain "
+            f"state dict (torch.save(model.state_dict(), PATH)) where you trust the file") from None
+
+
 def load_checkpoint(path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path}: no such file (checkpoints live in OUT/checkpoints/)")
-    # weights_only=False: the payload holds RNG states (numpy / python tuples) next to tensors
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return safe_load(path)
 
 
 def resolve_resume(resume, output) -> Path | None:
@@ -127,5 +179,5 @@ def timm_encoder(path):
     path = Path(path)
     kwargs = json.loads(path.with_suffix(".json").read_text())
     model = VisionTransformer(**kwargs)
-    model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True), strict=True)
+    model.load_state_dict(safe_load(path, "encoder"), strict=True)
     return model

@@ -1,10 +1,13 @@
-"""`humanset pretrain`, `humanset pretrain-vis` and `humanset pretrain-export`."""
+"""`humanset pretrain` (and its `vis` / `export` subcommands); the user-error handling of the training
+commands (one line on stderr, exit status 2; `humanset -v` shows the traceback)."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
+import sys
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -12,9 +15,9 @@ log = logging.getLogger(__name__)
 PRESET_HELP = "sapiens-0.3b, sapiens-0.6b, sapiens-1b, sapiens-2b, base, small, tiny, micro"
 
 
-def add_pretrain_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--data", required=True, help="folder of curated shards (a curation run's RUN/shards)")
-    p.add_argument("--output", required=True, help="run folder: checkpoints/, log.jsonl, encoder.pth")
+def add_pretrain_args(p: argparse.ArgumentParser, required: bool = True) -> argparse.ArgumentParser:
+    p.add_argument("--data", required=required, help="folder of curated shards (a curation run's RUN/shards)")
+    p.add_argument("--output", required=required, help="run folder: checkpoints/, log.jsonl, encoder.pth")
     p.add_argument("--model", default="sapiens-0.3b", help=f"encoder preset: {PRESET_HELP} (default %(default)s)")
     p.add_argument("--image-size", type=int, help="square input side in px, multiple of 16 (default 1024)")
     p.add_argument("--batch-size", type=int, help="images per worker per step (default 32)")
@@ -67,63 +70,73 @@ def config_from_args(args):
     return config_from(values)
 
 
+def user_errors(fn):
+    """Bad input (a missing file, a wrong setting, an unsafe checkpoint) prints one line and exits 2."""
+    @functools.wraps(fn)
+    def run(args) -> int:
+        try:
+            return fn(args)
+        except (FileNotFoundError, ValueError, KeyError) as exc:
+            if getattr(args, "verbose", False):
+                raise
+            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+            command = " ".join(c for c in (args.command, getattr(args, "pretrain_command", None)) if c)
+            print(f"humanset {command}: error: {message}", file=sys.stderr)
+            return 2
+    return run
+
+
+@user_errors
 def cmd_pretrain(args) -> int:
     from .pretrain import pretrain
 
+    if not args.data or not args.output:
+        raise ValueError("--data and --output are required (or use `humanset pretrain vis|export`)")
     summary = pretrain(config_from_args(args))
     print(json.dumps(summary, indent=2))
     return 0
 
 
-def cmd_vis(args) -> int:
+@user_errors
+def cmd_pretrain_vis(args) -> int:
     from .vis import pretrain_vis
 
     print(pretrain_vis(args.checkpoint, args.image, args.out, args.mask_ratio, args.seed))
     return 0
 
 
-def cmd_export(args) -> int:
+@user_errors
+def cmd_pretrain_export(args) -> int:
     from .checkpoint import export_encoder
 
     print(export_encoder(args.checkpoint, args.out))
     return 0
 
 
-def cmd_demo(args) -> int:
-    from .pretrain import demo
-
-    print(json.dumps(demo(args.data, args.output, args.steps), indent=2))
-    return 0
-
-
 def register(sub) -> None:
     p = sub.add_parser(
-        "pretrain", help="MAE-pretrain a Sapiens ViT on curated shards",
+        "pretrain", help="MAE-pretrain a Sapiens ViT on curated shards (subcommands: vis, export)",
         description="Masked-autoencoder pretraining as in Sapiens: 75 % masking, per-patch normalised "
                     "pixel loss, AdamW (0.9, 0.95), lr = base_lr x batch / 256, warmup + cosine. "
                     "Writes OUT/log.jsonl, OUT/checkpoints/step-N.pt and OUT/encoder.pth (loads into "
-                    "timm's VisionTransformer). Example:\n  humanset pretrain --data RUN/shards "
-                    "--model tiny --image-size 64 --steps 40 --batch-size 16 --output RUN/pretrain",
+                    "timm's VisionTransformer). Examples:\n  humanset pretrain --data RUN/shards "
+                    "--model tiny --image-size 64 --steps 40 --batch-size 16 --output RUN/pretrain\n"
+                    "  humanset pretrain vis --checkpoint RUN/pretrain/checkpoints/step-00000040.pt photo.jpg\n"
+                    "  humanset pretrain export --checkpoint RUN/pretrain/checkpoints/step-00000040.pt "
+                    "--out encoder.pth",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_pretrain_args(p).set_defaults(func=cmd_pretrain)
+    add_pretrain_args(p, required=False).set_defaults(func=cmd_pretrain)
+    psub = p.add_subparsers(dest="pretrain_command", metavar="SUBCOMMAND")
 
-    v = sub.add_parser("pretrain-vis", help="original | masked | reconstruction figure of a checkpoint")
-    v.add_argument("checkpoint", help="OUT/checkpoints/step-N.pt")
+    v = psub.add_parser("vis", help="original | masked | reconstruction figure of a checkpoint")
+    v.add_argument("--checkpoint", required=True, help="OUT/checkpoints/step-N.pt")
     v.add_argument("image", help="any image file")
     v.add_argument("--out", default="vis.png", help="PNG to write (default %(default)s)")
     v.add_argument("--mask-ratio", type=float, default=0.75, help="fraction of patches removed (default 0.75)")
     v.add_argument("--seed", type=int, default=0, help="seed of the random mask")
-    v.set_defaults(func=cmd_vis)
+    v.set_defaults(func=cmd_pretrain_vis)
 
-    d = sub.add_parser("pretrain-demo", help="a one-minute CPU pretraining (tiny preset, 64 px) + its figure",
-                       description="Short pretraining on a shards folder for `make demo`: tiny preset, 64 px, "
-                                   "batch 16, a raised lr so the loss visibly falls; then OUT/vis.png.")
-    d.add_argument("--data", required=True, help="folder of curated shards (RUN/shards)")
-    d.add_argument("--output", required=True, help="run folder")
-    d.add_argument("--steps", type=int, default=40, help="optimiser steps (default %(default)s)")
-    d.set_defaults(func=cmd_demo)
-
-    e = sub.add_parser("pretrain-export", help="write a checkpoint's encoder as a timm state dict")
-    e.add_argument("checkpoint", help="OUT/checkpoints/step-N.pt")
+    e = psub.add_parser("export", help="write a checkpoint's encoder as a timm state dict")
+    e.add_argument("--checkpoint", required=True, help="OUT/checkpoints/step-N.pt")
     e.add_argument("--out", required=True, help="encoder .pth (its timm arguments go next to it as .json)")
-    e.set_defaults(func=cmd_export)
+    e.set_defaults(func=cmd_pretrain_export)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from .cli import user_errors
+
 TASK_HELP = "pose (keypoint heatmaps), seg (body-part classes), depth (relative depth), normal (surface normals)"
 
 
@@ -27,6 +29,11 @@ def add_finetune_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="optimiser steps (default 1000)")
     p.add_argument("--lr", type=float, help="peak learning rate of the decoder (default 5e-4)")
     p.add_argument("--workers", type=int, default=0, help="Ray Train workers (DDP); 0 = this process (default)")
+    p.add_argument("--fsdp", action="store_true",
+                   help="shard encoder, head and optimiser state across the workers (FSDP2), for sapiens-1b / 2b")
+    p.add_argument("--loader", choices=["torch", "ray"],
+                   help="torch: DataLoader in each worker, exact resume (default); ray: Ray Data streams "
+                        "decoded, augmented samples to the workers (needs --workers)")
     p.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs per Ray Train worker (0 = CPU)")
     p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
                    help="continue from CKPT, or without a value from the newest checkpoint in --output")
@@ -45,11 +52,13 @@ def config_from_args(args):
     flags = {"task": args.task, "data": args.data, "images": args.images, "output": args.output,
              "encoder": args.encoder, "model": args.model, "image_size": args.image_size, "vocab": args.vocab,
              "backgrounds": args.backgrounds, "batch_size": args.batch_size, "steps": args.steps, "lr": args.lr,
-             "workers": args.workers, "gpus_per_worker": args.gpus_per_worker, "resume": args.resume}
+             "workers": args.workers, "gpus_per_worker": args.gpus_per_worker, "resume": args.resume,
+             "strategy": "fsdp" if args.fsdp else None, "loader": args.loader}
     values.update({k: v for k, v in flags.items() if v is not None})
     return config_from(values)
 
 
+@user_errors
 def cmd_finetune(args) -> int:
     from .finetune import finetune
 
@@ -57,6 +66,7 @@ def cmd_finetune(args) -> int:
     return 0
 
 
+@user_errors
 def cmd_evaluate(args) -> int:
     from .evaluate import evaluate, write_result
 
@@ -67,6 +77,7 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+@user_errors
 def cmd_predict(args) -> int:
     from .predict import predict
 
@@ -91,10 +102,10 @@ def register(sub) -> None:
     e = sub.add_parser("evaluate", help="metrics of a fine-tuned checkpoint on held-out data",
                        description="pose: OKS AP; seg: mIoU, mAcc; depth: RMSE, AbsRel, delta<1.25 after "
                                    "scale-and-shift alignment; normal: mean / median angle, % within "
-                                   "11.25 / 22.5 / 30 degrees. Example:\n  humanset evaluate "
+                                   "11.25 / 22.5 / 30 degrees. Example:\n  humanset evaluate --checkpoint "
                                    "runs/depth/checkpoints/step-00001000.pt --data TEST_RENDER_RUN",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    e.add_argument("checkpoint", help="fine-tuning checkpoint OUT/checkpoints/step-N.pt")
+    e.add_argument("--checkpoint", required=True, help="fine-tuning checkpoint OUT/checkpoints/step-N.pt")
     e.add_argument("--data", help="evaluation data (default: the training data of the checkpoint)")
     e.add_argument("--images", help="pose / seg: image folder of the COCO JSON")
     e.add_argument("--batch-size", type=int, default=4)

@@ -130,7 +130,7 @@ class ShardStream(torch.utils.data.IterableDataset):
             fresh_epoch, samples_before = pos.shard == 0 and pos.row == 0, pos.samples
             while pos.shard < len(plan):
                 name, offset, stride = plan[pos.shard]
-                index = pq.read_table(self.folder / name.replace(".tar", ".parquet"), columns=["key", "members"])
+                index = pq.read_table(catalog.index_path(self.folder / name), columns=["key", "members"])
                 keys, members = index.column("key").to_pylist(), index.column("members").to_pylist()
                 order = row_order(len(keys), self.seed, pos.epoch, self.shard_ids[name])[offset::stride]
                 with open(self.folder / name, "rb") as fh:
@@ -163,7 +163,7 @@ def ray_dataset(folder, image_size: int, crop_scale=(0.2, 1.0), rows_per_task: i
     import ray.data
 
     folder = Path(folder).resolve()
-    indexes = [str(p.with_suffix(".parquet")) for p in catalog.list_shards(folder)]
+    indexes = [str(catalog.index_path(p)) for p in catalog.list_shards(folder)]
     if not indexes:
         raise FileNotFoundError(f"{folder}: no curated shards (NAME.tar with NAME.parquet)")
     # the training loop's bar and log report progress; per-operator bars would flood worker logs

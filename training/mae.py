@@ -24,7 +24,7 @@ class MaskedAutoencoder(nn.Module):
         p = encoder.patch_size
         self.decoder_embed = nn.Linear(encoder.width, decoder_width)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, decoder_width))
-        self.decoder_pos_embed = nn.Parameter(torch.zeros(1, encoder.grid ** 2 + 1, decoder_width),
+        self.decoder_pos_embed = nn.Parameter(torch.zeros(1, encoder.n_patches + 1, decoder_width),
                                               requires_grad=False)
         self.decoder_blocks = nn.ModuleList(
             Block(decoder_width, decoder_heads, 4 * decoder_width) for _ in range(decoder_depth))
@@ -43,7 +43,7 @@ class MaskedAutoencoder(nn.Module):
         self.encoder.init_weights()
         with torch.no_grad():
             self.decoder_pos_embed.copy_(
-                sincos_pos_embed(self.decoder_pos_embed.shape[-1], self.encoder.grid).unsqueeze(0))
+                sincos_pos_embed(self.decoder_pos_embed.shape[-1], self.encoder.grid_hw).unsqueeze(0))
         nn.init.normal_(self.mask_token, std=0.02)
         for module in (self.decoder_embed, self.decoder_blocks, self.decoder_norm, self.decoder_pred):
             module.apply(init_linear_and_norm)
@@ -52,14 +52,14 @@ class MaskedAutoencoder(nn.Module):
     # --- pixels <-> patches -------------------------------------------------------------------
     def patchify(self, images: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) -> (B, N, p*p*3), patches in row-major order, pixels as (py, px, channel)."""
-        p, g = self.encoder.patch_size, self.encoder.grid
-        x = images.reshape(images.shape[0], 3, g, p, g, p)
-        return torch.einsum("nchpwq->nhwpqc", x).reshape(images.shape[0], g * g, p * p * 3)
+        p, (gh, gw) = self.encoder.patch_size, self.encoder.grid_hw
+        x = images.reshape(images.shape[0], 3, gh, p, gw, p)
+        return torch.einsum("nchpwq->nhwpqc", x).reshape(images.shape[0], gh * gw, p * p * 3)
 
     def unpatchify(self, patches: torch.Tensor) -> torch.Tensor:
-        p, g = self.encoder.patch_size, self.encoder.grid
-        x = patches.reshape(patches.shape[0], g, g, p, p, 3)
-        return torch.einsum("nhwpqc->nchpwq", x).reshape(patches.shape[0], 3, g * p, g * p)
+        p, (gh, gw) = self.encoder.patch_size, self.encoder.grid_hw
+        x = patches.reshape(patches.shape[0], gh, gw, p, p, 3)
+        return torch.einsum("nhwpqc->nchpwq", x).reshape(patches.shape[0], 3, gh * p, gw * p)
 
     # --- masking ------------------------------------------------------------------------------
     def random_masking(self, x: torch.Tensor, mask_ratio: float, generator: torch.Generator | None = None):

@@ -20,7 +20,7 @@ from PIL import Image, ImageDraw
 
 from .data import normalize
 from .decode import decode_image
-from .evaluate import apply_affine, heatmap_keypoints
+from .keypoints import apply_affine, heatmap_keypoints
 from .finetune import load_task_model
 from .vocab import load as load_vocab
 

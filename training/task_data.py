@@ -18,7 +18,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 import catalog
+from catalog.sources import read_source
 
 from .decode import decode_image
 from .vocab import ClassVocab, KeypointVocab
@@ -123,7 +123,6 @@ class BackgroundPool:
 
     def __init__(self, sources: list[str]):
         self.sources = list(sources)
-        self._tar_index: dict[str, dict] = {}
 
     def __len__(self):
         return len(self.sources)
@@ -146,40 +145,11 @@ class BackgroundPool:
         return cls([r[0] for r in rows])
 
     def read(self, i: int) -> bytes:
-        return read_source(self.sources[i], self._tar_index)
+        # catalog's reader: a '#' in a file name is not taken for a tar member separator
+        return read_source(self.sources[i])
 
     def image(self, i: int) -> np.ndarray:
         return np.asarray(decode_image(self.read(i)))
-
-
-def read_source(uri: str, tar_index: dict) -> bytes:
-    """Bytes of a catalog source_uri: a local path (or file://), any pyarrow file-system URI, or
-    'TAR#MEMBER' for a member of an input tar (its offsets are indexed once per tar)."""
-    if "#" in uri:
-        tar_uri, member = uri.rsplit("#", 1)
-        local = tar_uri.removeprefix("file://")
-        if "://" not in local:
-            if local not in tar_index:
-                with tarfile.open(local, "r:") as tf:
-                    tar_index[local] = {m.name: (m.offset_data, m.size) for m in tf.getmembers() if m.isfile()}
-            if member not in tar_index[local]:
-                raise KeyError(f"background {uri}: member {member!r} not in {local}")
-            return catalog.read_member(local, *tar_index[local][member])
-        with _open(tar_uri) as fh, tarfile.open(fileobj=fh, mode="r|*") as tf:
-            for m in tf:
-                if m.name == member:
-                    return tf.extractfile(m).read()
-        raise KeyError(f"background {uri}: member {member!r} not found")
-    with _open(uri) as fh:
-        return fh.read()
-
-
-def _open(uri: str):
-    if "://" in uri and not uri.startswith("file://"):
-        import pyarrow.fs as pafs
-        fs, path = pafs.FileSystem.from_uri(uri)
-        return fs.open_input_stream(path)
-    return open(uri.removeprefix("file://"), "rb")
 
 
 def paste_background(img: np.ndarray, person: np.ndarray, bg: np.ndarray, rng) -> np.ndarray:

@@ -53,13 +53,15 @@ def preset(name: str) -> Preset:
     return PRESETS[name]
 
 
-def sincos_pos_embed(dim: int, grid: int, cls_token: bool = True) -> torch.Tensor:
-    """Fixed 2D sin-cos table (grid*grid [+1 zero row for cls], dim), as in MAE: half the channels
-    encode the row, half the column; each half is sin/cos of the position at dim/4 frequencies."""
+def sincos_pos_embed(dim: int, grid, cls_token: bool = True) -> torch.Tensor:
+    """Fixed 2D sin-cos table (gh*gw [+1 zero row for cls], dim), as in MAE: half the channels encode the
+    column, half the row; each half is sin/cos of the position at dim/4 frequencies. `grid` is the side of
+    a square grid or (gh, gw)."""
     if dim % 4:
         raise ValueError(f"sin-cos position embedding needs a width divisible by 4, got {dim}")
+    gh, gw = hw(grid)
     omega = 1.0 / 10000 ** (np.arange(dim // 4, dtype=np.float64) / (dim / 4.0))
-    ys, xs = np.meshgrid(np.arange(grid, dtype=np.float64), np.arange(grid, dtype=np.float64), indexing="ij")
+    ys, xs = np.meshgrid(np.arange(gh, dtype=np.float64), np.arange(gw, dtype=np.float64), indexing="ij")
 
     def encode(pos):  # (M,) -> (M, dim/2)
         out = np.outer(pos.reshape(-1), omega)
@@ -70,6 +72,14 @@ def sincos_pos_embed(dim: int, grid: int, cls_token: bool = True) -> torch.Tenso
     if cls_token:
         table = np.concatenate([np.zeros((1, dim)), table], axis=0)
     return torch.from_numpy(table).float()
+
+
+def hw(size) -> tuple[int, int]:
+    """An image or grid size given as one side (square) or (H, W) -> (H, W)."""
+    if isinstance(size, int):
+        return size, size
+    h, w = size
+    return int(h), int(w)
 
 
 class PatchEmbed(nn.Module):
@@ -132,38 +142,47 @@ def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, grad_checkpointing: bool)
 
 
 class VisionTransformer(nn.Module):
-    """ViT encoder: patch embedding, cls token, fixed sin-cos positions, pre-norm blocks, final norm."""
+    """ViT encoder: patch embedding, cls token, sin-cos positions, pre-norm blocks, final norm.
 
-    def __init__(self, width: int, depth: int, heads: int, mlp: int, img_size: int = 1024,
-                 patch_size: int = 16, grad_checkpointing: bool = False):
+    `img_size` is a side (square, as pretraining uses) or (H, W) (fine-tuning at 1024 x 768). Pretraining
+    keeps the position table fixed; `learn_pos_embed=True` (fine-tuning) trains it from the sin-cos start.
+    """
+
+    def __init__(self, width: int, depth: int, heads: int, mlp: int, img_size=1024, patch_size: int = 16,
+                 grad_checkpointing: bool = False, learn_pos_embed: bool = False):
         super().__init__()
-        if img_size % patch_size:
-            raise ValueError(f"image size {img_size} is not a multiple of the patch size {patch_size}")
+        h, w = hw(img_size)
+        if h % patch_size or w % patch_size:
+            raise ValueError(f"image size {h}x{w} is not a multiple of the patch size {patch_size}")
         self.width, self.depth, self.heads, self.mlp = width, depth, heads, mlp
-        self.img_size, self.patch_size = img_size, patch_size
-        self.grid = img_size // patch_size
+        self.img_size = img_size if isinstance(img_size, int) else (h, w)
+        self.img_hw, self.patch_size = (h, w), patch_size
+        self.grid_hw = (h // patch_size, w // patch_size)
+        self.grid = self.grid_hw[0] if h == w else None  # the side of a square grid
+        self.n_patches = self.grid_hw[0] * self.grid_hw[1]
         self.grad_checkpointing = grad_checkpointing
         self.patch_embed = PatchEmbed(patch_size, width)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, width))
-        # a buffer-like parameter kept frozen, so the key and shape match timm's learnable pos_embed
-        self.pos_embed = nn.Parameter(torch.zeros(1, self.grid ** 2 + 1, width), requires_grad=False)
+        # fixed in pretraining: a frozen parameter, so the key and shape match timm's learnable pos_embed
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.n_patches + 1, width), requires_grad=learn_pos_embed)
         self.blocks = nn.ModuleList(Block(width, heads, mlp) for _ in range(depth))
         self.norm = nn.LayerNorm(width, eps=1e-6)
 
     @classmethod
-    def from_preset(cls, name: str, img_size: int = 1024, **kw) -> "VisionTransformer":
+    def from_preset(cls, name: str, img_size=1024, **kw) -> "VisionTransformer":
         p = preset(name)
         return cls(p.width, p.depth, p.heads, p.mlp, img_size=img_size, **kw)
 
-    def init_weights(self):
+    def init_weights(self) -> "VisionTransformer":
         """MAE initialisation: sin-cos positions, patch projection like a linear layer, xavier linears."""
         with torch.no_grad():
-            self.pos_embed.copy_(sincos_pos_embed(self.width, self.grid).unsqueeze(0))
+            self.pos_embed.copy_(sincos_pos_embed(self.width, self.grid_hw).unsqueeze(0))
         w = self.patch_embed.proj.weight
         nn.init.xavier_uniform_(w.view(w.shape[0], -1))
         nn.init.zeros_(self.patch_embed.proj.bias)
         nn.init.normal_(self.cls_token, std=0.02)
         self.apply(init_linear_and_norm)
+        return self
 
     def tokens(self, images: torch.Tensor) -> torch.Tensor:
         """Patch tokens with positions added, no cls token: (B, N, D)."""
@@ -181,7 +200,8 @@ class VisionTransformer(nn.Module):
 
     def timm_kwargs(self) -> dict:
         """Arguments for timm's VisionTransformer that accept `self.state_dict()` with strict=True."""
-        return dict(img_size=self.img_size, patch_size=self.patch_size, embed_dim=self.width, depth=self.depth,
+        size = self.img_size if isinstance(self.img_size, int) else list(self.img_hw)
+        return dict(img_size=size, patch_size=self.patch_size, embed_dim=self.width, depth=self.depth,
                     num_heads=self.heads, mlp_ratio=self.mlp / self.width, qkv_bias=True, num_classes=0,
                     global_pool="token")
 

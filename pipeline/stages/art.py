@@ -14,10 +14,12 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
+
+from catalog.rules import RULES
 
 from ..imageio import load_rgb
 from .base import Stage
+from .batching import infer_each
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,8 @@ class ArtStage(Stage):
     reads = ("image",)
     writes = ("art_score", "art_label", "art_error")
     stateful = True
+    rules = RULES["art"]
+    error_column = "art_error"
     default_batch_size = 16
 
     def __init__(self, cfg: dict | None = None):
@@ -101,7 +105,6 @@ class ArtStage(Stage):
                  len(groups))
 
     def measure(self, batch: dict[str, list]) -> dict[str, list]:
-        import torch
         from PIL import Image
 
         if self.model is None:
@@ -112,34 +115,30 @@ class ArtStage(Stage):
         for i, data in enumerate(batch["image"]):
             try:
                 rgb, _ = load_rgb(data, max_side=2 * self.input_px)
-                xs.append(self.preprocess(Image.fromarray(rgb)))
+                xs.append(self.preprocess(Image.fromarray(rgb)).numpy())
                 rows.append(i)
             except Exception as e:
                 out["art_error"][i] = f"decode: {e}"
         if not rows:
             return out
-        try:
-            with torch.inference_mode():
-                emb = self.model.encode_image(torch.stack(xs).to(self.device)).float()
-                emb = (emb / emb.norm(dim=-1, keepdim=True)).cpu().numpy()
-        except Exception as e:
-            for i in rows:
-                out["art_error"][i] = f"inference: {e}"
-            return out
-        probs = group_probs(emb, self.group_emb, self.logit_scale)
         photo = self.groups.index(PHOTO)
-        for i, p in zip(rows, probs):
-            out["art_score"][i] = float(1.0 - p[photo])
-            out["art_label"][i] = self.groups[int(p.argmax())]
+        for i, p in zip(rows, infer_each(self._infer, xs, self.name)):
+            if isinstance(p, Exception):
+                out["art_error"][i] = f"inference: {p}"
+            else:
+                out["art_score"][i] = float(1.0 - p[photo])
+                out["art_label"][i] = self.groups[int(p.argmax())]
         return out
 
-    def reject(self, table: pa.Table) -> list[str | None]:
-        limit = float(self.cfg.get("max_score", 0.5))
-        errors = table.column("art_error").to_pylist()
-        scores = table.column("art_score").to_pylist()
-        return ["error" if e is not None else None if s is None else
-                f"art>{limit:g}" if s > limit else None
-                for e, s in zip(errors, scores)]
+    def _infer(self, x: np.ndarray) -> np.ndarray:
+        """Batch of preprocessed images -> probabilities over the prompt groups, one row each;
+        half precision (autocast) on a GPU."""
+        import torch
+
+        with torch.inference_mode(), torch.autocast("cuda", torch.float16, enabled=self.device != "cpu"):
+            emb = self.model.encode_image(torch.from_numpy(x).to(self.device)).float()
+            emb = (emb / emb.norm(dim=-1, keepdim=True)).cpu().numpy()
+        return group_probs(emb, self.group_emb, self.logit_scale)
 
 
 def _image_size(model) -> tuple[int, int]:

@@ -3,6 +3,8 @@
 Scores and thresholds are separate (as in Data-Juicer): `measure` writes measurements for every
 row it sees; `reject` turns stored measurements plus the config's thresholds into reasons. The same
 `reject` serves `humanset curate` and `humanset select`, so re-thresholding never runs a model.
+A stage's thresholds are data: `rules` points at its entry of catalog.rules.RULES (column, config
+key, comparison, kept side), the one declaration stats, the report and calibrate read too.
 The Ray wiring lives in pipeline/engine.py only.
 """
 from __future__ import annotations
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import pyarrow as pa
+
+from catalog.rules import Rule, first_failure
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,8 @@ class Stage:
     writes: ClassVar[tuple[str, ...]] = ()
     stateful: ClassVar[bool] = False
     default_batch_size: ClassVar[int] = 32
+    rules: ClassVar[tuple[Rule, ...]] = ()  # its thresholds (catalog.rules.RULES[name])
+    error_column: ClassVar[str | None] = None  # set when measure() failed on the row
 
     def __init__(self, cfg: dict | None = None):
         self.cfg = dict(cfg or {})
@@ -81,8 +87,14 @@ class Stage:
 
     def reject(self, table: pa.Table) -> list[str | None]:
         """Reason (short, 'detail' without the stage name) per row, or None when the row passes
-        or was not measured by this stage. Reads only stored columns and self.cfg thresholds."""
-        raise NotImplementedError
+        or was not measured by this stage. Reads only stored columns and self.cfg thresholds.
+
+        By default: "error" where error_column is set, else the first of `rules` the row fails."""
+        if not self.rules:
+            raise NotImplementedError(f"stage {self.name}: declare its rules or override reject()")
+        return first_failure(self.rules, self.cfg,
+                             {r.column: table.column(r.column).to_pylist() for r in self.rules},
+                             table.column(self.error_column).to_pylist() if self.error_column else None)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, phase={self.phase!r})"

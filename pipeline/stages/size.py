@@ -1,7 +1,7 @@
 """size: shortest side and aspect ratio against the config's limits."""
 from __future__ import annotations
 
-import pyarrow as pa
+from catalog.rules import RULES
 
 from .base import Stage
 
@@ -12,6 +12,7 @@ class SizeStage(Stage):
     reads = ("width", "height")
     writes = ("short_side", "aspect")
     default_batch_size = 1024
+    rules = RULES["size"]  # short_side >= size.min_short_side, aspect <= size.max_aspect (null: off)
 
     def measure(self, batch):
         short, aspect = [], []
@@ -23,18 +24,3 @@ class SizeStage(Stage):
             short.append(min(w, h))
             aspect.append(max(w, h) / min(w, h))
         return {"short_side": short, "aspect": aspect}
-
-    def reject(self, table: pa.Table):
-        min_short = self.cfg.get("min_short_side", 0)
-        max_aspect = self.cfg.get("max_aspect")
-        out = []
-        for s, a in zip(table.column("short_side").to_pylist(), table.column("aspect").to_pylist()):
-            if s is None:
-                out.append(None)
-            elif s < min_short:
-                out.append(f"short_side<{min_short}")
-            elif max_aspect and a > max_aspect:
-                out.append(f"aspect>{max_aspect:g}")
-            else:
-                out.append(None)
-        return out

@@ -9,13 +9,28 @@ one box over 79% of the image and reads it as "8").
 Score: text_area_frac = area of the union of confirmed boxes / image area (independent of the
 resize). Reject when text_area_frac > `text.max_area_frac`; see default.yaml for the measurements
 behind the default.
+
+Recognition is the expensive half, and most boxes cannot change the verdict. With
+`text.recognize: needed` (default) a box is recognised only while it still can:
+  - no recognition at all when the union of every detected box covers <= max_area_frac (the
+    confirmed area can only be smaller): the stored text_area_frac is that union, an upper bound;
+  - boxes are recognised largest first, batched across the images of the batch, and an image
+    stops as soon as its confirmed area exceeds max_area_frac (stored: the confirmed area so far,
+    a lower bound) or the confirmed area plus every box not yet read can no longer exceed it
+    (stored: that union, an upper bound).
+So the verdict at max_area_frac is the full computation's (recognition scores can move slightly
+with the batch: rapidocr pads the crops of a batch to one width), and the stored value lies on the
+same side of max_area_frac as the exact one; text_n_boxes / text_strings list the confirmed boxes among
+those read. `humanset calibrate` sweeps of text.max_area_frac far from the configured value want
+exact areas: run with `text.recognize: all` (every box recognised, as before).
 """
 from __future__ import annotations
 
 import logging
 
 import numpy as np
-import pyarrow as pa
+
+from catalog.rules import RULES, TEXT_AREA
 
 from ..imageio import load_rgb
 from .base import Stage
@@ -30,6 +45,12 @@ def confirmed(texts, scores, min_rec_score: float, min_chars: int) -> list[int]:
         if s is not None and float(s) >= min_rec_score and sum(ch.isalnum() for ch in str(t)) >= min_chars:
             keep.append(i)
     return keep
+
+
+def polygon_area(p) -> float:
+    import cv2
+
+    return float(abs(cv2.contourArea(np.asarray(p, dtype=np.float32).reshape(-1, 2))))
 
 
 def union_area_frac(polygons: list[np.ndarray], height: int, width: int) -> float:
@@ -50,11 +71,15 @@ class TextStage(Stage):
     reads = ("image",)
     writes = ("text_area_frac", "text_n_boxes", "text_strings", "text_error")
     stateful = True
+    rules = RULES["text"]
+    error_column = "text_error"
     default_batch_size = 8
 
     def __init__(self, cfg: dict | None = None):
         super().__init__(cfg)
+        self.recognize  # a bad value fails when the config is read
         self.ocr = None
+        self.rec_calls = self.rec_crops = 0  # recognition calls / crops read (tests, bench)
 
     @property
     def max_side(self) -> int:
@@ -76,6 +101,7 @@ class TextStage(Stage):
             "Det.limit_side_len": self.max_side,
             "EngineConfig.onnxruntime.intra_op_num_threads": threads,
             "EngineConfig.onnxruntime.inter_op_num_threads": 1,
+            "EngineConfig.onnxruntime.enable_cpu_mem_arena": True,  # reuse buffers between images
         }
         try:
             self.ocr = RapidOCR(params=params)
@@ -85,13 +111,51 @@ class TextStage(Stage):
                                f"reinstall rapidocr") from e
         log.info("text: PP-OCR (rapidocr) det+rec, max side %d px, %d thread(s)", self.max_side, threads)
 
+    @property
+    def recognize(self) -> str:
+        r = str(self.cfg.get("recognize", "needed"))
+        if r not in ("needed", "all"):
+            raise ValueError(f"text.recognize={r!r}: expected 'needed' or 'all'")
+        return r
+
+    def _detect(self, bgr: np.ndarray):
+        """PP-OCR detection as rapidocr runs it -> (boxes in `bgr` pixels, crops for recognition)."""
+        from rapidocr.utils.process_img import map_boxes_to_original
+
+        ocr = self.ocr
+        ori = ocr.load_img(bgr)
+        img, op = ocr.preprocess_img(ori)
+        if ocr.cfg.Global.use_vertical_padding:
+            from rapidocr.utils.process_img import apply_vertical_padding
+            img, op = apply_vertical_padding(img, op, ocr.width_height_ratio, ocr.min_height)
+        else:
+            op["padding_1"] = {"top": 0, "left": 0}
+        det = ocr._load_det_model()(img)
+        if det.boxes is None or len(det.boxes) == 0:
+            return [], []
+        crops = ocr.crop_text_regions(img, det.boxes)
+        boxes = map_boxes_to_original(det.boxes, op, *ori.shape[:2])
+        return list(boxes), crops
+
+    def _recognize(self, crops: list[np.ndarray]) -> tuple[list[str], list[float]]:
+        """One recognition call over crops of any images (rapidocr batches them by width)."""
+        from rapidocr.ch_ppocr_rec import TextRecInput
+
+        self.rec_calls += 1
+        self.rec_crops += len(crops)
+        res = self.ocr._load_rec_model()(TextRecInput(img=crops, return_word_box=False))
+        return list(res.txts), [float(x) for x in res.scores]
+
     def measure(self, batch: dict[str, list]) -> dict[str, list]:
         if self.ocr is None:
             self.setup()
         min_rec = float(self.cfg.get("min_rec_score", 0.7))
         min_chars = int(self.cfg.get("min_chars", 3))
+        limit = float(TEXT_AREA.threshold(self.cfg))
+        needed = self.recognize == "needed"
         n = len(batch["image"])
         out: dict[str, list] = {c: [None] * n for c in self.writes}
+        todo: dict[int, dict] = {}  # image -> its boxes, crops, what is read and confirmed so far
         for i, data in enumerate(batch["image"]):
             try:
                 rgb, _ = load_rgb(data, max_side=self.max_side)
@@ -99,26 +163,72 @@ class TextStage(Stage):
                 out["text_error"][i] = f"decode: {e}"
                 continue
             try:
-                res = self.ocr(np.ascontiguousarray(rgb[..., ::-1]))  # rapidocr takes BGR arrays
+                boxes, crops = self._detect(np.ascontiguousarray(rgb[..., ::-1]))  # rapidocr takes BGR
             except Exception as e:
                 out["text_error"][i] = f"inference: {e}"
                 continue
-            boxes = getattr(res, "boxes", None)
-            texts = getattr(res, "txts", None)
-            scores = getattr(res, "scores", None)
-            if boxes is None or texts is None or len(texts) == 0:
-                keep, boxes, texts = [], [], []
-            else:
-                keep = confirmed(texts, scores, min_rec, min_chars)
-            out["text_area_frac"][i] = union_area_frac([boxes[k] for k in keep], *rgb.shape[:2])
-            out["text_n_boxes"][i] = len(keep)
-            out["text_strings"][i] = [str(texts[k]) for k in keep]
+            h, w = rgb.shape[:2]
+            out["text_area_frac"][i], out["text_n_boxes"][i], out["text_strings"][i] = 0.0, 0, []
+            if not boxes:
+                continue
+            if needed:
+                upper = union_area_frac(boxes, h, w)
+                if upper <= limit:  # even if every box were text, the image passes
+                    out["text_area_frac"][i] = upper
+                    continue
+            areas = [polygon_area(b) / (h * w) for b in boxes]
+            todo[i] = {"hw": (h, w), "boxes": boxes, "crops": crops, "left": sorted(
+                range(len(boxes)), key=lambda k: -areas[k]), "areas": areas, "keep": [], "texts": {}}
+        while todo:
+            # each image offers its largest unread boxes, as many as could push it over the limit
+            # (all of them with recognize=all); one recognition call reads the offers of all images
+            offers: list[tuple[int, int]] = []
+            for i, t in todo.items():
+                if not needed:
+                    take = list(t["left"])
+                else:
+                    have = union_area_frac([t["boxes"][k] for k in t["keep"]], *t["hw"])
+                    take = []
+                    for k in t["left"]:
+                        take.append(k)
+                        have += t["areas"][k]
+                        if have > limit:
+                            break
+                t["left"] = [k for k in t["left"] if k not in take]
+                offers += [(i, k) for k in take]
+            read: dict[tuple[int, int], tuple[str, float]] = {}
+            try:
+                texts, scores = self._recognize([todo[i]["crops"][k] for i, k in offers])
+                read = dict(zip(offers, zip(texts, scores)))
+            except Exception as e:  # a crop that breaks recognition costs only its own image
+                log.warning("text: recognition of %d crops failed (%s); retrying image by image", len(offers), e)
+                for i in dict.fromkeys(i for i, _ in offers):
+                    mine = [(j, k) for j, k in offers if j == i]
+                    try:
+                        texts, scores = self._recognize([todo[i]["crops"][k] for _, k in mine])
+                        read.update(zip(mine, zip(texts, scores)))
+                    except Exception as e1:
+                        out["text_error"][i] = f"inference: {e1}"
+                        out["text_area_frac"][i] = out["text_n_boxes"][i] = out["text_strings"][i] = None
+            for (i, k), (tx, sc) in read.items():
+                todo[i]["texts"][k] = str(tx)
+                if confirmed([tx], [sc], min_rec, min_chars):
+                    todo[i]["keep"].append(k)
+            for i in list(dict.fromkeys(i for i, _ in offers)):
+                t = todo[i]
+                if out["text_error"][i] is not None:
+                    del todo[i]
+                    continue
+                keep = sorted(t["keep"])
+                frac = union_area_frac([t["boxes"][k] for k in keep], *t["hw"])
+                done = not t["left"] or (needed and frac > limit)
+                if not done and needed:
+                    upper = union_area_frac([t["boxes"][k] for k in keep + t["left"]], *t["hw"])
+                    if upper <= limit:  # the unread boxes can no longer change the verdict
+                        frac, done = upper, True
+                if done:
+                    out["text_area_frac"][i] = frac
+                    out["text_n_boxes"][i] = len(keep)
+                    out["text_strings"][i] = [t["texts"][k] for k in keep]
+                    del todo[i]
         return out
-
-    def reject(self, table: pa.Table) -> list[str | None]:
-        limit = float(self.cfg.get("max_area_frac", 0.05))
-        errors = table.column("text_error").to_pylist()
-        fracs = table.column("text_area_frac").to_pylist()
-        return ["error" if e is not None else None if f is None else
-                f"text_area>{limit:g}" if f > limit else None
-                for e, f in zip(errors, fracs)]

@@ -12,10 +12,12 @@ import logging
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
+
+from catalog.rules import RULES
 
 from ..imageio import load_rgb
 from .base import Stage
+from .batching import infer_each
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,8 @@ class WatermarkStage(Stage):
     reads = ("image",)
     writes = ("watermark_score", "watermark_error")
     stateful = True
+    rules = RULES["watermark"]
+    error_column = "watermark_error"
     default_batch_size = 16
 
     def __init__(self, cfg: dict | None = None):
@@ -99,9 +103,15 @@ class WatermarkStage(Stage):
         self.model = model.eval().to(self.device)
         log.info("watermark: %s on %s", path.name, self.device)
 
-    def measure(self, batch: dict[str, list]) -> dict[str, list]:
+    def _infer(self, x: np.ndarray) -> np.ndarray:
+        """Batch of inputs -> P(watermark) per row; half precision (autocast) on a GPU."""
         import torch
 
+        with torch.inference_mode(), torch.autocast("cuda", torch.float16, enabled=self.device != "cpu"):
+            logits = self.model(torch.from_numpy(x).to(self.device))
+            return torch.softmax(logits.float(), dim=1)[:, WATERMARK_INDEX].cpu().numpy()
+
+    def measure(self, batch: dict[str, list]) -> dict[str, list]:
         if self.model is None:
             self.setup()
         n = len(batch["image"])
@@ -116,22 +126,9 @@ class WatermarkStage(Stage):
                 out["watermark_error"][i] = f"decode: {e}"
         if not rows:
             return out
-        try:
-            with torch.inference_mode():
-                logits = self.model(torch.from_numpy(np.stack(xs)).to(self.device))
-                probs = torch.softmax(logits.float(), dim=1)[:, WATERMARK_INDEX].cpu().numpy()
-        except Exception as e:
-            for i in rows:
-                out["watermark_error"][i] = f"inference: {e}"
-            return out
-        for i, p in zip(rows, probs):
-            out["watermark_score"][i] = float(p)
+        for i, p in zip(rows, infer_each(self._infer, xs, self.name)):
+            if isinstance(p, Exception):
+                out["watermark_error"][i] = f"inference: {p}"
+            else:
+                out["watermark_score"][i] = float(p)
         return out
-
-    def reject(self, table: pa.Table) -> list[str | None]:
-        limit = float(self.cfg.get("max_score", 0.8))
-        errors = table.column("watermark_error").to_pylist()
-        scores = table.column("watermark_score").to_pylist()
-        return ["error" if e is not None else None if s is None else
-                f"watermark>{limit:g}" if s > limit else None
-                for e, s in zip(errors, scores)]

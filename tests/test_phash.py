@@ -1,0 +1,104 @@
+"""The stored pHash against the reference, imagehash.phash of the full image, on real photos.
+
+The pipeline hashes the 32x32 grey thumbnail the decode stage leaves (JPEGs draft-decoded); these
+tests check that it finds the same near-copies imagehash finds and stays within a bit of its hash.
+"""
+import importlib.util
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+imagehash = pytest.importorskip("imagehash", reason="imagehash is the reference pHash")
+
+from pipeline.imageio import THUMB, probe  # noqa: E402
+from pipeline.stages.dedup import DedupStage  # noqa: E402
+
+# photographs shipped inside installed packages (located without importing them: importing
+# ultralytics patches PIL's opener)
+PHOTOS = {"skimage": ("data", ["astronaut.png", "camera.png", "coffee.png", "chelsea.png", "rocket.jpg",
+                               "motorcycle_left.png", "motorcycle_right.png", "hubble_deep_field.jpg",
+                               "retina.jpg", "coins.png", "moon.png", "page.png", "brick.png", "grass.png",
+                               "gravel.png", "ihc.png"]),
+          "ultralytics": ("assets", ["bus.jpg", "zidane.jpg"])}
+
+
+def _photos() -> dict[str, bytes]:
+    out = {}
+    for pkg, (sub, names) in PHOTOS.items():
+        spec = importlib.util.find_spec(pkg)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        root = Path(list(spec.submodule_search_locations)[0]) / sub
+        out.update({n: (root / n).read_bytes() for n in names if (root / n).is_file()})
+    return out
+
+
+def _jpeg(im: Image.Image, quality: int) -> bytes:
+    buf = io.BytesIO()
+    im.convert("RGB").save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def _variants(data: bytes) -> list[bytes]:
+    """The issue's near-copies: resized to 80% and 50%, and re-encoded, all as JPEG q70."""
+    im = Image.open(io.BytesIO(data))
+    im.load()
+    w, h = im.size
+    return [_jpeg(im.resize((round(w * s), round(h * s)), Image.LANCZOS), 70) for s in (0.8, 0.5)] + [_jpeg(im, 70)]
+
+
+def _reference(data: bytes) -> int:
+    bits = imagehash.phash(Image.open(io.BytesIO(data))).hash.flatten().astype(np.uint8)
+    return int(np.packbits(bits).view(">u8")[0])
+
+
+def _ours(images: list[bytes]) -> list[int]:
+    """The pipeline's hash: decode stage's probe() thumbnail, then the dedup stage's measure()."""
+    thumbs = [probe(d)["thumb"] for d in images]
+    assert all(len(t) == THUMB * THUMB for t in thumbs)
+    return DedupStage().measure({"_thumb": thumbs, "decode_error": [None] * len(thumbs)})["phash"]
+
+
+def _dist(a: int, b: int) -> int:
+    return bin(a ^ b).count("1")
+
+
+@pytest.fixture(scope="module")
+def hashed():
+    photos = _photos()
+    if len(photos) < 10:
+        pytest.skip(f"only {len(photos)} shipped photos found (skimage and ultralytics must be installed)")
+    originals, variants = [], []
+    for data in photos.values():
+        for v in _variants(data):
+            originals.append(data)
+            variants.append(v)
+    return {"n_photos": len(photos), "ours_o": _ours(originals), "ours_v": _ours(variants),
+            "ref_o": [_reference(d) for d in originals], "ref_v": [_reference(d) for d in variants]}
+
+
+def test_phash_near_copy_recall_at_least_imagehash(hashed):
+    h = hashed
+    ours = [_dist(a, b) for a, b in zip(h["ours_o"], h["ours_v"])]
+    ref = [_dist(a, b) for a, b in zip(h["ref_o"], h["ref_v"])]
+    recall, recall_ref = np.mean([d <= 4 for d in ours]), np.mean([d <= 4 for d in ref])
+    print(f"{len(ours)} pairs from {h['n_photos']} photos: recall@4 ours {recall:.3f} (mean distance "
+          f"{np.mean(ours):.2f}, max {max(ours)}), imagehash {recall_ref:.3f} (mean {np.mean(ref):.2f}, max {max(ref)})")
+    assert len(ours) >= 30
+    assert recall >= recall_ref
+
+
+def test_phash_agrees_with_imagehash_of_the_full_image(hashed):
+    h = hashed
+    # every image the pipeline hashed (originals and near-copies) against imagehash of that image
+    fid = [_dist(a, b) for a, b in zip(h["ours_o"] + h["ours_v"], h["ref_o"] + h["ref_v"])]
+    # each near-copy's stored hash against imagehash of its original
+    to_orig = [_dist(a, b) for a, b in zip(h["ours_v"], h["ref_o"])]
+    print(f"distance to imagehash.phash of the full image: mean {np.mean(fid):.2f}, max {max(fid)}; "
+          f"near-copy to imagehash of its original: mean {np.mean(to_orig):.2f} "
+          f"(imagehash itself: {np.mean([_dist(a, b) for a, b in zip(h['ref_v'], h['ref_o'])]):.2f})")
+    assert np.mean(fid) <= 1.0
+    assert max(fid) <= 4

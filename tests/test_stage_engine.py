@@ -1,0 +1,92 @@
+"""How the engine applies a stage to a batch (pipeline/engine.run_stage, Arrow kernels) and sizes
+its actor pool: checked against the row-by-row meaning, on batches with every kind of row."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+import catalog
+from pipeline.engine import _pool, run_stage
+from pipeline.stages.base import Stage
+
+
+class Halves(Stage):
+    """A score stage that measures sample ids and rejects odd ones."""
+    name = "person"
+    phase = "score"
+    reads = ("image",)
+    writes = ("n_persons", "person_error")
+
+    def __init__(self, cfg=None):
+        super().__init__(cfg)
+        self.seen = []
+
+    def measure(self, batch):
+        self.seen += batch["sample_id"]
+        return {"n_persons": [int(s[1:]) for s in batch["sample_id"]], "person_error": [None] * len(batch["sample_id"])}
+
+    def reject(self, table):
+        return [None if v is None or v % 2 == 0 else "odd" for v in table.column("n_persons").to_pylist()]
+
+
+def _batch():
+    rows = [  # sample_id, decode_error, _alive, _sentinel, scored_stages
+        ("s0", None, True, False, ["decode", "size"]),
+        ("s1", None, True, False, None),
+        ("s2", "truncated", False, False, ["decode"]),
+        ("s3", None, False, False, ["decode", "size"]),   # rejected earlier (e.g. size)
+        ("s4", None, True, False, []),
+        (None, None, False, True, None),                   # a unit's sentinel row
+        ("s6", None, None, False, ["decode"]),            # unknown alive: treated as not alive
+    ]
+    return pa.table({
+        "sample_id": pa.array([r[0] for r in rows], pa.string()),
+        "image": pa.array([b"x"] * len(rows), pa.binary()),
+        "decode_error": pa.array([r[1] for r in rows], pa.string()),
+        "_alive": pa.array([r[2] for r in rows], pa.bool_()),
+        "_sentinel": pa.array([r[3] for r in rows], pa.bool_()),
+        "scored_stages": pa.array([r[4] for r in rows], catalog.SAMPLES.field("scored_stages").type),
+    })
+
+
+def _expected(batch: pa.Table, score_all: bool):
+    """The row-by-row meaning of run_stage."""
+    rows = batch.to_pylist()
+    todo = [not r["_sentinel"] and r["decode_error"] is None and (bool(r["_alive"]) or score_all) for r in rows]
+    n_persons = [int(r["sample_id"][1:]) if t else None for r, t in zip(rows, todo)]
+    scored = [(r["scored_stages"] or []) + ["person"] if t else r["scored_stages"] for r, t in zip(rows, todo)]
+    alive = [bool(r["_alive"]) and not (v is not None and v % 2) for r, v in zip(rows, n_persons)]
+    return todo, n_persons, scored, alive
+
+
+@pytest.mark.parametrize("score_all", [False, True])
+def test_run_stage_matches_the_row_by_row_meaning(score_all):
+    batch = _batch()
+    stage = Halves()
+    out = run_stage(stage, batch, score_all)
+    todo, n_persons, scored, alive = _expected(batch, score_all)
+    assert stage.seen == [r for r, t in zip(batch.column("sample_id").to_pylist(), todo) if t]
+    assert out.column("n_persons").to_pylist() == n_persons
+    assert out.column("n_persons").type == catalog.SAMPLES.field("n_persons").type
+    assert out.column("scored_stages").to_pylist() == scored
+    assert out.column("_alive").to_pylist() == alive
+    t = out.column("_t_person").to_pylist()
+    assert all((x > 0) == d for x, d in zip(t, todo)) or sum(todo) == 0
+    assert out.num_rows == batch.num_rows
+
+
+def test_run_stage_on_a_batch_with_nothing_to_do():
+    batch = _batch().slice(2, 2)  # an undecodable row and a dead one
+    out = run_stage(Halves(), batch, False)
+    assert out.column("n_persons").to_pylist() == [None, None]
+    assert out.column("scored_stages").to_pylist() == batch.column("scored_stages").to_pylist()
+
+
+def test_actor_pools_follow_the_config_and_the_cluster(ray_local):
+    total = int(ray_local.cluster_resources()["CPU"])
+    fixed = _pool(Halves({"concurrency": 2}))
+    assert (fixed.min_size, fixed.max_size) == (2, 2)
+    auto = _pool(Halves({"resources": {"num_cpus": 2}}))
+    assert (auto.min_size, auto.max_size) == (1, total // 2)
+    ranged = _pool(Halves({"concurrency": [1, None], "resources": {"num_cpus": 1}}))
+    assert (ranged.min_size, ranged.max_size) == (1, total)
