@@ -63,6 +63,10 @@ def apply_sets(d: dict, sets: list[str] | None) -> dict:
     return loader.apply_sets(d, sets)
 
 
+# settings whose default is not null but null is meaningful (checks of the others follow their defaults)
+CHECKS = {"cycles.denoiser": loader.Check(("str",), nullable=True, choices=("INTEL", "OPTIX", None))}
+
+
 def load_config(path=None, sets: list[str] | None = None) -> RenderConfig:
     """Defaults -> --config FILE -> --set -> validation (catalog.config, the loader of every room)."""
-    return RenderConfig.from_dict(loader.load(RenderConfig().to_dict(), path, sets))
+    return RenderConfig.from_dict(loader.load(RenderConfig().to_dict(), path, sets, CHECKS))

@@ -157,3 +157,10 @@ def test_scan_major_plan_keeps_the_scan_distribution_uniform():
     assert np.all(np.abs(counts - mean) < 4.5 * sd), counts  # each scan's count is Binomial(frames, 1/n)
     chi2 = float(((counts - mean) ** 2 / mean).sum())  # ~ chi-square, n - 1 = 39 dof: mean 39, sd 8.8
     assert chi2 < 39 + 5 * 8.8, chi2
+
+
+def test_denoiser_may_be_switched_off():
+    assert load_config(sets=["cycles.denoiser=null"]).cycles.denoiser is None
+    assert load_config(sets=["cycles.denoiser=OPTIX"]).cycles.denoiser == "OPTIX"
+    with pytest.raises(ValueError, match="cycles.denoiser must be one of"):
+        load_config(sets=["cycles.denoiser=FAST"])
