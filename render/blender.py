@@ -318,6 +318,7 @@ class BlenderRenderer:
                     self._scan_blocks = [b for b in _datablocks() if b not in before]
                 self._scan_key = key
             timings["scan_load_s"] = round(time.perf_counter() - t, 4)
+            timings["scan_loaded"] = int(reload)
             t = time.perf_counter()
             bproc.utility.reset_keyframes()
             self._set_world(scene)
