@@ -193,7 +193,10 @@ def main() -> int:
         return render_one(args)
     import logging
     logging.basicConfig(level=logging.WARNING)
-    print(json.dumps({"bench": "render", **bench(args)}, indent=2))
+    import contextlib
+    with contextlib.redirect_stdout(sys.stderr):  # library banners (warp) stay off the JSON on stdout
+        result = bench(args)
+    print(json.dumps({"bench": "render", **result}, indent=2))
     return 0
 
 
