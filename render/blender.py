@@ -1,8 +1,10 @@
 """Everything Blender: BlenderProc 2.8 running in-process on the pip `bpy` 4.2 wheel.
 
 No other module of humanset imports bpy or blenderproc. A `BlenderRenderer` is one warm Blender per
-process: `init` once, then `render(scene)` per frame; between frames the scene is reset with
-`bproc.clean_up()` (objects, materials, world) while render settings and compositor outputs stay.
+process: `init` once, then `render(scene)` per frame. A scan file stays loaded (mesh, materials,
+textures) while consecutive frames show the same scan (scan-major plans, render.plan); only the camera
+and the world change. HDRIs are loaded once and kept; the world's nodes are built once and re-pointed.
+Generated meshes (anny bodies, a new body per frame) are replaced every frame.
 
 Conventions of what `render` returns (the rest of humanset never sees Blender's conventions):
   rgb     uint8 H×W×3, sRGB ("Standard" view transform, so colours are the albedo under the HDRI light)
@@ -11,6 +13,8 @@ Conventions of what `render` returns (the rest of humanset never sees Blender's 
           (0, 0, 0) where no surface was hit. BlenderProc writes camera-frame normals in OpenGL axes
           (x right, y up, z towards the viewer) encoded as 0.5·n + 0.5; we decode and flip y and z.
   mask    uint8 H×W, 255 where a pixel's centre ray hits the person (depth finite), else 0
+  parts   uint8 H×W class ids (render.parts vocabulary), 0 = background, set exactly where mask is; only
+          for meshes that carry per-face labels (MeshInput.face_labels), else absent
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +38,16 @@ log = logging.getLogger(__name__)
 
 # Depth pass value Cycles writes for rays that hit nothing (the world); anything above is background.
 BACKGROUND_DEPTH = 1e5
+
+# Face attribute holding a mesh's part class, and the AOV (render pass) the ground-truth render writes it to
+PART_ATTRIBUTE = "humanset_part"
+PART_AOV = "part"
+
+# Fault injection for crash-isolation tests: a scan file starting with these bytes aborts the process
+# (as a native crash in an importer would) when it is loaded for rendering (indexing reads it normally),
+# or, with the second marker, when the scan index imports it.
+FAULT_ABORT_ON_LOAD = b"# humanset-fault-injection: abort-on-load"
+FAULT_ABORT_ON_INDEX = b"# humanset-fault-injection: abort-on-index"
 
 # OpenCV camera axes (x right, y down, z forward) -> OpenGL/Blender camera axes (x right, y up, z back)
 CV_TO_GL = np.diag([1.0, -1.0, -1.0, 1.0])
@@ -126,6 +141,7 @@ class MeshInput:
     uvs: np.ndarray | None = None  # (F, 3, 2) per-corner texture coordinates
     texture: np.ndarray | None = None  # (H, W, 3) uint8 albedo
     name: str = "person"
+    face_labels: np.ndarray | None = None  # (F,) uint8 part class per face (1..255); None = no part labels
 
 
 @dataclass
@@ -178,6 +194,8 @@ class BlenderRenderer:
         BlenderRenderer._instance_made = True
         self.settings = settings or RenderSettings()
         self.bproc = import_blenderproc()
+        self._scan_key, self._scan_blocks = None, []
+        self._world_nodes, self._hdris = None, {}
         self._init_blender()
 
     def configure(self, settings: RenderSettings):
@@ -214,8 +232,9 @@ class BlenderRenderer:
             bproc.renderer.set_light_bounces(diffuse_bounces=s.max_bounces, glossy_bounces=s.max_bounces,
                                              max_bounces=s.max_bounces, transmission_bounces=0,
                                              transparent_max_bounces=4, volume_bounces=0)
-            # No persistent data: with it, Cycles sometimes kept the previous frame's texture (its cache
-            # is keyed by datablock address, which a new frame's image can reuse).
+            # No persistent data across a change of scan: with it, Cycles sometimes kept the previous frame's
+            # texture (its cache is keyed by datablock address, which a new frame's image can reuse).
+            # render() turns it on only while consecutive frames show the same scan file.
             bpy.context.scene.render.use_persistent_data = False
             # "Standard" keeps albedo colours honest (BlenderProc's default is Filmic)
             bproc.renderer.set_output_format(file_format="PNG", color_depth=8, enable_transparency=False,
@@ -233,10 +252,34 @@ class BlenderRenderer:
             if len(self._normal_matrix_nodes) != 9:
                 raise RuntimeError("unexpected BlenderProc normal-output graph; this module supports "
                                    "blenderproc==2.8.0 (see deps/render.pip.txt)")
+            self._enable_part_output(tree)
             if tree.animation_data is not None:
                 tree.animation_data_clear()
         log.info("Blender %s ready: Cycles on %s, %d samples, denoiser %s", bpy.app.version_string,
                  self.device, s.samples, s.denoiser)
+
+    def _enable_part_output(self, tree):
+        """A float AOV pass that part-labelled materials write their face's class into, saved as EXR by the
+        compositor in the ground-truth pass (one sample at the pixel centre, so the value is never blended)."""
+        import bpy
+        from blenderproc.python.utility.Utility import Utility
+        layer = bpy.context.view_layer
+        aov = layer.aovs.add()
+        aov.name, aov.type = PART_AOV, "VALUE"
+        layers = [n for n in tree.nodes if n.bl_idname == "CompositorNodeRLayers"]
+        out_dir = Utility.get_temporary_directory()
+        node = tree.nodes.new("CompositorNodeOutputFile")
+        node.base_path = out_dir
+        node.format.file_format = "OPEN_EXR"
+        node.format.color_depth = "32"
+        node.file_slots.values()[0].path = "parts_"
+        # three channels, like BlenderProc's depth file (some EXR readers reject one-channel files)
+        combine = tree.nodes.new("CompositorNodeCombineColor")
+        combine.mode = "HSV"
+        tree.links.new(layers[0].outputs[PART_AOV], combine.inputs[2])
+        tree.links.new(combine.outputs["Image"], node.inputs["Image"])
+        Utility.add_output_entry({"key": "parts", "path": os.path.join(out_dir, "parts_") + "%04d.exr",
+                                  "version": "2.0.0", "trim_redundant_channels": True})
 
     def _set_device(self, device: str) -> str:
         import bpy
@@ -254,28 +297,90 @@ class BlenderRenderer:
 
     # --- per frame --------------------------------------------------------------------------------
     def render(self, scene: SceneInput) -> dict:
+        """Render one frame. `timings` in the result: scan_load_s, setup_s (world, camera), render_s."""
         import bpy
         bproc = self.bproc
+        timings = {}
         with _quiet():
-            bproc.clean_up(clean_up_camera=False)
+            t = time.perf_counter()
+            key = _scan_key(scene.mesh)
+            reload = key is None or key != self._scan_key
+            # Cycles keeps its scene (BVH, textures) between renders only while the same scan stays loaded;
+            # a frame that (re)loads renders without persistent data, which frees Cycles' previous scene
+            # (its caches are keyed by datablock address, which new data can reuse).
+            bpy.context.scene.render.use_persistent_data = not reload
+            if reload:
+                self._unload_scan()
+                before = set(_datablocks())
+                try:
+                    self._load_mesh(scene)
+                finally:  # a failed load is unloaded with the next frame's
+                    self._scan_blocks = [b for b in _datablocks() if b not in before]
+                self._scan_key = key
+            timings["scan_load_s"] = round(time.perf_counter() - t, 4)
+            timings["scan_loaded"] = int(reload)
+            t = time.perf_counter()
             bproc.utility.reset_keyframes()
-            obj = self._load_mesh(scene)
-            # clean_up() replaced the world with an empty one: give it nodes, then the HDRI, every frame
-            bproc.renderer.set_world_background([0.0, 0.0, 0.0])
-            bproc.world.set_world_background_hdr_img(
-                scene.hdri_path, strength=float(scene.hdri_strength),
-                rotation_euler=[0.0, 0.0, float(np.deg2rad(scene.hdri_rotation_deg))])
+            self._set_world(scene)
             bproc.camera.set_intrinsics_from_K_matrix(np.asarray(scene.K, dtype=float), scene.width,
                                                       scene.height, clip_start=0.05, clip_end=1000.0)
             cam_gl = np.asarray(scene.cam_to_world, dtype=float) @ CV_TO_GL
             bproc.camera.add_camera_pose(cam_gl, frame=0)
             self._set_normal_matrix(cam_gl)
+            timings["setup_s"] = round(time.perf_counter() - t, 4)
+            t = time.perf_counter()
             self._beauty_pass()
             colors = bproc.renderer.render(load_keys={"colors"}, verbose=False)
             self._ground_truth_pass()
-            gt = bproc.renderer.render(load_keys={"depth", "normals"}, output_key=None, verbose=False)
-        del obj
-        return self._decode({**colors, **gt}, scene)
+            gt = bproc.renderer.render(load_keys={"depth", "normals", "parts"}, output_key=None, verbose=False)
+            out = self._decode({**colors, **gt}, scene)
+            timings["render_s"] = round(time.perf_counter() - t, 4)
+        out["timings"] = timings
+        return out
+
+    def unload(self):
+        """Forget the loaded scan (the next frame loads its own); benchmarks start each mode cold."""
+        with _quiet():
+            self._unload_scan()
+
+    def _unload_scan(self):
+        """Remove the previous person (objects, meshes, materials, images it brought), nothing else."""
+        import bpy
+        order = ("objects", "meshes", "materials", "node_groups", "textures", "images")
+        for kind in order:
+            coll = getattr(bpy.data, kind)
+            for block in [b for k, b in self._scan_blocks if k == kind]:
+                with contextlib.suppress(ReferenceError):
+                    coll.remove(block)
+        self._scan_blocks, self._scan_key = [], None
+
+    def _set_world(self, scene: SceneInput):
+        """HDRI light: one node tree built once; per frame only the image, rotation and strength change."""
+        import bpy
+        world = bpy.context.scene.world
+        if world is None:
+            world = bpy.data.worlds.new("World")
+            bpy.context.scene.world = world
+        if self._world_nodes is None or self._world_nodes[0] != world.name_full:
+            world.use_nodes = True
+            nodes, links = world.node_tree.nodes, world.node_tree.links
+            bg = next(n for n in nodes if n.bl_idname == "ShaderNodeBackground")
+            env = nodes.new("ShaderNodeTexEnvironment")
+            mapping = nodes.new("ShaderNodeMapping")
+            coords = nodes.new("ShaderNodeTexCoord")
+            links.new(coords.outputs["Generated"], mapping.inputs["Vector"])
+            links.new(mapping.outputs["Vector"], env.inputs["Vector"])
+            links.new(env.outputs["Color"], bg.inputs["Color"])
+            self._world_nodes = (world.name_full, env, mapping, bg)
+        _, env, mapping, bg = self._world_nodes
+        path = str(scene.hdri_path)
+        if path not in self._hdris:
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"HDRI {path}: no such file")
+            self._hdris[path] = bpy.data.images.load(path, check_existing=True)
+        env.image = self._hdris[path]
+        mapping.inputs["Rotation"].default_value = (0.0, 0.0, float(np.deg2rad(scene.hdri_rotation_deg)))
+        bg.inputs["Strength"].default_value = float(scene.hdri_strength)
 
     # Two renders per frame. The beauty pass is anti-aliased: Cycles spreads a pixel's samples over a
     # 1.5 px filter, so its depth and normal passes would be averages over that footprint (and blend the
@@ -320,7 +425,10 @@ class BlenderRenderer:
                 _apply_texture_array(obj, texture, m.name)
             else:
                 _apply_plain(obj, scene.base_color)
+            if m.face_labels is not None:
+                _write_part_aov(obj)
             return obj
+        _fault_injection(m.path, FAULT_ABORT_ON_LOAD)
         objs = _import_file(bproc, m)
         if not objs:
             raise ValueError(f"{m.path}: the importer produced no mesh objects")
@@ -359,10 +467,34 @@ class BlenderRenderer:
         mask = (hit * 255).astype(np.uint8)
         if rgb.shape[:2] != (scene.height, scene.width):
             raise RuntimeError(f"Blender rendered {rgb.shape[:2]}, expected {(scene.height, scene.width)}")
-        return {"rgb": rgb, "depth_m": depth, "normal": n_cv, "mask": mask}
+        out = {"rgb": rgb, "depth_m": depth, "normal": n_cv, "mask": mask}
+        if getattr(scene.mesh, "face_labels", None) is not None:
+            part = np.asarray(data["parts"][0], dtype=np.float32)
+            if part.ndim == 3:
+                part = part[..., 0]
+            out["parts"] = np.where(hit, np.clip(np.rint(part), 0, 255), 0).astype(np.uint8)
+        return out
 
 
 # --- helpers ---------------------------------------------------------------------------------------
+def _fault_injection(path, marker: bytes):
+    with open(path, "rb") as fh:
+        if fh.read(len(marker)) == marker:
+            import resource
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a test's crash leaves no core file behind
+            os.abort()
+
+def _scan_key(mesh):
+    """Identity of a scan file load (None for generated meshes, which change every frame)."""
+    if isinstance(mesh, FileMeshInput):
+        return (str(mesh.path), float(mesh.unit_scale), mesh.up_axis.upper(), mesh.texture, mesh.name)
+    return None
+
+
+def _datablocks() -> list:
+    import bpy
+    return [(kind, b) for kind in ("objects", "meshes", "materials", "node_groups", "textures", "images")
+            for b in getattr(bpy.data, kind)]
 @contextlib.contextmanager
 def _quiet():
     """Send Blender's and BlenderProc's chatter on stdout (C and Python prints) to /dev/null.
@@ -404,6 +536,12 @@ def _blender_mesh(m: MeshInput):
     if m.uvs is not None:
         uv = mesh.uv_layers.new(name="UVMap")
         uv.data.foreach_set("uv", np.asarray(m.uvs, dtype=np.float32).ravel())
+    if m.face_labels is not None:
+        labels = np.asarray(m.face_labels)
+        if labels.shape != (len(f),) or labels.min(initial=1) < 1:
+            raise ValueError(f"{m.name}: face_labels must hold one class >= 1 per face ({len(f)} faces)")
+        attr = mesh.attributes.new(PART_ATTRIBUTE, "FLOAT", "FACE")
+        attr.data.foreach_set("value", labels.astype(np.float32))
     mesh.update(calc_edges=True)
     mesh.validate()
     # smooth shading: normals interpolated across faces, like a scan's
@@ -499,6 +637,16 @@ def _apply_texture_file(obj, path, name):
     _apply_texture_image(obj, bpy.data.images.load(str(path), check_existing=True), name)
 
 
+def _write_part_aov(obj):
+    """Every material of obj also writes the face's part class (a face attribute) into the part AOV."""
+    for mat in obj.get_materials():
+        attr = mat.new_node("ShaderNodeAttribute")
+        attr.attribute_type, attr.attribute_name = "GEOMETRY", PART_ATTRIBUTE
+        aov = mat.new_node("ShaderNodeOutputAOV")
+        aov.aov_name = PART_AOV
+        mat.link(attr.outputs["Fac"], aov.inputs["Value"])
+
+
 def _apply_plain(obj, color):
     mat = _new_material(obj, "plain")
     bsdf = _principled_defaults(mat)
@@ -540,6 +688,7 @@ def inspect_mesh_file(path) -> dict:
     import bpy
     import_blenderproc()
     path = str(path)
+    _fault_injection(path, FAULT_ABORT_ON_INDEX)
     before_objs, before_meshes = set(bpy.data.objects), set(bpy.data.meshes)
     before_mats, before_imgs = set(bpy.data.materials), set(bpy.data.images)
     try:

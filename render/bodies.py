@@ -55,7 +55,7 @@ class Body:
     texture: np.ndarray  # (T, T, 3) uint8 albedo, row 0 = top of the image (v = 1)
     params: dict = field(default_factory=dict)  # phenotype, pose and texture draws
     keypoints3d: np.ndarray | None = None  # (17, 3) COCO-17 joints, same frame as vertices
-
+    parts: np.ndarray | None = None  # (F,) uint8 Sapiens-28 class per triangle (render.parts)
 
     @property
     def bbox(self) -> tuple[np.ndarray, np.ndarray]:
@@ -101,6 +101,17 @@ def _part_map() -> tuple[np.ndarray, dict]:
     img = np.asarray(Image.open(seg / "body_parts_segmentation.png").convert("RGB"))
     colors = yaml.safe_load((seg / "body_parts_segmentation.yaml").read_text())["colors"]
     return img, colors
+
+
+@lru_cache(maxsize=1)
+def face_parts() -> np.ndarray:
+    """(F,) Sapiens-28 class per anny triangle, from the skinning bone of its corners (render/parts.json)."""
+    from . import parts
+    model = anny_model()
+    bone_class = parts.bone_classes(list(model.bone_labels))
+    vc = parts.vertex_classes(model.vertex_bone_weights.cpu().numpy(), model.vertex_bone_indices.cpu().numpy(),
+                              bone_class)
+    return parts.face_classes(model.faces.cpu().numpy(), vc)
 
 
 def part_labels(size: int = TEXTURE_SIZE) -> tuple[np.ndarray, list[str]]:
@@ -182,7 +193,7 @@ def make_body(seed: int, frame_index: int, cfg: BodyConfig | None = None) -> Bod
     texture, tex_params = synth_texture(seed, frame_index)
     params = {"model": "anny", "phenotype": phenotype, "pose_rotvec_local_ref": pose, "texture": tex_params,
               "height_m": float(hi[2] - lo[2])}
-    return Body(v.astype(np.float32), faces, uvs, texture, params, kp.astype(np.float32))
+    return Body(v.astype(np.float32), faces, uvs, texture, params, kp.astype(np.float32), face_parts())
 
 
 def body_id(params: dict) -> str:

@@ -7,19 +7,29 @@ Layout of a run directory OUT:
   catalog/frames/render-NNNNN.parquet  FRAMES rows of shard NNNNN, failed frames included (error set)
   shards/render-NNNNN.tar|.parquet the WebDataset shard and its index (schema FRAMES)
   shards/render-NNNNN.stats.json   completion marker: a shard with stats is never rendered again
-  contact/render-NNNNN.png         contact sheet: RGB | depth | normals | mask
+  contact/render-NNNNN.png         contact sheet: RGB | depth | normals | part labels (or mask)
   staging/render-NNNNN/            frames of an unfinished shard; `{key}.json` is written last, so a
                                    frame with its json is done. Rerunning renders only missing frames.
+                                   `{key}.attempt.json` is written before a frame renders and removed
+                                   after: one left behind means the worker died inside that frame.
+  crashes/{hash}.json              a scan that crashed Blender: rejected for the rest of the run
 
-Frame i belongs to shard i // frames_per_shard. Its parameters come from (seed, i) alone.
+Frame i's parameters come from (seed, i) alone; render.plan decides which shard holds it (scan-major
+runs of `schedule.frames_per_scan_visit` frames of one scan). A worker process that dies inside a frame
+(a Blender crash) is restarted (Ray: `schedule.max_restarts`); the frame is tried again up to
+`schedule.max_frame_attempts` times, then failed with error "blender_crash". Its scan is rejected after
+the first crash: later frames of that scan fail with "blender_crash" without loading it, and the run's
+scan catalog marks it (ok = false, reject_reason "blender_crash: ...") when the run ends.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +39,7 @@ import catalog
 from catalog import FRAMES, HDRIS, SCANS, ShardWriter, conform, write_json, write_parquet
 
 from . import output as outfmt
+from . import plan
 from .config import RenderConfig
 
 log = logging.getLogger(__name__)
@@ -41,6 +52,8 @@ CONVENTIONS = {
     "depth": "planar z along the optical axis, metres, float32; 0 = no person",
     "normal": "unit vectors in the OpenCV camera frame, towards the camera, float32; 0 = no person",
     "mask": "uint8, 255 where the pixel centre's ray hits the person",
+    "parts": "uint8 class ids of the manifest's part vocabulary (sapiens28), 0 = background, set exactly "
+             "where mask is; absent for scans without part labels",
 }
 
 
@@ -60,23 +73,29 @@ class RunSpec:
     scans: str  # "anny", or the scan library folder
     hdris: str  # "builtin" or the HDRI folder
     config: dict
+    scan_ids: list | None = None  # the scans frames draw from, fixed when the run starts (None: anny)
 
     @property
     def cfg(self) -> RenderConfig:
         return RenderConfig.from_dict(self.config)
 
+    @cached_property
+    def _plan_args(self) -> tuple[int, int, int]:
+        cfg = self.cfg
+        return (len(self.scan_ids) if self.scan_ids else 1, cfg.schedule.frames_per_scan_visit,
+                cfg.output.frames_per_shard)
+
     @property
     def n_shards(self) -> int:
-        per = self.cfg.output.frames_per_shard
-        return (self.frames + per - 1) // per
+        return plan.n_shards(self.frames, self._plan_args[2])
 
-    def shard_frames(self, shard: int) -> range:
-        per = self.cfg.output.frames_per_shard
-        return range(shard * per, min(self.frames, (shard + 1) * per))
+    def shard_frames(self, shard: int) -> list[int]:
+        """Frame indices of `shard` in render order (scan-major: runs of one scan, see render.plan)."""
+        return plan.shard_frames(self.seed, shard, self.frames, *self._plan_args)
 
     def to_dict(self) -> dict:
         return {"out": self.out, "seed": self.seed, "frames": self.frames, "scans": self.scans, "hdris": self.hdris,
-                "config": self.config}
+                "config": self.config, "scan_ids": self.scan_ids}
 
 
 # --- planning --------------------------------------------------------------------------------------
@@ -98,6 +117,7 @@ def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: Render
     config = json.loads(json.dumps(cfg.to_dict()))  # as the manifest stores it (tuples become lists)
     spec = RunSpec(str(out.resolve()), int(seed), int(frames), str(scans), str(hdris), config)
     manifest = out / MANIFEST
+    old = None
     if manifest.exists():
         old = catalog.read_json(manifest)
         same = {k: old.get(k) for k in ("seed", "scans", "hdris", "config")}
@@ -116,11 +136,22 @@ def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: Render
         scan_path = out / "catalog" / "scans" / "scans.parquet"
         if not scan_path.exists():
             write_parquet(scan_path, conform(scan_index.index_scans(scans), SCANS))
-    write_json(manifest, spec.to_dict())
+    from . import parts
+    if scans != "anny":
+        # fixed at the first start: crash rejections later in the run never change what frames draw
+        spec.scan_ids = old["scan_ids"] if old and old.get("scan_ids") else list(usable_scans(spec))
+        if not spec.scan_ids:
+            raise ValueError(f"no usable scan in {scans}; see {out}/catalog/scans/scans.parquet (reject_reason)")
+    if old and spec.frames > old.get("frames", 0):
+        window = plan.window_frames(*spec._plan_args)
+        if old.get("frames", 0) % window:
+            raise ValueError(f"{out}: a run of {old['frames']} frames cannot grow to {spec.frames}: its last plan "
+                             f"window ({window} frames, render.plan) is partial and would be re-planned. Start "
+                             f"runs that will grow with a multiple of {window} frames, or render the new frames "
+                             f"into a new --output.")
+    write_json(manifest, {**spec.to_dict(), "part_vocabulary": parts.vocabulary()})
     if not usable_hdris(spec):
         raise ValueError(f"no readable HDRI in {hdris}; see {hdri_path} (reject_reason)")
-    if scans != "anny" and not usable_scans(spec):
-        raise ValueError(f"no usable scan in {scans}; see {out}/catalog/scans/scans.parquet (reject_reason)")
     return spec
 
 
@@ -132,6 +163,44 @@ def usable_hdris(spec: RunSpec) -> dict[str, str]:
 def usable_scans(spec: RunSpec) -> dict[str, dict]:
     t = pq.read_table(Path(spec.out) / "catalog" / "scans" / "scans.parquet").to_pylist()
     return {r["scan_id"]: r for r in sorted(t, key=lambda r: r["scan_id"]) if r["ok"]}
+
+
+def _crash_file(spec: RunSpec, scan_id: str) -> Path:
+    # names from data never become paths: the file is named by a hash of the scan id
+    return Path(spec.out) / "crashes" / (hashlib.blake2b(scan_id.encode(), digest_size=10).hexdigest() + ".json")
+
+
+def crashed_scans(spec: RunSpec) -> dict[str, dict]:
+    """Scans that crashed Blender in this run: scan_id -> {"scan_id", "frame_index", "attempts"}."""
+    folder = Path(spec.out) / "crashes"
+    if not folder.is_dir():
+        return {}
+    found = {}
+    for f in sorted(folder.glob("*.json")):
+        crash = catalog.read_json(f)
+        found[crash["scan_id"]] = crash
+    return found
+
+
+def reject_crashed_scans(spec: RunSpec) -> int:
+    """Mark the run's crashed scans in its scan catalog (ok = false, reason "blender_crash: ..."). Driver only."""
+    crashed = crashed_scans(spec)
+    path = Path(spec.out) / "catalog" / "scans" / "scans.parquet"
+    if not crashed or not path.exists():
+        return 0
+    rows = pq.read_table(path).to_pylist()
+    n = 0
+    for r in rows:
+        c = crashed.get(r["scan_id"])
+        if c is not None and r["ok"]:
+            r["ok"], n = False, n + 1
+            r["reject_reason"] = (f"blender_crash: Blender's process died loading or rendering it (frame "
+                                  f"{c['frame_index']}); rejected for the rest of the run. Re-export the scan "
+                                  f"or remove it from the library.")
+    if n:
+        write_parquet(path, conform(rows, SCANS))
+        log.warning("%s: %d scan(s) crashed Blender and are rejected in %s", spec.out, n, path)
+    return n
 
 
 def shard_done(spec: RunSpec, shard: int) -> bool:
@@ -152,7 +221,11 @@ class ShardRenderer:
         if threads is not None and self.cfg.cycles.threads == 0:
             self.cfg.cycles.threads = threads  # a Ray actor renders with the CPUs it reserved, not the node's
         self.hdris = usable_hdris(self.spec)
-        self.scans = usable_scans(self.spec) if self.spec.scans != "anny" else None
+        self.scans = None
+        if self.spec.scans != "anny":
+            rows = pq.read_table(Path(self.spec.out) / "catalog" / "scans" / "scans.parquet").to_pylist()
+            by_id = {r["scan_id"]: r for r in rows}
+            self.scans = {s: by_id[s] for s in self.spec.scan_ids}
         self._renderer = None
 
     @property
@@ -181,28 +254,65 @@ class ShardRenderer:
         shutil.rmtree(staging, ignore_errors=True)
         return stats
 
+    def scan_of(self, i: int) -> str | None:
+        """The library scan frame i shows (None for generated anny bodies: one body per frame)."""
+        if self.scans is None:
+            return None
+        from .sampling import scan_draw
+        return self.spec.scan_ids[scan_draw(self.spec.seed, i, len(self.spec.scan_ids))]
+
     def render_frame_to(self, staging: Path, i: int) -> dict:
-        """Render frame i into the staging folder: members first, the json sidecar last."""
+        """Render frame i into the staging folder: members first, the json sidecar last.
+
+        An attempt marker brackets the render; finding one means this frame killed the previous worker
+        process (Blender crashed), which counts against the frame and rejects its scan for the run."""
         t = time.time()
-        try:
-            frame, members, scan_row = self.render_frame(i)
-        except Exception as e:  # noqa: BLE001  (one bad frame must not stop the job)
-            log.warning("frame %d failed: %s", i, e)
-            frame, members, scan_row = {"frame_index": i, "seed": self.spec.seed, "error": f"{type(e).__name__}: {e}"}, {}, None
-        frame["render_seconds"] = round(time.time() - t, 3)
         key = frame_key(i)
+        marker = staging / f"{key}.attempt.json"
+        crashes = catalog.read_json(marker)["attempts"] if marker.exists() else 0
+        scan_id = self.scan_of(i)
+        if crashes and scan_id is not None:
+            log.warning("frame %d: the render process died in it (%d time(s)); rejecting scan %s for this run",
+                        i, crashes, scan_id)
+            path = _crash_file(self.spec, scan_id)
+            if not path.exists():
+                write_json(path, {"scan_id": scan_id, "frame_index": i, "attempts": crashes})
+        crashed = crashed_scans(self.spec).get(scan_id) if scan_id is not None else None
+        frame, members, scan_row = None, {}, None
+        if crashes >= self.cfg.schedule.max_frame_attempts or (crashed is not None and not crashes):
+            detail = (f"Blender's process died {crashes} time(s) rendering this frame" if crashes else
+                      f"scan {scan_id} crashed Blender on frame {crashed['frame_index']}; rejected for this run")
+            log.warning("frame %d failed: blender_crash (%s)", i, detail)
+            frame = {"frame_index": i, "seed": self.spec.seed, "scan_id": scan_id, "error": "blender_crash",
+                     "params": {"error_detail": detail}}
+        else:
+            write_json(marker, {"attempts": crashes + 1, "scan_id": scan_id})
+            try:
+                frame, members, scan_row = self.render_frame(i)
+            except Exception as e:  # noqa: BLE001  (one bad frame must not stop the job)
+                log.warning("frame %d failed: %s", i, e)
+                frame = {"frame_index": i, "seed": self.spec.seed, "error": f"{type(e).__name__}: {e}"}
+            except BaseException:  # an interrupt is not a crash of this frame
+                marker.unlink(missing_ok=True)
+                raise
+        frame["render_seconds"] = round(time.time() - t, 3)
+        t_write = time.time()
         for ext, data in members.items():
             catalog.write_bytes(staging / f"{key}.{ext}", data)
         if scan_row is not None:
             write_json(staging / f"{key}.scan.jsonrow", scan_row)
+        if frame.get("timings") is not None:
+            frame["timings"]["write_s"] = round(time.time() - t_write, 4)
         write_json(staging / f"{key}.json", frame)
+        marker.unlink(missing_ok=True)
         return frame
 
     def render_frame(self, i: int) -> tuple[dict, dict, dict | None]:
         from . import sampling
         from .blender import FileMeshInput, MeshInput, SceneInput
+        t_start = time.time()
         spec, cfg = self.spec, self.cfg
-        scan_ids = list(self.scans) if self.scans is not None else ["anny"]
+        scan_ids = list(spec.scan_ids) if self.scans is not None else ["anny"]
         scene = sampling.sample_scene(spec.seed, i, scan_ids, list(self.hdris), cfg.sampling)
         warnings, body_params, scan_row, joints = [], None, None, None
         if self.scans is None:
@@ -211,7 +321,7 @@ class ShardRenderer:
             scene["scan_id"] = bodies.body_id(body.params)
             body_params = body.params
             joints = body.keypoints3d
-            mesh = MeshInput(body.vertices, body.faces, body.uvs, body.texture, name="person")
+            mesh = MeshInput(body.vertices, body.faces, body.uvs, body.texture, name="person", face_labels=body.parts)
             bbox = body.bbox
             scan_row = {"scan_id": scene["scan_id"], "path": None, "format": "anny", "ok": True, "warnings": [],
                         "texture": None, "unit_scale": 1.0, "up_axis": "Z", "n_triangles": len(body.faces),
@@ -225,15 +335,19 @@ class ShardRenderer:
             bbox = (np.asarray(row["bbox_min"]), np.asarray(row["bbox_max"]))
         cam = sampling.sample_camera(spec.seed, i, *bbox, cfg.sampling.camera)
         K, T = cam.pop("K"), cam.pop("cam_to_world")
+        t_setup = time.time()
         result = self.renderer.render(SceneInput(
             mesh=mesh, hdri_path=self.hdris[scene["hdri_id"]], hdri_rotation_deg=scene["hdri_rotation_deg"],
             hdri_strength=scene["hdri_strength"], K=K, cam_to_world=T, height=cam["height"], width=cam["width"]))
-        params = {"scene": scene, "camera": cam, "body": body_params,
+        parts_gt = ({"vocabulary": "sapiens28"} if "parts" in result
+                    else {"missing": "the scan has no part labels: no parts.png"})
+        params = {"scene": scene, "camera": cam, "body": body_params, "parts": parts_gt,
                   "cycles": {k: v for k, v in vars(cfg.cycles).items()}, "device": self.renderer.device}
         frame = {"frame_index": i, "key": frame_key(i), "seed": spec.seed, "scan_id": scene["scan_id"],
                  "hdri_id": scene["hdri_id"], "height": cam["height"], "width": cam["width"],
                  "K": K.tolist(), "cam_to_world": T.tolist(), "params": params, "warnings": warnings,
-                 "person_px": int((result["mask"] > 0).sum()), "conventions": CONVENTIONS, "error": None}
+                 "person_px": int((result["mask"] > 0).sum()), "conventions": CONVENTIONS, "error": None,
+                 "timings": {**result.get("timings", {}), "sample_s": round(t_setup - t_start, 4)}}
         if joints is not None:
             from .bodies import COCO17
             frame["keypoints_coco17"] = sampling.keypoints_2d(joints, K, T, result["depth_m"])
@@ -264,8 +378,8 @@ def pack_shard(spec: RunSpec, shard: int) -> dict:
         if frame.get("error"):
             rows.append(row)
             continue
-        members = {ext: (staging / f"{key}.{ext}").read_bytes() for ext in ("rgb.png", "depth.npy", "normal.npy",
-                                                                          "mask.png")}
+        members = {ext: (staging / f"{key}.{ext}").read_bytes() for ext in outfmt.MEMBERS
+                   if ext in outfmt.REQUIRED or (staging / f"{key}.{ext}").exists()}
         files = {**members, "json": frame}
         row["shard"] = writer.add(key, files, row)
         row["members"] = writer._rows[-1]["members"]  # offsets in the tar, so the catalog alone finds bytes
@@ -295,9 +409,12 @@ def run_local(spec: RunSpec, progress: bool = True) -> list[dict]:
     log.info("%s: %d frames in %d shards, %d to render", spec.out, spec.frames, spec.n_shards, len(todo))
     worker = ShardRenderer(spec)
     stats = []
-    for s in tqdm(todo, desc="render shards", unit="shard", disable=not progress):
-        stats.append(worker.render_shard(s))
-        log.info("%s: %d rendered, %d failed", stats[-1]["shard"], stats[-1]["rendered"], stats[-1]["failed"])
+    try:
+        for s in tqdm(todo, desc="render shards", unit="shard", disable=not progress):
+            stats.append(worker.render_shard(s))
+            log.info("%s: %d rendered, %d failed", stats[-1]["shard"], stats[-1]["rendered"], stats[-1]["failed"])
+    finally:
+        reject_crashed_scans(spec)
     return stats
 
 

@@ -3,7 +3,7 @@
 For every pixel centre (u, v) (integers: OpenCV's convention) we cast the ray K⁻¹·(u, v, 1) from the camera and intersect
 it with every triangle whose projected bounding box covers the pixel (Möller–Trumbore). The nearest
 hit gives planar depth z (the ray has unit z in the camera frame, so its parameter *is* z), the mask,
-and the smooth-shaded normal: vertex normals (angle-weighted face normals, as Blender computes them)
+the hit face (for part labels), and the smooth-shaded normal: vertex normals (angle-weighted face normals, as Blender computes them)
 interpolated barycentrically, rotated into the OpenCV camera frame and flipped to face the camera.
 Tests compare the renderer's ground truth against this.
 """
@@ -106,8 +106,22 @@ def raycast(vertices: np.ndarray, faces: np.ndarray, K: np.ndarray, cam_to_world
     rays = np.stack([(hp % width), (hp // width), np.ones(len(hp))], 1).astype(np.float64) @ Kinv.T
     n *= np.where((n * rays).sum(1) > 0, -1.0, 1.0)[:, None]
     normal[hp] = n
+    face = np.full(height * width, -1, dtype=np.int64)
+    face[hp] = fi
     return {"depth_m": depth.reshape(height, width).astype(np.float32), "mask": mask.reshape(height, width),
-            "normal": normal.reshape(height, width, 3).astype(np.float32)}
+            "normal": normal.reshape(height, width, 3).astype(np.float32), "face": face.reshape(height, width)}
+
+
+def part_labels(oracle: dict, face_labels: np.ndarray) -> np.ndarray:
+    """uint8 part map of a raycast: the hit face's class, 0 where the ray misses."""
+    face = oracle["face"]
+    return np.where(face >= 0, np.asarray(face_labels)[np.maximum(face, 0)], 0).astype(np.uint8)
+
+
+def part_agreement(rendered_parts: np.ndarray, oracle_parts: np.ndarray, mask: np.ndarray) -> float:
+    """Fraction of mask pixels whose rendered part class equals the oracle's."""
+    m = np.asarray(mask) > 0
+    return float((np.asarray(rendered_parts)[m] == np.asarray(oracle_parts)[m]).mean()) if m.any() else 1.0
 
 
 def compare(rendered: dict, oracle: dict, erode_px: int = 1) -> dict:

@@ -6,6 +6,8 @@ Members of frame `{key}` (key = 8-digit frame index):
   {key}.normal.npy  float32 H×W×3 unit normals, OpenCV camera frame (x right, y down, z forward),
                     pointing towards the camera; (0, 0, 0) = no person
   {key}.mask.png    uint8 L, 255 = person, 0 = background (pixel-centre hits)
+  {key}.parts.png   uint8 L part classes (render/parts.json vocabulary, sapiens28), 0 = background, set
+                    exactly where the mask is; only for scans with part labels (generated anny bodies)
   {key}.json        every sampled parameter and seed, K (3×3) and cam_to_world (4×4, OpenCV axes)
 """
 from __future__ import annotations
@@ -14,6 +16,9 @@ import io
 
 import numpy as np
 from PIL import Image
+
+MEMBERS = ("rgb.png", "depth.npy", "normal.npy", "mask.png", "parts.png")
+REQUIRED = MEMBERS[:4]
 
 
 def png_bytes(arr: np.ndarray) -> bytes:
@@ -41,7 +46,8 @@ def encode_frame(out: dict) -> dict:
     depth = np.where(np.isfinite(out["depth_m"]), out["depth_m"], 0.0).astype(np.float32)
     return {"rgb.png": png_bytes(out["rgb"]), "depth.npy": npy_bytes(depth),
             "normal.npy": npy_bytes(np.asarray(out["normal"], dtype=np.float32)),
-            "mask.png": png_bytes(np.asarray(out["mask"], dtype=np.uint8))}
+            "mask.png": png_bytes(np.asarray(out["mask"], dtype=np.uint8)),
+            **({"parts.png": png_bytes(np.asarray(out["parts"], dtype=np.uint8))} if "parts" in out else {})}
 
 
 def depth_colormap(depth: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -63,15 +69,28 @@ def normal_colormap(normal: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return rgb
 
 
+def parts_colormap(parts: np.ndarray) -> np.ndarray:
+    """A fixed distinct colour per part class (tab20 + tab10), black background."""
+    from matplotlib import colormaps
+    table = np.concatenate([colormaps["tab20"].colors, colormaps["tab10"].colors])[:255]
+    lut = np.zeros((256, 3), np.uint8)
+    lut[1:len(table) + 1] = (np.asarray(table)[:, :3] * 255).astype(np.uint8)
+    return lut[parts]
+
+
 def contact_row(members: dict, height: int) -> np.ndarray:
-    """RGB | depth (colour map) | normals | mask, each scaled to `height` rows."""
+    """RGB | depth (colour map) | normals | mask or part labels, each scaled to `height` rows."""
     rgb = load_png(members["rgb.png"])[..., :3]
     depth, normal = load_npy(members["depth.npy"]), load_npy(members["normal.npy"])
     mask = load_png(members["mask.png"])
-    cells = [rgb, depth_colormap(depth, mask), normal_colormap(normal, mask), np.repeat(mask[..., None], 3, -1)]
+    last = parts_colormap(load_png(members["parts.png"])) if "parts.png" in members \
+        else np.repeat(mask[..., None], 3, -1)
+    cells = [rgb, depth_colormap(depth, mask), normal_colormap(normal, mask), last]
     h, w = rgb.shape[:2]
     width = max(1, round(w * height / h))
-    cells = [np.asarray(Image.fromarray(c).resize((width, height), Image.BILINEAR)) for c in cells]
+    # nearest for the label cell, so resizing never invents a class between two parts
+    cells = [np.asarray(Image.fromarray(c).resize((width, height), Image.NEAREST if i == 3 else Image.BILINEAR))
+             for i, c in enumerate(cells)]
     return np.concatenate(cells, axis=1)
 
 

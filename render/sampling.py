@@ -104,11 +104,20 @@ def sample_scene(seed: int, frame_index: int, scan_ids: list[str], hdri_ids: lis
     rng = frame_rng(seed, frame_index, STREAM_SCENE)
     lo, hi = cfg.light.strength
     return {
-        "scan_id": scan_ids[int(rng.integers(len(scan_ids)))],
+        "scan_id": scan_ids[_draw_scan(rng, len(scan_ids))],
         "hdri_id": hdri_ids[int(rng.integers(len(hdri_ids)))],
         "hdri_rotation_deg": _uniform(rng, cfg.light.rotation_deg),
         "hdri_strength": float(math.exp(rng.uniform(math.log(lo), math.log(hi)))) if hi > lo else float(lo),
     }
+
+
+def _draw_scan(rng, n_scans: int) -> int:
+    return int(rng.integers(n_scans))  # the scene stream's first draw
+
+
+def scan_draw(seed: int, frame_index: int, n_scans: int) -> int:
+    """Index of the scan frame `frame_index` shows (the same draw sample_scene makes), for planning."""
+    return _draw_scan(frame_rng(seed, frame_index, STREAM_SCENE), n_scans)
 
 
 def sample_phenotype(seed: int, frame_index: int, cfg: BodyConfig) -> dict:

@@ -4,11 +4,20 @@ Each scan is imported with the renderer's own importer (render.blender.inspect_m
 by pure rules (`judge_scan`): up axis from the tallest side, units from the person's height, texture
 presence. A rejected scan keeps its row with a `reject_reason`; problems that still allow rendering
 (missing texture, centimetres) go into `warnings`.
+
+Importing runs in a child process (one for the whole library), so a scan whose import crashes Blender
+(native code) only costs that scan: its row is rejected with reason "blender_crash: ..." and a new child
+goes on with the next file.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -78,9 +87,56 @@ def obj_texture_refs(path: Path) -> list[Path]:
     return refs
 
 
+def _inspect_worker(list_file: str, start: int, out_file: str) -> None:
+    """Child process: import scans start.. of the list, one JSON line each ("begin" first, so a crash
+    inside an import leaves a begin without its result)."""
+    from . import blender
+    paths = json.loads(Path(list_file).read_text())
+    with open(out_file, "a") as out:
+        for i in range(start, len(paths)):
+            out.write(json.dumps({"i": i, "begin": True}) + "\n")
+            out.flush()
+            try:
+                rec = {"i": i, "measure": blender.inspect_mesh_file(paths[i])}
+            except Exception as e:  # noqa: BLE001  (a broken file must not stop the index)
+                rec = {"i": i, "error": str(e)}
+            out.write(json.dumps(rec) + "\n")
+            out.flush()
+
+
+def inspect_isolated(paths: list[Path]) -> list[dict]:
+    """inspect_mesh_file of every path in child processes: {"measure"}, {"error"} or {"crash"} per path."""
+    results: list[dict | None] = [None] * len(paths)
+    with tempfile.TemporaryDirectory(prefix="humanset-scan-index-") as tmp:
+        list_file, out_file = Path(tmp) / "paths.json", Path(tmp) / "results.jsonl"
+        list_file.write_text(json.dumps([str(p) for p in paths]))
+        start = 0
+        while start < len(paths):
+            code = (f"from render.scans import _inspect_worker; _inspect_worker({str(list_file)!r}, {start}, "
+                    f"{str(out_file)!r})")
+            proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                      filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                    os.environ.get("PYTHONPATH")]))})
+            begun = None
+            for line in out_file.read_text().splitlines():
+                rec = json.loads(line)
+                if rec.get("begin"):
+                    begun = rec["i"]
+                else:
+                    results[rec["i"]], begun = rec, None
+            if proc.returncode == 0 and begun is None:
+                break
+            if begun is None:  # died before its first import: not a scan's fault
+                raise RuntimeError(f"the scan-index process failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
+            log.warning("scan %s crashed the importer's process (rc %d); rejected", paths[begun], proc.returncode)
+            results[begun] = {"i": begun, "crash": proc.returncode}
+            start = begun + 1
+    return [r or {"error": "not inspected"} for r in results]
+
+
 def index_scans(scans_dir) -> list[dict]:
     """One SCANS row per mesh file under `scans_dir` (recursively), rejected ones included."""
-    from . import blender
     root = Path(scans_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"scan library {root}: no such directory")
@@ -89,14 +145,21 @@ def index_scans(scans_dir) -> list[dict]:
         raise FileNotFoundError(f"scan library {root} holds no mesh files ({', '.join(MESH_EXTS)}); "
                                 "pass a folder of OBJ+MTL / FBX / glTF scans, or --scans anny")
     rows = []
-    for p in files:
+    for p, result in zip(files, inspect_isolated(files)):
         base = {"scan_id": scan_id(p, root), "path": str(p.resolve()), "format": p.suffix.lower().lstrip(".")}
         try:
-            measure = blender.inspect_mesh_file(p)
+            if "crash" in result:
+                raise _Crash(f"blender_crash: Blender's process died importing it (exit {result['crash']}); "
+                             "re-export the scan or remove it from the library")
+            if "error" in result:
+                raise ValueError(result["error"])
+            measure = result["measure"]
             if p.suffix.lower() == ".obj":  # Blender's OBJ importer silently drops textures it cannot find
                 missing = [str(t) for t in obj_texture_refs(p) if not t.is_file()]
                 measure["missing_textures"] = sorted(set(measure["missing_textures"]) | set(missing))
             row = {**base, **judge_scan(measure)}
+        except _Crash as e:
+            row = {**base, "ok": False, "reject_reason": str(e), "warnings": []}
         except Exception as e:  # noqa: BLE001  (a broken file must not stop the index)
             row = {**base, "ok": False, "reject_reason": f"cannot load: {e}", "warnings": []}
         if row["ok"]:
@@ -106,6 +169,10 @@ def index_scans(scans_dir) -> list[dict]:
             log.warning("scan %s rejected: %s", p, row["reject_reason"])
         rows.append(row)
     return rows
+
+
+class _Crash(Exception):
+    pass
 
 
 def index_hdris(hdris) -> list[dict]:

@@ -67,6 +67,38 @@ def test_ground_truth_matches_oracle(renderer, body):
     _check_against_oracle(out, body.vertices, body.faces, cam)
 
 
+def test_part_labels_match_oracle(renderer, body):
+    """parts: the Sapiens-28 class of the face hit at each pixel centre, 0 exactly off the mask."""
+    from render import parts
+    mesh = MeshInput(body.vertices, body.faces, body.uvs, body.texture, face_labels=body.parts)
+    cam, scene = _scene(body.bbox, mesh, index=9, fill=(0.8, 0.85))
+    out = renderer.render(scene)
+    labels, mask = out["parts"], out["mask"] > 0
+    assert labels.dtype == np.uint8 and labels.shape == (H, W)
+    assert np.array_equal(labels > 0, mask)
+    o = oracle.raycast(body.vertices, body.faces, cam["K"], cam["cam_to_world"], H, W)
+    agreement = oracle.part_agreement(labels, oracle.part_labels(o, body.parts), out["mask"])
+    assert agreement >= 0.99, agreement
+    names = parts.vocabulary()["names"]
+    seen = {names[c] for c in np.unique(labels) if c}
+    assert {"Face_Neck", "Torso"} <= seen and len(seen) >= 6, seen
+    # the oracle is not a copy of the renderer: a wrong label table disagrees
+    shifted = oracle.part_labels(o, np.roll(body.parts, 1000))
+    assert oracle.part_agreement(labels, shifted, out["mask"]) < 0.9
+
+
+def test_anny_parts_cover_the_body_and_sides_are_the_persons(body):
+    from render import parts
+    names = parts.vocabulary()["names"]
+    assert body.parts.shape == (len(body.faces),) and body.parts.min() >= 1
+    centre = {names[c]: body.vertices[body.faces[body.parts == c]].reshape(-1, 3).mean(0) for c in np.unique(body.parts)}
+    assert set(centre) == {"Face_Neck", "Torso", *(f"{s}_{p}" for s in ("Left", "Right") for p in (
+        "Hand", "Foot", "Upper_Arm", "Lower_Arm", "Upper_Leg", "Lower_Leg"))}
+    # anny's body faces -y with its left side at +x; the head is on top, the feet at the bottom
+    assert all(centre[f"Left_{p}"][0] > centre[f"Right_{p}"][0] for p in ("Hand", "Foot", "Upper_Leg"))
+    assert centre["Face_Neck"][2] > centre["Torso"][2] > centre["Left_Upper_Leg"][2] > centre["Left_Foot"][2]
+
+
 def test_obj_import_turns_y_up_and_centimetres(renderer, body, tmp_path):
     """The anny body as a Y-up OBJ in centimetres: indexed, scaled, turned upright, same ground truth."""
     cm = bodies.Body(body.vertices * 100, body.faces, body.uvs, body.texture, body.params)
@@ -131,8 +163,13 @@ def test_run_writes_shards_catalogs_and_resumes(tmp_path, monkeypatch):
             recs[rec.key] = rec
     assert sorted(recs) == ["00000000", "00000001", "00000002"]
     r = recs["00000001"]
-    assert set(r.files) == {"rgb.png", "depth.npy", "normal.npy", "mask.png", "json"}
+    assert set(r.files) == {"rgb.png", "depth.npy", "normal.npy", "mask.png", "parts.png", "json"}
     meta = json.loads(r.files["json"])
+    part_png = load_png(r.files["parts.png"])
+    assert part_png.dtype == np.uint8 and np.array_equal(part_png > 0, load_png(r.files["mask.png"]) > 0)
+    assert meta["params"]["parts"] == {"vocabulary": "sapiens28"}
+    manifest = json.loads((out / "render.json").read_text())
+    assert manifest["part_vocabulary"]["names"][2] == "Face_Neck" and len(manifest["part_vocabulary"]["names"]) == 28
     depth, normal, mask = load_npy(r.files["depth.npy"]), load_npy(r.files["normal.npy"]), load_png(r.files["mask.png"])
     assert depth.shape == (H, W) and normal.shape == (H, W, 3) and mask.dtype == np.uint8
     assert ((depth > 0) == (mask > 0)).all() and meta["person_px"] == int((mask > 0).sum())
@@ -169,12 +206,17 @@ def test_bad_inputs_are_reported_and_the_job_goes_on(tmp_path, body):
     lib.mkdir()
     (lib / "corrupt.obj").write_text("v 0 0\nf 1 2 9\nthis is not an obj file\n")
     (lib / "broken.glb").write_bytes(b"glTF\x02\x00\x00\x00garbage")
+    from render.blender import FAULT_ABORT_ON_INDEX
+    crashing = bodies.export_obj(body, lib, "crashes_importer")
+    crashing.write_bytes(FAULT_ABORT_ON_INDEX + b"\n" + crashing.read_bytes())
     bodies.export_obj(body, lib, "textured")
     bodies.export_obj(body, lib / "notex", "missing_texture")
     (lib / "notex" / "missing_texture.png").unlink()
     rows = {r["scan_id"]: r for r in index_scans(lib)}
     assert not rows["corrupt"]["ok"] and rows["corrupt"]["reject_reason"]
     assert not rows["broken"]["ok"] and "cannot load" in rows["broken"]["reject_reason"]
+    # an import that kills Blender's process costs only that scan: the index goes on in a new process
+    assert not rows["crashes_importer"]["ok"] and rows["crashes_importer"]["reject_reason"].startswith("blender_crash")
     assert rows["textured"]["ok"] and rows["textured"]["texture"] and not rows["textured"]["warnings"]
     miss = rows["notex/missing_texture"]
     assert miss["ok"] and any("missing" in w and "plain material" in w for w in miss["warnings"]), miss
@@ -197,8 +239,12 @@ def test_bad_inputs_are_reported_and_the_job_goes_on(tmp_path, body):
     stats = jobmod.run_local(spec, progress=False)
     assert stats[0]["rendered"] == 2, stats
     con = catalog.connect(tmp_path / "run")
-    assert con.sql("SELECT count(*) FROM scans WHERE NOT ok").fetchall()[0][0] == 2
+    assert con.sql("SELECT count(*) FROM scans WHERE NOT ok").fetchall()[0][0] == 3
     assert {r[0] for r in con.sql("SELECT DISTINCT hdri_id FROM frames").fetchall()} == {"studio"}
+    # scan files carry no part labels: the member is left out and the frames catalog says why
+    for (params, members) in con.sql("SELECT params, members FROM frames").fetchall():
+        assert "no part labels" in json.loads(params)["parts"]["missing"]
+        assert not any(m["name"].endswith(".parts.png") for m in members)
 
     # a camera that can never see the whole person: each frame fails with the reason, the run completes
     spec = _tiny_run(tmp_path / "unseen", 2, extra=["sampling.camera.fill=[1.5,1.6]", "sampling.camera.max_resamples=3"])
@@ -245,3 +291,75 @@ def test_fbx_and_gltf_scans_match_the_oracle(renderer, body, tmp_path, fmt):
     mesh = FileMeshInput(str(target), unit_scale=row["unit_scale"], up_axis=row["up_axis"], texture=row["texture"])
     cam, scene = _scene(body.bbox, mesh, index=7)
     _check_against_oracle(renderer.render(scene), body.vertices, body.faces, cam)
+
+
+@pytest.mark.slow
+def test_a_scan_that_crashes_blender_fails_its_frames_and_the_run_goes_on(tmp_path, body, ray_local):
+    """A scan whose import aborts the worker process: the Ray actor restarts, the frame is tried twice and
+    failed with error "blender_crash", the scan is rejected for its other frames and in the scan catalog;
+    the good scan renders, scan-major (one load for its two frames)."""
+    from render.blender import FAULT_ABORT_ON_LOAD
+    from render.distributed import run_ray
+    lib = tmp_path / "lib"
+    bodies.export_obj(body, lib, "good")
+    bad = bodies.export_obj(body, lib, "crashy")
+    bad.write_bytes(FAULT_ABORT_ON_LOAD + b"\n" + bad.read_bytes())  # a comment line: still a valid OBJ
+    cfg = load_config(sets=TINY + ["output.frames_per_shard=2", "schedule.frames_per_scan_visit=2"])
+    spec = jobmod.prepare_run(tmp_path / "run", str(lib), "builtin", 4, 1, cfg)
+    assert spec.scan_ids == ["crashy", "good"]  # seed 1 draws crashy for frames 0 and 3, good for 1 and 2
+    assert [spec.shard_frames(0), spec.shard_frames(1)] == [[0, 3], [1, 2]]
+    stats = run_ray(spec, workers=1, cpus_per_worker=1, progress=False)
+    assert sorted(s["shard"] for s in stats) == ["render-00000", "render-00001"]
+    con = catalog.connect(tmp_path / "run")
+    rows = {r[0]: r[1:] for r in con.sql("SELECT frame_index, scan_id, error, params FROM frames").fetchall()}
+    assert rows[0][:2] == ("crashy", "blender_crash") and "died 2 time(s)" in json.loads(rows[0][2])["error_detail"]
+    assert rows[3][:2] == ("crashy", "blender_crash") and "rejected" in json.loads(rows[3][2])["error_detail"]
+    assert rows[1][1] is None and rows[2][1] is None
+    (ok, reason), = con.sql("SELECT ok, reject_reason FROM scans WHERE scan_id = 'crashy'").fetchall()
+    assert not ok and reason.startswith("blender_crash")
+    assert con.sql("SELECT ok FROM scans WHERE scan_id = 'good'").fetchall() == [(True,)]
+    timings = {}
+    for tar in catalog.list_shards(tmp_path / "run" / "shards"):
+        for rec in catalog.iter_tar(tar):
+            timings[int(rec.key)] = json.loads(rec.files["json"])["timings"]
+    assert timings[1]["scan_load_s"] > 0 and timings[2]["scan_load_s"] == 0  # the scan stayed loaded
+    assert set(timings[2]) >= {"scan_load_s", "setup_s", "render_s", "write_s"}
+    # frame 2 rendered with the scan (and Cycles' scene) kept from frame 1 equals a fresh render of it
+    worker = jobmod.ShardRenderer(spec)
+    worker.renderer.unload()
+    _, members, _ = worker.render_frame(2)
+    (kept,) = [r for t in catalog.list_shards(tmp_path / "run" / "shards") for r in catalog.iter_tar(t) if r.key == "00000002"]
+    assert np.array_equal(load_png(members["rgb.png"]), load_png(kept.files["rgb.png"]))
+    # a rerun has nothing left to do and still draws frames from the original scan list
+    assert jobmod.prepare_run(tmp_path / "run", str(lib), "builtin", 4, 1, cfg).scan_ids == ["crashy", "good"]
+
+
+def _heavy_scans_module():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "bench" / "heavy_scans.py"
+    spec = importlib.util.spec_from_file_location("heavy_scans", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.slow
+def test_heavy_generated_scan_is_renderpeople_sized_and_renders_true(renderer, tmp_path):
+    """bench/heavy_scans.py: >= 300k triangles and a 4096² albedo from an anny body, offline; the renderer
+    imports it like any scan and its silhouette and depth match the oracle on the unsubdivided body
+    (midpoint subdivision leaves the surface where it was)."""
+    from render.blender import image_size
+    heavy = _heavy_scans_module()
+    info = heavy.write_heavy_scan(tmp_path / "lib", "heavy", seed=0, index=4)
+    assert info["faces"] >= 300_000 and info["texture"] == [4096, 4096]
+    (row,) = index_scans(tmp_path / "lib")
+    assert row["ok"] and row["n_triangles"] == info["faces"] and not row["warnings"], row
+    assert image_size(row["texture"]) == (4096, 4096)
+    body = bodies.make_body(0, 4)
+    mesh = FileMeshInput(row["path"], unit_scale=row["unit_scale"], up_axis=row["up_axis"], texture=row["texture"])
+    cam, scene = _scene(body.bbox, mesh, index=3)
+    out = renderer.render(scene)
+    m = oracle.compare(out, oracle.raycast(body.vertices, body.faces, cam["K"], cam["cam_to_world"], H, W))
+    assert m["mask_iou"] > 0.99 and m["depth_abs_err_max_m"] < 1e-3, m
+    assert out["rgb"][out["mask"] > 0].std() > 3  # the texture shows

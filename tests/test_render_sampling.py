@@ -87,3 +87,80 @@ def test_cli_registers_render_commands(capsys):
     assert args.scans_dir == "some/dir" and args.func.__name__ == "run_scan_index"
     assert main(["render", "--frames", "1"]) == 2  # --output missing: a clear error, not a traceback
     assert "--frames and --output are required" in capsys.readouterr().err
+
+
+def test_part_vocabulary_is_sapiens28_and_the_mapping_is_data():
+    from render import parts
+    from training.vocab import load
+    voc = parts.vocabulary()
+    assert voc["name"] == "sapiens28" and tuple(voc["names"]) == load("sapiens28").names
+    names = voc["names"]
+    ids = parts.bone_classes(["head", "upperarm02.L", "lowerleg01.R", "finger3-2.R", "spine04", "toe1-1.L"])
+    assert [names[i] for i in ids] == ["Face_Neck", "Left_Upper_Arm", "Right_Lower_Leg", "Right_Hand", "Torso",
+                                       "Left_Foot"]
+    with pytest.raises(KeyError, match="no rule maps anny bone 'tail'"):
+        parts.bone_classes(["head", "tail"])
+    # a vertex takes its heaviest bone; a face the class most of its corners have
+    vc = parts.vertex_classes(np.array([[0.2, 0.8], [0.9, 0.1], [0.5, 0.5]]), np.array([[0, 1], [1, 0], [1, 0]]),
+                              np.array([7, 3], np.uint8))
+    assert vc.tolist() == [3, 3, 3]
+    fc = parts.face_classes(np.array([[0, 1, 2], [0, 1, 3], [3, 1, 1], [0, 3, 4]]), np.array([5, 5, 6, 6, 7]))
+    assert fc.tolist() == [5, 5, 5, 5]
+
+
+def _scene_before_scan_major(seed, i, scan_ids, hdri_ids, cfg):
+    """sample_scene as it was before scan-major plans (a reference copy): the plan must not change it."""
+    import math
+    rng = np.random.default_rng([seed, i, 0])
+    lo, hi = cfg.light.strength
+    return {"scan_id": scan_ids[int(rng.integers(len(scan_ids)))], "hdri_id": hdri_ids[int(rng.integers(len(hdri_ids)))],
+            "hdri_rotation_deg": float(rng.uniform(*cfg.light.rotation_deg)),
+            "hdri_strength": float(math.exp(rng.uniform(math.log(lo), math.log(hi))))}
+
+
+def test_scan_major_plan_covers_each_frame_once_and_keeps_frame_parameters():
+    from render import plan
+    cfg = sampling.SamplingConfig()
+    scans, hdris = [f"s{k}" for k in range(50)], ["h0", "h1", "h2"]
+    frames, per, visit = 1000, 16, 8  # windows of 400 frames; the last one partial
+    shards = [plan.shard_frames(5, k, frames, len(scans), visit, per) for k in range(plan.n_shards(frames, per))]
+    flat = [i for s in shards for i in s]
+    assert sorted(flat) == list(range(frames)) and all(len(s) == per for s in shards[:-1])
+    assert shards == [plan.shard_frames(5, k, frames, len(scans), visit, per) for k in range(len(shards))]
+    for i in range(0, frames, 7):  # parameters are still (seed, frame) alone: identical to before
+        assert sampling.sample_scene(5, i, scans, hdris, cfg) == _scene_before_scan_major(5, i, scans, hdris, cfg)
+        assert scans[sampling.scan_draw(5, i, len(scans))] == sampling.sample_scene(5, i, scans, hdris, cfg)["scan_id"]
+
+    def mean_run(shard_lists):  # frames of one scan rendered back to back
+        runs = [1 + sum(sampling.scan_draw(5, a, 50) != sampling.scan_draw(5, b, 50) for a, b in zip(s, s[1:]))
+                for s in shard_lists]
+        return sum(map(len, shard_lists)) / sum(runs)
+    per_frame = [plan.shard_frames(5, k, frames, len(scans), 1, per) for k in range(len(shards))]
+    assert per_frame[3] == list(range(48, 64))  # frames_per_scan_visit=1: today's order
+    assert mean_run(per_frame) < 1.2 and mean_run(shards) > 4, (mean_run(per_frame), mean_run(shards))
+    # a window of exactly one shard is still sorted by scan
+    one = plan.shard_frames(0, 0, 8, 4, 2, 8)
+    assert plan.window_frames(4, 2, 8) == 8 and sorted(one) == list(range(8))
+    assert [sampling.scan_draw(0, i, 4) for i in one] == sorted(sampling.scan_draw(0, i, 4) for i in range(8))
+
+
+def test_scan_major_plan_keeps_the_scan_distribution_uniform():
+    from render import plan
+    n_scans, frames, per, visit = 40, 16000, 64, 32
+    counts = np.zeros(n_scans, int)
+    for k in range(plan.n_shards(frames, per)):
+        for i in plan.shard_frames(11, k, frames, n_scans, visit, per):
+            counts[sampling.scan_draw(11, i, n_scans)] += 1
+    assert counts.sum() == frames
+    p = 1 / n_scans
+    mean, sd = frames * p, np.sqrt(frames * p * (1 - p))
+    assert np.all(np.abs(counts - mean) < 4.5 * sd), counts  # each scan's count is Binomial(frames, 1/n)
+    chi2 = float(((counts - mean) ** 2 / mean).sum())  # ~ chi-square, n - 1 = 39 dof: mean 39, sd 8.8
+    assert chi2 < 39 + 5 * 8.8, chi2
+
+
+def test_denoiser_may_be_switched_off():
+    assert load_config(sets=["cycles.denoiser=null"]).cycles.denoiser is None
+    assert load_config(sets=["cycles.denoiser=OPTIX"]).cycles.denoiser == "OPTIX"
+    with pytest.raises(ValueError, match="cycles.denoiser must be one of"):
+        load_config(sets=["cycles.denoiser=FAST"])

@@ -12,7 +12,8 @@ TASK_HELP = "pose (keypoint heatmaps), seg (body-part classes), depth (relative 
 def add_finetune_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--task", required=True, choices=["pose", "seg", "depth", "normal"], help=TASK_HELP)
     p.add_argument("--data", required=True,
-                   help="depth / normal: a render run (or its shards/ folder); pose / seg: a COCO JSON file")
+                   help="depth / normal: a render run (or its shards/ folder); pose: a COCO JSON file; seg: a COCO "
+                        "JSON file or a render run (its parts.png)")
     p.add_argument("--images", help="pose / seg: folder holding the JSON's file_names (default: the JSON's folder)")
     p.add_argument("--output", required=True, help="run folder: checkpoints/, log.jsonl, config.json")
     p.add_argument("--encoder", help="pretrained encoder: humanset MAE checkpoint, OUT/encoder.pth or a timm "

@@ -130,7 +130,7 @@ def config_from(values: dict) -> FinetuneConfig:
 
 # --- data, loss, optimiser ---------------------------------------------------------------------
 def build_dataset(cfg: FinetuneConfig, train: bool = True):
-    from .task_data import Augment, BackgroundPool, CocoKeypoints, CocoParts, RenderFrames
+    from .task_data import Augment, BackgroundPool, CocoKeypoints, CocoParts, RenderFrames, RenderParts
 
     aug = Augment(train=train and cfg.augment, background=cfg.background_prob)
     pool = BackgroundPool.from_run(cfg.backgrounds) if (train and cfg.backgrounds) else None
@@ -139,6 +139,8 @@ def build_dataset(cfg: FinetuneConfig, train: bool = True):
     vocab = load_vocab(cfg.vocab)
     if cfg.task == "pose":
         return CocoKeypoints(cfg.data, cfg.images or None, vocab, cfg.image_size, aug, cfg.seed, cfg.heatmap_sigma)
+    if Path(cfg.data).is_dir():  # a render run: part labels from its parts.png members
+        return RenderParts(cfg.data, vocab, cfg.image_size, aug, cfg.seed, pool)
     return CocoParts(cfg.data, cfg.images or None, vocab, cfg.image_size, aug, cfg.seed, pool)
 
 
@@ -273,7 +275,8 @@ def check_inputs(cfg: FinetuneConfig):
     if not cfg.output:
         raise ValueError("--output is required: the run folder for checkpoints and logs")
     if not cfg.data or not Path(cfg.data).exists():
-        what = "a render run (or its shards folder)" if cfg.task in ("depth", "normal") else "a COCO JSON file"
+        what = {"depth": "a render run (or its shards folder)", "normal": "a render run (or its shards folder)",
+                "seg": "a COCO JSON file or a render run with parts.png"}.get(cfg.task, "a COCO JSON file")
         raise FileNotFoundError(f"--data {cfg.data!r}: no such path; task {cfg.task} reads {what}")
 
 

@@ -4,6 +4,7 @@ Every sample is a pure function of (dataset index, epoch, seed): `dataset[(index
 run sees the same crops, flips and backgrounds as an uninterrupted one (see finetune.StepSampler).
 
     RenderFrames     render shards (catalog.FRAMES index; {key}.rgb.png, .depth.npy, .normal.npy, .mask.png)
+    RenderParts      render shards' {key}.parts.png (part classes of the run's vocabulary) -> label maps
     CocoKeypoints    top-down person crops from a COCO keypoint JSON + image folder -> Gaussian heatmaps
     CocoParts        whole images from a COCO JSON whose categories are part classes -> label maps
     BackgroundPool   non-human photos from a curation run (samples with no detected person)
@@ -231,6 +232,58 @@ class RenderFrames:
                 img = photometric(img, rng)
         return {"image": chw(img), "depth": depth[None].astype(np.float32), "normal": chw(normal).astype(np.float32),
                 "mask": mask[None], "index": i}
+
+
+class RenderParts(RenderFrames):
+    """Part segmentation from render shards: frames with a {key}.parts.png member (scans without part
+    labels have none and are skipped). The run's manifest (render.json `part_vocabulary`) must name the
+    same classes as `vocab`. Items as CocoParts: image uint8 (3,H,W), labels int64 (H,W) with 255 on
+    padding, mask bool (1,H,W)."""
+
+    def __init__(self, folder, vocab: ClassVocab, out_hw=(1024, 768), aug: Augment | None = None, seed: int = 0,
+                 backgrounds: BackgroundPool | None = None):
+        super().__init__(folder, out_hw, aug, seed, backgrounds)
+        manifest = self.folder.parent / "render.json"
+        names = (json.loads(manifest.read_text()).get("part_vocabulary") or {}).get("names") \
+            if manifest.is_file() else None
+        if names is None:
+            raise ValueError(f"{self.folder}: no part vocabulary in {manifest}; render the run with a humanset "
+                             f"that writes parts.png")
+        if tuple(names) != tuple(vocab.names):
+            raise ValueError(f"{manifest}: part classes {names[:4]}... differ from vocabulary {vocab.name}; pass "
+                             f"the run's vocabulary with --vocab")
+        members = self.index.column("members").combine_chunks()
+        has = pc.ends_with(pc.struct_field(pc.list_flatten(members), "name"), ".parts.png")
+        keep = np.zeros(self.index.num_rows, bool)
+        keep[pc.list_parent_indices(members).filter(has).to_numpy()] = True
+        self.index = self.index.filter(keep)
+        if self.index.num_rows == 0:
+            raise ValueError(f"{self.folder}: no frame has a parts.png member (scans without part labels); "
+                             f"render generated anny bodies (--scans anny) for part ground truth")
+        self.vocab = vocab
+
+    def __getitem__(self, item) -> dict:
+        i, epoch = item if isinstance(item, tuple) else (item, 0)
+        rng = sample_rng(self.seed, epoch, i)
+        r = self.row(i)
+        mem = _members(r["members"])
+        tar = self.folder / r["shard"]
+        img = np.asarray(decode_image(catalog.read_member(tar, *mem["rgb.png"])))
+        labels = np.asarray(decode_image(catalog.read_member(tar, *mem["parts.png"])).convert("L"))
+        m, flip = crop_affine(img.shape[:2], self.out_hw, rng, self.aug)
+        img = warp(img, m, self.out_hw)
+        labels = warp(labels, m, self.out_hw, NEAREST, border=255)
+        if flip:
+            perm = np.r_[self.vocab.flip_index, np.arange(len(self.vocab), 256)].astype(np.uint8)
+            labels = perm[labels]
+        person = (labels > 0) & (labels != 255)
+        if self.aug.train:
+            if self.backgrounds is not None and len(self.backgrounds) and rng.random() < self.aug.background:
+                bg = self.backgrounds.image(int(rng.integers(len(self.backgrounds))))
+                img = paste_background(img, person, bg, rng)
+            if self.aug.photometric:
+                img = photometric(img, rng)
+        return {"image": chw(img), "labels": labels.astype(np.int64), "mask": person[None], "index": i}
 
 
 # --- COCO JSON ------------------------------------------------------------------------------------
