@@ -9,9 +9,16 @@ import importlib
 import logging
 import sys
 
-# modules exposing register(subparsers); each adds its commands with set_defaults(func=...)
-COMMAND_MODULES = ["humanset.demo", "pipeline.cli", "pipeline.cli_calibrate", "catalog.cli", "training.cli",
-                   "training.cli_finetune", "training.cli_filters", "render.cli"]
+# rooms and their modules exposing register(subparsers); each adds its commands with
+# set_defaults(func=...). `humanset --help` lists the commands under these headings.
+ROOMS = {
+    "start here": ["humanset.demo"],
+    "curation (pipeline/)": ["pipeline.cli", "pipeline.cli_calibrate"],
+    "catalogs: statistics, queries, reports (catalog/)": ["catalog.cli"],
+    "training (training/)": ["training.cli", "training.cli_finetune", "training.cli_filters"],
+    "synthetic humans (render/)": ["render.cli"],
+}
+COMMAND_MODULES = [m for modules in ROOMS.values() for m in modules]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,9 +30,18 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                help="one of the commands below; `humanset COMMAND --help` for its options")
+    lines = ["commands, by room:"]
+    for room, modules in ROOMS.items():
+        before = len(sub._choices_actions)
+        for name in modules:
+            importlib.import_module(name).register(sub)
+        lines.append(f"  {room}")
+        for action in sub._choices_actions[before:]:
+            lines.append(f"    {action.dest:<15} {action.help or ''}")
+    sub._choices_actions.clear()  # listed by room in the epilog instead of one flat list
+    parser.epilog = "\n".join(lines)
     return parser
 
 
