@@ -9,7 +9,7 @@ import torch
 
 import catalog
 from training import checkpoint as ckpt
-from training.finetune_testing import write_coco_person, write_sphere_renders
+from training.testing import write_coco_person, write_sphere_renders
 from training.mae import MaskedAutoencoder
 from training.sampler import StepSampler
 from training.task_data import Augment, BackgroundPool, CocoKeypoints, CocoParts, RenderFrames

@@ -6,7 +6,7 @@ import pytest
 
 from training import checkpoint as ckpt
 from training.finetune import FinetuneConfig, build_model, finetune
-from training.finetune_testing import write_sphere_renders
+from training.testing import write_sphere_renders
 
 
 @pytest.fixture(scope="module")

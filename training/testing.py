@@ -1,13 +1,23 @@
-"""Write small curated-shard folders (the curation engine's output format) from image bytes.
+"""The training room's test fixtures: small datasets written from scratch, for tests and smoke runs
+without a curation run or real renders. Nothing in training/ imports this module.
 
-For tests and smoke runs of the training code without a curation run: the shards have the same
-layout, index schema (catalog.CURATED_INDEX) and sidecars as `RUN/shards`.
+`write_curated_shards` writes curated-shard folders (the curation engine's output format) from image
+bytes: same layout, index schema (catalog.CURATED_INDEX) and sidecars as `RUN/shards`.
+
+`write_sphere_renders` writes render shards in exactly the renderer's format (catalog.FRAMES index,
+{key}.rgb.png / .depth.npy / .normal.npy / .mask.png / .json) of analytic scenes: a "person" made of
+two spheres in front of a textured background, with exact planar depth and normals, shaded so the
+image carries the shape. `write_coco_person` writes a COCO keypoint + part-mask JSON over real photos
+shipped in scikit-image (the astronaut, the cameraman), annotated by hand at a coarse level.
 """
 from __future__ import annotations
 
 import hashlib
 import io
+import json
+from pathlib import Path
 
+import numpy as np
 from PIL import Image
 
 import catalog
@@ -67,3 +77,129 @@ def _save(img: Image.Image, fmt: str, **kw) -> bytes:
     buf = io.BytesIO()
     img.save(buf, fmt, **kw)
     return buf.getvalue()
+def _png(arr) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _npy(arr) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return buf.getvalue()
+
+
+def sphere_frame(rng: np.random.Generator, hw=(96, 72), background_inf: bool = False) -> dict:
+    """One analytic frame: depth (planar z), unit normals towards the camera, mask, shaded RGB, K."""
+    h, w = hw
+    f = 0.9 * w
+    k = np.array([[f, 0, w / 2], [0, f, h / 2], [0, 0, 1]], np.float64)
+    v, u = np.mgrid[0:h, 0:w].astype(np.float64)
+    d = np.stack([(u + 0.5 - k[0, 2]) / f, (v + 0.5 - k[1, 2]) / f, np.ones_like(u)], axis=-1)  # z = 1 rays
+    depth = np.full((h, w), np.inf)
+    normal = np.zeros((h, w, 3))
+    z0 = rng.uniform(1.6, 2.2)
+    body = np.array([rng.uniform(-0.15, 0.15), rng.uniform(0.05, 0.25), z0]), rng.uniform(0.45, 0.6)
+    head = body[0] + np.array([rng.uniform(-0.1, 0.1), -body[1] - 0.25, rng.uniform(-0.1, 0.1)]), 0.25
+    for c, r in (body, head):
+        dd = (d * d).sum(-1)
+        dc = d @ c
+        disc = dc ** 2 - dd * (c @ c - r * r)
+        t = np.where(disc > 0, (dc - np.sqrt(np.maximum(disc, 0))) / dd, np.inf)
+        closer = t < depth
+        depth = np.where(closer, t, depth)
+        p = d * t[..., None]
+        normal = np.where(closer[..., None], (p - c) / r, normal)
+    mask = np.isfinite(depth)
+    light = np.array([rng.uniform(-0.5, 0.5), rng.uniform(-0.8, -0.2), -1.0])
+    light /= np.linalg.norm(light)
+    shade = np.clip((normal * light).sum(-1), 0, 1)
+    albedo = rng.uniform(0.4, 1.0, 3)
+    back = rng.uniform(0, 255, (h // 8 + 1, w // 8 + 1, 3)).astype(np.uint8)
+    back = np.asarray(Image.fromarray(back).resize((w, h), Image.BILINEAR), np.float64)
+    rgb = np.where(mask[..., None], (0.15 + 0.85 * shade[..., None]) * albedo * 255, back)
+    if not background_inf:
+        depth = np.where(mask, depth, 0.0)
+    return {"rgb": rgb.clip(0, 255).astype(np.uint8), "depth": depth.astype(np.float32),
+            "normal": normal.astype(np.float32), "mask": (mask * 255).astype(np.uint8), "K": k}
+
+
+def write_sphere_renders(folder, n_frames: int = 8, hw=(96, 72), per_shard: int = 4, seed: int = 0,
+                         prefix: str = "render") -> Path:
+    """A render run folder (RUN/shards/...) of analytic frames; odd frames store inf on the background."""
+    rng = np.random.default_rng(seed)
+    shards = Path(folder) / "shards"
+    with catalog.ShardWriter(shards, prefix, catalog.FRAMES, max_count=per_shard) as writer:
+        for i in range(n_frames):
+            fr = sphere_frame(rng, hw, background_inf=bool(i % 2))
+            key = f"{i:08d}"
+            meta = {"frame_index": i, "K": fr["K"].tolist(), "cam_to_world": np.eye(4).tolist(), "synthetic": "spheres"}
+            writer.add(key, {"rgb.png": _png(fr["rgb"]), "depth.npy": _npy(fr["depth"]),
+                             "normal.npy": _npy(fr["normal"]), "mask.png": _png(fr["mask"]), "json": meta},
+                       {"frame_index": i, "scan_id": "spheres", "height": hw[0], "width": hw[1],
+                        "K": fr["K"].ravel().tolist(), "cam_to_world": np.eye(4).ravel().tolist(),
+                        "person_px": int((fr["mask"] > 0).sum()), "params": json.dumps({"seed": seed})})
+    return Path(folder)
+
+
+# --- COCO-style annotations on real photos ---------------------------------------------------------
+# coarse hand annotations (x, y, v) in COCO-17 order; v = 0 where the joint is out of the picture
+ASTRONAUT_KPTS = [(222, 118, 2), (205, 100, 2), (240, 98, 2), (185, 110, 2), (262, 108, 2), (140, 215, 2),
+                  (320, 210, 2), (95, 330, 2), (360, 330, 2), (120, 440, 2), (330, 420, 2), (0, 0, 0), (0, 0, 0),
+                  (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0)]
+CAMERAMAN_KPTS = [(265, 95, 2), (258, 85, 2), (275, 85, 2), (245, 92, 1), (290, 92, 2), (225, 165, 2),
+                  (320, 160, 2), (190, 230, 2), (330, 250, 2), (240, 240, 2), (290, 240, 2), (240, 330, 2),
+                  (300, 330, 2), (220, 420, 2), (320, 420, 2), (200, 500, 1), (330, 500, 1)]
+# part polygons on the astronaut (Sapiens-28 names)
+ASTRONAUT_PARTS = {
+    "Hair": [[170, 60, 270, 50, 285, 90, 175, 95]],
+    "Face_Neck": [[180, 95, 270, 90, 265, 170, 230, 190, 190, 160]],
+    "Upper_Clothing": [[120, 200, 330, 195, 350, 511, 110, 511]],
+    "Left_Upper_Arm": [[80, 230, 135, 210, 130, 330, 85, 335]],
+    "Right_Upper_Arm": [[330, 205, 380, 220, 375, 330, 340, 330]],
+    "Left_Hand": [[100, 420, 150, 420, 150, 470, 100, 470]],
+    "Right_Hand": [[310, 400, 360, 400, 360, 450, 310, 450]],
+}
+
+
+def write_coco_person(folder) -> tuple[Path, Path]:
+    """Write astronaut.png and cameraman.png plus keypoints.json (COCO-17) and parts.json (Sapiens-28
+    part polygons on the astronaut, its flipped copy too). Returns (keypoints.json, parts.json)."""
+    import skimage.data as sd
+
+    from .vocab import load
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    astro = sd.astronaut()
+    camera = np.repeat(sd.camera()[..., None], 3, axis=2)
+    Image.fromarray(astro).save(folder / "astronaut.png")
+    Image.fromarray(camera).save(folder / "cameraman.png")
+    coco17 = load("coco17")
+    images = [{"id": 1, "file_name": "astronaut.png", "height": 512, "width": 512},
+              {"id": 2, "file_name": "cameraman.png", "height": 512, "width": 512}]
+    anns = []
+    for img_id, kp in ((1, ASTRONAUT_KPTS), (2, CAMERAMAN_KPTS)):
+        arr = np.asarray(kp, np.float64)
+        vis = arr[arr[:, 2] > 0]
+        x0, y0 = vis[:, :2].min(0) - 30
+        x1, y1 = vis[:, :2].max(0) + 30
+        x0, y0, x1, y1 = max(x0, 0), max(y0, 0), min(x1, 511), min(y1, 511)
+        anns.append({"id": img_id, "image_id": img_id, "category_id": 1, "iscrowd": 0,
+                     "bbox": [x0, y0, x1 - x0, y1 - y0], "area": float((x1 - x0) * (y1 - y0)),
+                     "num_keypoints": int((arr[:, 2] > 0).sum()), "keypoints": arr.ravel().tolist()})
+    kp_json = folder / "keypoints.json"
+    kp_json.write_text(json.dumps({"images": images, "annotations": anns, "categories": [
+        {"id": 1, "name": "person", "keypoints": list(coco17.names), "skeleton": [list(e) for e in coco17.skeleton]}]}))
+    names = list(load("sapiens28").names)
+    cats = [{"id": i, "name": n} for i, n in enumerate(names) if n in ASTRONAUT_PARTS]
+    cat_id = {c["name"]: c["id"] for c in cats}
+    parts = []
+    for name, polys in ASTRONAUT_PARTS.items():
+        xs = np.asarray(polys[0][0::2])
+        ys = np.asarray(polys[0][1::2])
+        parts.append({"id": len(parts) + 1, "image_id": 1, "category_id": cat_id[name], "segmentation": polys,
+                      "area": float((xs.max() - xs.min()) * (ys.max() - ys.min())), "iscrowd": 0})
+    parts_json = folder / "parts.json"
+    parts_json.write_text(json.dumps({"images": images[:1], "annotations": parts, "categories": cats}))
+    return kp_json, parts_json
