@@ -123,13 +123,17 @@ def _submit_job(ray: str, env: dict, dash: int, entrypoint: list[str], deadline_
 def test_ray_up_submit_job_submit_down_on_loopback(sshd, tmp_path, demo_crawl):
     config = yaml.safe_load((ROOT / "cluster" / "local.yaml").read_text())
     assert config["provider"]["head_ip"] == "127.0.0.1"
-    port, dash = _free_port(), _free_port()
+    port, dash, agent, agent_grpc, metrics, runtime_env = (_free_port() for _ in range(6))
     config["auth"]["ssh_private_key"] = str(sshd)
     config["cluster_name"] = f"humanset-test-{port}"
     # free ports, and the dashboard (the job server of `ray job submit`) on loopback
     config["head_start_ray_commands"] = [
         c.replace("--port=6379", f"--port={port}").replace(
-            "--include-dashboard=false", f"--include-dashboard=true --dashboard-host=127.0.0.1 --dashboard-port={dash}")
+            "--include-dashboard=false", f"--include-dashboard=true --dashboard-host=127.0.0.1 --dashboard-port={dash}"
+            # the node's agents on free ports too: the session's Ray (conftest) already holds the
+            # default agent port 52365, and a second agent there never registers ("No available agent")
+            f" --dashboard-agent-listen-port={agent} --dashboard-agent-grpc-port={agent_grpc}"
+            f" --metrics-export-port={metrics} --runtime-env-agent-port={runtime_env}")
         for c in config["head_start_ray_commands"]]
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump(config))
