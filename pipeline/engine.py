@@ -574,11 +574,13 @@ def loopback_only() -> None:
         rc.ENABLE_RAY_CLUSTER = False
 
 
-def actor_cpus(cfg: dict) -> float:
-    """CPUs the model stages' actor pools hold at their minimum size (they hold them for the run)."""
+def actor_cpus(cfg: dict, configured: bool = False) -> float:
+    """CPUs the model stages' actor pools hold at their minimum size (they hold them for the run):
+    of the stages that run, or with `configured` of every model stage the config lists (a stage
+    skipped for want of weights may run in a later curation on the same Ray)."""
     total = 0.0
     for s in build_stages(cfg):
-        if s.stateful and s.enabled and s.name in cfg.get("stages", [s.name]):
+        if s.stateful and (configured or s.enabled) and s.name in cfg.get("stages", [s.name]):
             c = s.concurrency
             low = c if isinstance(c, int) else int(c[0] or 1) if isinstance(c, tuple) else 1
             total += low * s.resources.num_cpus
@@ -604,7 +606,6 @@ def init_ray(cfg: dict):
     with enough logical CPUs (more than the cores of a small machine: the read and write steps are
     light); a cluster without them is refused with what to change."""
     address = cfg.get("ray", {}).get("address")
-    need = actor_cpus(cfg) + 1
     local = address is None and not os.environ.get("RAY_ADDRESS") and not Path(
         "/tmp/ray/ray_current_cluster").exists()
     if local:
@@ -612,11 +613,15 @@ def init_ray(cfg: dict):
     import ray
     console.quiet_ray()
     if ray.is_initialized():
+        short = cpu_shortfall(ray.cluster_resources().get("CPU", 0), cfg)
+        if short:
+            raise RunError(short)
         return
     kw = dict(include_dashboard=False, log_to_driver=True, logging_level=logging.WARNING)
     if local:  # a private single-node cluster, reachable on loopback only
         console.token_auth_notice()
-        num_cpus = cfg.get("ray", {}).get("num_cpus") or max(os.cpu_count() or 1, int(np.ceil(need)) + 1)
+        num_cpus = cfg.get("ray", {}).get("num_cpus") or max(os.cpu_count() or 1,
+                                                              int(np.ceil(actor_cpus(cfg, configured=True))) + 2)
         ray.init(num_cpus=num_cpus, **kw)
     else:
         ray.init(address=address or "auto", **{k: v for k, v in kw.items() if k != "include_dashboard"})
