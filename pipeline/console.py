@@ -51,6 +51,9 @@ def quiet_ray() -> None:
         os.environ["PYTHONWARNINGS"] = f"{old},{WORKER_WARNINGS}" if old else WORKER_WARNINGS
     import warnings
     warnings.filterwarnings("ignore", category=DeprecationWarning, module="ray.data.context")
+    # the engine bounds worker retries with map_batches(max_retries=..., max_restarts=...), which
+    # Ray 2.60 files under the deprecated `ray_remote_args` with no named replacement yet
+    warnings.filterwarnings("ignore", message=r".*`ray_remote_args` is deprecated")
 
 
 def token_auth_notice() -> None:
