@@ -23,7 +23,7 @@ log = logging.getLogger("humanset.demo")
 
 
 def run(output: str = "runs/demo", progress: bool = True, pretrain_steps: int = 40, frames: int = 4,
-        finetune_steps: int = 30, filter_steps: int = 60) -> int:
+        finetune_steps: int = 30, filter_steps: int = 300) -> int:
     from pipeline.demo import run as curate_demo
     from render.demo import run as render_demo
     out = Path(output)
