@@ -183,10 +183,13 @@ def _pool(stage: Stage):
     if isinstance(c, int):
         return ray.data.ActorPoolStrategy(size=c)
     res, total = stage.resources, ray.cluster_resources()
+    cpus = total.get("CPU", 1)
+    if _local_cores:  # a local Ray counts more logical CPUs than cores: autoscale to the cores
+        cpus = min(cpus, _local_cores)
     if res.num_gpus:
         fit = max(1, int(total.get("GPU", 0) // res.num_gpus))
     else:
-        fit = max(1, int(total.get("CPU", 1) // max(res.num_cpus, 1e-3)))
+        fit = max(1, int(cpus // max(res.num_cpus, 1e-3)))
     if isinstance(c, tuple):  # [min, max]; a null max means "what the cluster holds"
         lo = int(c[0] or 1)
         return ray.data.ActorPoolStrategy(min_size=lo, max_size=max(lo, int(c[1]) if c[1] else fit))
@@ -587,6 +590,9 @@ def actor_cpus(cfg: dict, configured: bool = False) -> float:
     return total
 
 
+_local_cores: int | None = None  # set when init_ray starts a local Ray with extra logical CPUs
+
+
 def cpu_shortfall(cluster_cpus: float, cfg: dict) -> str | None:
     """Why a cluster of `cluster_cpus` CPUs cannot run this config's pipeline, or None."""
     need = actor_cpus(cfg) + 1
@@ -605,6 +611,7 @@ def init_ray(cfg: dict):
     steps need at least one more: with fewer, the pipeline waits forever. A local cluster is started
     with enough logical CPUs (more than the cores of a small machine: the read and write steps are
     light); a cluster without them is refused with what to change."""
+    global _local_cores
     address = cfg.get("ray", {}).get("address")
     local = address is None and not os.environ.get("RAY_ADDRESS") and not Path(
         "/tmp/ray/ray_current_cluster").exists()
@@ -620,8 +627,10 @@ def init_ray(cfg: dict):
     kw = dict(include_dashboard=False, log_to_driver=True, logging_level=logging.WARNING)
     if local:  # a private single-node cluster, reachable on loopback only
         console.token_auth_notice()
-        num_cpus = cfg.get("ray", {}).get("num_cpus") or max(os.cpu_count() or 1,
-                                                              int(np.ceil(actor_cpus(cfg, configured=True))) + 2)
+        num_cpus = cfg.get("ray", {}).get("num_cpus")
+        if not num_cpus:
+            _local_cores = os.cpu_count() or 1
+            num_cpus = max(_local_cores, int(np.ceil(actor_cpus(cfg, configured=True))) + 2)
         ray.init(num_cpus=num_cpus, **kw)
     else:
         ray.init(address=address or "auto", **{k: v for k, v in kw.items() if k != "include_dashboard"})

@@ -89,6 +89,13 @@ def test_actor_pools_follow_the_config_and_the_cluster(ray_local):
     assert (ranged.min_size, ranged.max_size) == (1, total)
 
 
+def test_a_local_ray_with_extra_logical_cpus_autoscales_to_the_cores(ray_local, monkeypatch):
+    import pipeline.engine as engine
+    monkeypatch.setattr(engine, "_local_cores", 2)
+    auto = _pool(Halves({"resources": {"num_cpus": 1}}))
+    assert (auto.min_size, auto.max_size) == (1, 2)
+
+
 def test_a_cluster_too_small_for_the_actor_pools_is_refused_not_left_waiting():
     """Model actors hold their CPUs for the run; the read and write steps need one more. On 2 CPUs
     with person and text actors of 1 CPU each, Ray Data would wait forever."""
