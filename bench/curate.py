@@ -58,7 +58,7 @@ def main() -> None:
         assert n == args.n
         return time.perf_counter() - t
 
-    cfg = load_config(sets=["ray.num_cpus=" + str(os.cpu_count())])
+    cfg = load_config(sets=["stages=[decode,size,dedup]", "ray.num_cpus=" + str(os.cpu_count())])
     init_ray(cfg)
     engine_s, decode_s = [], []
     for r in range(args.repeats):
