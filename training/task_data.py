@@ -270,20 +270,7 @@ class RenderParts(RenderFrames):
         tar = self.folder / r["shard"]
         img = np.asarray(decode_image(catalog.read_member(tar, *mem["rgb.png"])))
         labels = np.asarray(decode_image(catalog.read_member(tar, *mem["parts.png"])).convert("L"))
-        m, flip = crop_affine(img.shape[:2], self.out_hw, rng, self.aug)
-        img = warp(img, m, self.out_hw)
-        labels = warp(labels, m, self.out_hw, NEAREST, border=255)
-        if flip:
-            perm = np.r_[self.vocab.flip_index, np.arange(len(self.vocab), 256)].astype(np.uint8)
-            labels = perm[labels]
-        person = (labels > 0) & (labels != 255)
-        if self.aug.train:
-            if self.backgrounds is not None and len(self.backgrounds) and rng.random() < self.aug.background:
-                bg = self.backgrounds.image(int(rng.integers(len(self.backgrounds))))
-                img = paste_background(img, person, bg, rng)
-            if self.aug.photometric:
-                img = photometric(img, rng)
-        return {"image": chw(img), "labels": labels.astype(np.int64), "mask": person[None], "index": i}
+        return seg_example(self, img, labels, rng, i)
 
 
 # --- COCO JSON ------------------------------------------------------------------------------------
@@ -432,17 +419,24 @@ class CocoParts:
         labels = self.label_map(im)
         if labels.shape != img.shape[:2]:
             raise ValueError(f"image {im['file_name']}: JSON says {labels.shape}, file is {img.shape[:2]}")
-        m, flip = crop_affine(img.shape[:2], self.out_hw, rng, self.aug)
-        img = warp(img, m, self.out_hw)
-        labels = warp(labels, m, self.out_hw, NEAREST, border=255)
-        if flip:
-            perm = np.r_[self.vocab.flip_index, np.arange(len(self.vocab), 256)].astype(np.uint8)
-            labels = perm[labels]
-        person = (labels > 0) & (labels != 255)
-        if self.aug.train:
-            if self.backgrounds is not None and len(self.backgrounds) and rng.random() < self.aug.background:
-                bg = self.backgrounds.image(int(rng.integers(len(self.backgrounds))))
-                img = paste_background(img, person, bg, rng)
-            if self.aug.photometric:
-                img = photometric(img, rng)
-        return {"image": chw(img), "labels": labels.astype(np.int64), "mask": person[None], "index": i}
+        return seg_example(self, img, labels, rng, i)
+
+
+def seg_example(ds, img: np.ndarray, labels: np.ndarray, rng, i: int) -> dict:
+    """A part-segmentation example from an image and its label map: crop/flip (labels follow the
+    vocabulary's left/right swap), background paste and photometric jitter when training.
+    `ds` gives out_hw, aug, vocab and backgrounds (the COCO and render part datasets)."""
+    m, flip = crop_affine(img.shape[:2], ds.out_hw, rng, ds.aug)
+    img = warp(img, m, ds.out_hw)
+    labels = warp(labels, m, ds.out_hw, NEAREST, border=255)
+    if flip:
+        perm = np.r_[ds.vocab.flip_index, np.arange(len(ds.vocab), 256)].astype(np.uint8)
+        labels = perm[labels]
+    person = (labels > 0) & (labels != 255)
+    if ds.aug.train:
+        if ds.backgrounds is not None and len(ds.backgrounds) and rng.random() < ds.aug.background:
+            bg = ds.backgrounds.image(int(rng.integers(len(ds.backgrounds))))
+            img = paste_background(img, person, bg, rng)
+        if ds.aug.photometric:
+            img = photometric(img, rng)
+    return {"image": chw(img), "labels": labels.astype(np.int64), "mask": person[None], "index": i}
