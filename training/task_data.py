@@ -224,12 +224,7 @@ class RenderFrames:
         normal = warp(f["normal"], m, self.out_hw, NEAREST)
         if flip:
             normal[..., 0] *= -1  # a mirrored image mirrors the surface: x of the normal changes sign
-        if self.aug.train:
-            if self.backgrounds is not None and len(self.backgrounds) and rng.random() < self.aug.background:
-                bg = self.backgrounds.image(int(rng.integers(len(self.backgrounds))))
-                img = paste_background(img, mask, bg, rng)
-            if self.aug.photometric:
-                img = photometric(img, rng)
+        img = augment_pixels(self, img, mask, rng)
         return {"image": chw(img), "depth": depth[None].astype(np.float32), "normal": chw(normal).astype(np.float32),
                 "mask": mask[None], "index": i}
 
@@ -433,10 +428,17 @@ def seg_example(ds, img: np.ndarray, labels: np.ndarray, rng, i: int) -> dict:
         perm = np.r_[ds.vocab.flip_index, np.arange(len(ds.vocab), 256)].astype(np.uint8)
         labels = perm[labels]
     person = (labels > 0) & (labels != 255)
+    img = augment_pixels(ds, img, person, rng)
+    return {"image": chw(img), "labels": labels.astype(np.int64), "mask": person[None], "index": i}
+
+
+def augment_pixels(ds, img: np.ndarray, person: np.ndarray, rng) -> np.ndarray:
+    """Training-time pixel augmentation shared by the dense datasets: a non-human background pasted
+    behind the person (`ds.aug.background` of the time) and photometric jitter."""
     if ds.aug.train:
         if ds.backgrounds is not None and len(ds.backgrounds) and rng.random() < ds.aug.background:
             bg = ds.backgrounds.image(int(rng.integers(len(ds.backgrounds))))
             img = paste_background(img, person, bg, rng)
         if ds.aug.photometric:
             img = photometric(img, rng)
-    return {"image": chw(img), "labels": labels.astype(np.int64), "mask": person[None], "index": i}
+    return img
