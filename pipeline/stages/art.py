@@ -24,7 +24,7 @@ from catalog.rules import RULES
 from ..images import load_rgb
 from .base import Stage
 from .batching import infer_each
-from .card import CARD_NAME, find_card
+from .card import locate_weights
 
 log = logging.getLogger(__name__)
 
@@ -68,21 +68,11 @@ class ArtStage(Stage):
         return None
 
     def setup(self) -> None:
-        w = self.cfg.get("weights")
-        if not w:
-            raise ValueError(self.skip_reason())
-        path = Path(str(w)).expanduser()
         name = str(self.cfg.get("model", "ViT-B-32"))
-        card = find_card(path) if path.exists() else None
+        card, path = locate_weights(self, f"a local OpenCLIP checkpoint for art.model={name}")
         if card is not None:
             self._setup_card(card)
             return
-        if path.is_dir():
-            raise FileNotFoundError(f"art.weights={path}: a folder without {CARD_NAME}; expected a humanset filter "
-                                    f"card folder (humanset train-filter art --output DIR) or an OpenCLIP checkpoint")
-        if not path.is_file():
-            raise FileNotFoundError(f"art.weights={w}: no such file (a local OpenCLIP checkpoint for "
-                                    f"art.model={name}; weights are never downloaded)")
         # some OpenCLIP tokenizers live on the Hugging Face hub: fail instead of downloading
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import open_clip

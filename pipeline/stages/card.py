@@ -33,6 +33,26 @@ def find_card(path: Path) -> Path | None:
     return None
 
 
+def locate_weights(stage, checkpoint: str) -> tuple[Path | None, Path]:
+    """(card, path) of `{stage}.weights`: the card.json it names, or None and the path of a plain
+    checkpoint file (`checkpoint` describes that file in errors). Missing weights, a folder without a
+    card and a missing file are errors naming the setting."""
+    w = stage.cfg.get("weights")
+    if not w:
+        raise ValueError(stage.skip_reason())
+    path = Path(str(w)).expanduser()
+    card = find_card(path) if path.exists() else None
+    if card is not None:
+        return card, path
+    if path.is_dir():
+        raise FileNotFoundError(f"{stage.name}.weights={path}: a folder without {CARD_NAME}; expected a humanset "
+                                f"filter card folder (humanset train-filter {stage.name} --output DIR) or {checkpoint}")
+    if not path.is_file():
+        raise FileNotFoundError(f"{stage.name}.weights={w}: no such file ({checkpoint}, or a humanset filter card "
+                                f"folder; weights are never downloaded)")
+    return None, path
+
+
 def read_card(card_path: Path, expect_filter: str, setting: str) -> dict:
     """Parse and check a card: a clear error naming the file and what was expected otherwise."""
     how = f"humanset train-filter {expect_filter} --output DIR, then {setting}=DIR"

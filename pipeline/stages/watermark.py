@@ -22,7 +22,7 @@ from catalog.rules import RULES
 from ..images import load_rgb
 from .base import Stage
 from .batching import infer_each
-from .card import CARD_NAME, find_card
+from .card import CARD_NAME, locate_weights
 
 log = logging.getLogger(__name__)
 
@@ -90,22 +90,10 @@ class WatermarkStage(Stage):
     def setup(self) -> None:
         import torch
 
-        w = self.cfg.get("weights")
-        if not w:
-            raise ValueError(self.skip_reason())
-        path = Path(str(w)).expanduser()
-        card = find_card(path) if path.exists() else None
+        card, path = locate_weights(self, "a local copy of LAION's watermark_model_v1.pt")
         if card is not None:
             self._setup_card(card)
             return
-        if path.is_dir():
-            raise FileNotFoundError(f"watermark.weights={path}: a folder without {CARD_NAME}; expected a humanset "
-                                    f"filter card folder (humanset train-filter watermark --output DIR) or LAION's "
-                                    f"watermark_model_v1.pt")
-        if not path.is_file():
-            raise FileNotFoundError(f"watermark.weights={w}: no such file (a local copy of LAION's "
-                                    f"watermark_model_v1.pt, or a humanset filter card folder; weights are never "
-                                    f"downloaded)")
         model = build_model()
         try:
             sd = load_state_dict(path)
