@@ -7,7 +7,7 @@ Prints JSON: files tried, aborts (must be 0), outcomes per reason kind and per f
 
     python bench/fuzz.py --n 50000 [--seed 0] [--max-pixels N]
 
-tests/test_fuzz.py imports `seed_files` and `mutants` from here.
+tests/pipeline/test_fuzz.py imports `seed_files` and `mutants` from here.
 """
 from __future__ import annotations
 

@@ -40,4 +40,4 @@ def demo_run(demo_crawl, ray_local, tmp_path_factory):
 
 def pytest_collection_modifyitems(items):
     """The loopback-cluster test runs last: it starts and stops a whole Ray cluster."""
-    items.sort(key=lambda item: item.nodeid.startswith("tests/test_cluster.py"))
+    items.sort(key=lambda item: item.path.name == "test_cluster.py")

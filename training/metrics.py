@@ -1,4 +1,4 @@
-"""Evaluation metrics of the four tasks, in numpy (tests/test_finetune_metrics.py checks known inputs).
+"""Evaluation metrics of the four tasks, in numpy (tests/training/test_finetune_metrics.py checks known inputs).
 
 pose    COCO OKS-based AP (mean over OKS thresholds 0.50:0.05:0.95, 101-point interpolated precision)
 seg     mIoU and mAcc from a confusion matrix accumulated over images

@@ -7,7 +7,7 @@ blocks.N.{norm1,attn.qkv,attn.proj,norm2,mlp.fc1,mlp.fc2}, norm), so `encoder.st
 Published Sapiens sizes (0.336B / 0.664B / 1.169B / 2.163B) count the whole MAE at 1024x1024: this
 encoder (position table of 64x64+1 tokens included) plus the MAE decoder of width 512, depth 8. The
 encoder alone is 0.307B / 0.636B / 1.141B / 2.134B (8.5 % to 1.3 % short of the figures), the MAE
-0.3355B / 0.6643B / 1.1692B / 2.1626B (within 0.14 %); `tests/test_training_model.py` checks both.
+0.3355B / 0.6643B / 1.1692B / 2.1626B (within 0.14 %); `tests/training/test_model.py` checks both.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 import ast
 from pathlib import Path
 
-TRAINING = Path(__file__).resolve().parents[1] / "training"
+TRAINING = Path(__file__).resolve().parents[2] / "training"
 
 
 def training_imports() -> dict[str, set[str]]:

@@ -12,7 +12,7 @@ import catalog
 from pipeline.config import load_config
 from pipeline.engine import curate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 UNITS = 12
 
 

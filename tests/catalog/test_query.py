@@ -12,7 +12,7 @@ import pytest
 from catalog import cli
 from stats_run import make_run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from training.mae import MaskedAutoencoder
 from training.pretrain import PretrainConfig, pretrain_ray
 from training.testing import skimage_samples, write_curated_shards
 
-JOB = Path(__file__).resolve().parents[1] / "training" / "pretrain_job.py"
+JOB = Path(__file__).resolve().parents[2] / "training" / "pretrain_job.py"
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 import catalog
 from pipeline.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHEAP = ["stages=[decode,size,dedup]"]
 
 

@@ -337,7 +337,7 @@ def test_a_scan_that_crashes_blender_fails_its_frames_and_the_run_goes_on(tmp_pa
 def _heavy_scans_module():
     import importlib.util
     from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "bench" / "heavy_scans.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "heavy_scans.py"
     spec = importlib.util.spec_from_file_location("heavy_scans", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
