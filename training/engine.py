@@ -28,6 +28,7 @@ from torch import nn
 import catalog
 
 from . import checkpoint as ckpt
+from .lr import clip_and_step
 
 log = logging.getLogger(__name__)
 
@@ -289,8 +290,7 @@ def train(recipe: Recipe) -> dict:
                         f"{ckpt.checkpoint_dir(out)}")
                 (loss / cfg.accum_steps if cfg.accum_steps > 1 else loss).backward()
             step_loss += value / cfg.accum_steps
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
-        opt.step()
+        grad_norm = clip_and_step(model, opt, cfg.clip_grad)
         sched.step()
         loss_value = step_loss
         done = step + 1

@@ -34,6 +34,32 @@ def adamw(groups: list[dict], lr: float, betas, fused: bool = True) -> torch.opt
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused or None)
 
 
+def clip_and_step(model: nn.Module, opt: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+    """Clip the gradients' global L2 norm to `max_norm`, then take the optimiser step; returns the norm.
+
+    The update is `clip_grad_norm_` + `opt.step()`'s, with one pass over the gradients fewer:
+    `clip_grad_norm_` multiplies every gradient by min(1, max_norm / norm) even when that is 1. Here a norm
+    within bounds scales nothing, and with the fused AdamW the clip factor goes into the kernel as its
+    gradient scale (the kernel divides each gradient by 1 / factor as it reads it; the same value up to one
+    rounding). Other optimisers (the foreach AdamW that FSDP's sharded parameters take) clip as before."""
+    if not opt.defaults.get("fused"):
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        opt.step()
+        return norm
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads)
+    factor = max_norm / (float(norm) + 1e-6)  # clip_grad_norm_'s formula
+    if factor < 1.0:
+        opt.grad_scale = torch.tensor(1.0 / factor, dtype=torch.float32, device=norm.device)
+        try:
+            opt.step()
+        finally:
+            del opt.grad_scale
+    else:
+        opt.step()
+    return norm
+
+
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     decay, no_decay = [], []
     for name, p in model.named_parameters():

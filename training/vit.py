@@ -103,7 +103,10 @@ class Attention(nn.Module):
 
     def forward(self, x):
         b, n, d = x.shape
-        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        # q, k, v as strided (B, H, N, Dh) views of the (B, N, 3, H, Dh) projection: in backward their
+        # gradients stack straight into that layout. timm's permute to (3, B, H, N, Dh) stacks them there and
+        # then copies once more to make the projection's gradient contiguous (same values, bit for bit).
+        q, k, v = (t.transpose(1, 2) for t in self.qkv(x).view(b, n, 3, self.heads, d // self.heads).unbind(2))
         x = F.scaled_dot_product_attention(q, k, v)  # flash / memory-efficient kernels when available
         return self.proj(x.transpose(1, 2).reshape(b, n, d))
 
