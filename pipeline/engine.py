@@ -18,11 +18,12 @@ A run has three phases, each resumable:
      survivors (all with --score-all); then the worker writes RUN/catalog/samples/{unit}.parquet,
      the curated shards RUN/shards/{unit}-NNNNN.tar|.parquet and last RUN/stats/{unit}.json,
      the unit's completion marker.
-The unit listing is saved in RUN/units.jsonl on the first run; a rerun uses it (inputs added
-since are reported, not curated). RUN/.lock keeps a second run out. A worker that dies on a unit
-is retried `engine.max_retries` times; then the unit runs again with each sample alone in a
-child process (pipeline/isolate.py), and a sample that kills its process is rejected as
-decode:worker_crash. Final counts and the funnel come from DuckDB over the catalog.
+The unit listing is streamed into RUN/units.jsonl on the first run (the driver keeps each unit's
+id and line offset, never its files); a rerun uses it (inputs added since are reported, not
+curated). RUN/.lock keeps a second run out. A worker that dies on a unit is retried
+`engine.max_retries` times; then the unit runs again with each sample alone in a child process
+(pipeline/isolate.py), and a sample that kills its process is rejected as decode:worker_crash.
+Final counts and the funnel come from DuckDB over the catalog.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ from catalog import CURATED_INDEX, SAMPLES
 from . import console
 from . import dedup as dedup_mod
 from .config import load_config
-from .sources import DEFAULT_LIMITS, Unit, list_units, read_unit
+from .sources import DEFAULT_LIMITS, Unit, check_inputs, count_new, load_unit, read_listing, read_unit, write_listing
 from .stages import Stage, build_stages
 
 log = logging.getLogger("humanset.curate")
@@ -294,11 +295,17 @@ SUMMARY_SCHEMA = pa.schema([("unit_id", pa.string()), ("inputs", pa.int64()), ("
                             ("isolated", pa.bool_())])
 
 
-def _one_unit(batch: pa.Table) -> Unit:
+def _one_unit(batch: pa.Table, run: Path) -> Unit:
+    """The block's unit with its files, read from its line of RUN/units.jsonl (the driver hands
+    out units without their files)."""
     items = batch.column("unit").to_pylist()
     if len(items) != 1:  # from_items makes one block per unit; anything else is a bug here
         raise RunError(f"engine: a block holds {len(items)} units, expected 1")
-    return Unit.from_dict(json.loads(items[0]))
+    return load_unit(Unit.from_dict(json.loads(items[0])), listing_path(run))
+
+
+def listing_path(run: Path) -> Path:
+    return run / "units.jsonl"
 
 
 def _summary(unit_id: str, inputs: int, kept: int | None = None, isolated: bool = False) -> pa.Table:
@@ -319,7 +326,7 @@ def read_for_measure(unit: Unit, limits: dict) -> pa.Table:
         r["_alive"] = True
     table = pa.Table.from_pylist(rows, schema=READ_SCHEMA)
     del rows  # the bytes live once, in the table
-    return with_meta(table, {"unit": unit.to_dict(), "unit_error": unit_error,
+    return with_meta(table, {"unit": unit.brief().to_dict(), "unit_error": unit_error,
                              "seconds": {"read": round(time.perf_counter() - t0, 4)}})
 
 
@@ -335,7 +342,7 @@ def finish_measure(run: Path, table: pa.Table) -> pa.Table:
 
 
 def _measure_block(batch: pa.Table, run: str, limits: dict) -> pa.Table:
-    unit = _one_unit(batch)
+    unit = _one_unit(batch, Path(run))
     table = read_for_measure(unit, limits)
     if table.num_rows == 0:  # Ray Data drops empty blocks: an empty unit is finished here
         finish_measure(Path(run), table)
@@ -393,9 +400,9 @@ def read_for_score(run: Path, unit: Unit, limits: dict, score_all: bool) -> pa.T
     table = table.append_column("image", pa.array([images.get(s) for s in ids], pa.binary()))
     seconds = dict(counters.get("seconds") or {})
     seconds["read_2"] = round(time.perf_counter() - t0, 4)
-    return with_meta(table, {"unit": unit.to_dict(), "unit_error": counters.get("unit_error"), "seconds": seconds,
-                             "worker_crashes": counters.get("worker_crashes") or 0, "source_changed": changed,
-                             "isolated": bool(counters.get("isolated"))})
+    return with_meta(table, {"unit": unit.brief().to_dict(), "unit_error": counters.get("unit_error"),
+                             "seconds": seconds, "worker_crashes": counters.get("worker_crashes") or 0,
+                             "source_changed": changed, "isolated": bool(counters.get("isolated"))})
 
 
 SIDECAR = ("sample_id", "source_uri", "key", "caption", "width", "height", "person_boxes", "person_scores",
@@ -442,7 +449,7 @@ def finish_unit(run: Path, table: pa.Table, cfg: dict) -> pa.Table:
 
 
 def _score_block(batch: pa.Table, run: str, limits: dict, score_all: bool, cfg: dict) -> pa.Table:
-    unit = _one_unit(batch)
+    unit = _one_unit(batch, Path(run))
     table = read_for_score(Path(run), unit, limits, score_all)
     if table.num_rows == 0:  # Ray Data drops empty blocks: an empty unit is finished here
         finish_unit(Path(run), table, cfg)
@@ -642,22 +649,21 @@ def init_ray(cfg: dict):
              else f"cluster at {address or 'auto'}", res.get("CPU", 0), res.get("GPU", 0))
 
 
-def _load_units(run: Path, current: list[Unit], repeated: int) -> tuple[list[Unit], int, int]:
-    """The run's unit listing: saved in RUN/units.jsonl on the first run, reused on every rerun.
+def _load_units(run: Path, inputs: list[str], cfg: dict, repeated: int) -> tuple[list[Unit], int, int]:
+    """The run's units (without their files): listed into RUN/units.jsonl by the first run, streaming,
+    and read back from it by every rerun.
 
     Returns (units, repeated listings dropped, inputs found now that are not in the saved listing)."""
-    path = run / "units.jsonl"
+    path, inp = listing_path(run), cfg["input"]
     if not path.exists():
-        catalog.write_bytes(path, "".join(json.dumps(u.to_dict()) + "\n" for u in current).encode())
-        return current, repeated, 0
-    saved = [Unit.from_dict(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
-    known = {u.uri for u in saved if u.kind == "tar"} | {f for u in saved for f in u.files}
-    new = sum(1 for u in current if u.kind == "tar" and u.uri not in known) + sum(
-        1 for u in current if u.kind == "files" for f in u.files if f not in known)
+        units, repeated = write_listing(inputs, path, inp["files_per_unit"], inp["extensions"])
+        return units, repeated, 0
+    units = read_listing(path)
+    new = count_new(inputs, path, inp["files_per_unit"], inp["extensions"])
     if new:
         log.warning("%d inputs appeared since this run started; they are not in this run "
                     "(curate them into a new --output)", new)
-    return saved, repeated, new
+    return units, repeated, new
 
 
 def curate(inputs: list[str], output: str, config: dict | None = None, score_all: bool = False,
@@ -665,17 +671,17 @@ def curate(inputs: list[str], output: str, config: dict | None = None, score_all
     """Run (or finish) a curation run. Returns the manifest."""
     cfg = config or load_config()
     run = Path(output).absolute()  # workers write into it, from their own working directories
-    # the inputs are listed (and refused, naming the input) before anything is written
-    listing = list_units(inputs, cfg["input"]["files_per_unit"], cfg["input"]["extensions"])
+    # unusable inputs are refused, naming the input, before anything is written; the listing itself
+    # is streamed into RUN/units.jsonl under the lock
+    check_inputs(inputs, cfg["input"]["extensions"])
     try:
         with catalog.run_lock(run):
-            return _curate_locked(run, inputs, listing, cfg, score_all, progress)
+            return _curate_locked(run, inputs, cfg, score_all, progress)
     except catalog.RunLocked as e:
         raise RunError(str(e)) from e
 
 
-def _curate_locked(run: Path, inputs: list[str], listing: tuple[list[Unit], int], cfg: dict, score_all: bool,
-                   progress: bool) -> dict:
+def _curate_locked(run: Path, inputs: list[str], cfg: dict, score_all: bool, progress: bool) -> dict:
     manifest_path = run / "manifest.json"
     manifest = {"config": cfg, "inputs": [str(i) for i in inputs], "score_all": score_all}
     if manifest_path.exists():
@@ -684,13 +690,15 @@ def _curate_locked(run: Path, inputs: list[str], listing: tuple[list[Unit], int]
             raise RunError(f"{run}: holds a run with other inputs or config; resume it with the same "
                            "command, or pass a new --output")
         manifest["started"] = old.get("started")
+        repeated = int(old.get("repeated_inputs") or 0)
         log.info("resuming %s", run)
     else:
         manifest["started"] = _now()
+        repeated = 0
     removed = catalog.clean_tmp(run)
     if removed:
         log.info("removed %d temporary files left by an interrupted run", removed)
-    units, repeated, new = _load_units(run, *listing)
+    units, repeated, new = _load_units(run, inputs, cfg, repeated)
     stages = build_stages(cfg)
     skipped = {s.name: s.skip_reason() for s in stages if not s.enabled}
     for name, why in skipped.items():
