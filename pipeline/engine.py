@@ -698,7 +698,9 @@ def _curate_locked(run: Path, inputs: list[str], cfg: dict, score_all: bool, pro
     removed = catalog.clean_tmp(run)
     if removed:
         log.info("removed %d temporary files left by an interrupted run", removed)
+    t0 = time.perf_counter()
     units, repeated, new = _load_units(run, inputs, cfg, repeated)
+    seconds = {"listing": round(time.perf_counter() - t0, 2)}  # this invocation's phases (wall)
     stages = build_stages(cfg)
     skipped = {s.name: s.skip_reason() for s in stages if not s.enabled}
     for name, why in skipped.items():
@@ -720,13 +722,18 @@ def _curate_locked(run: Path, inputs: list[str], cfg: dict, score_all: bool, pro
         init_ray(cfg)  # Ray Data's own progress off: ours (console.progress) counts units
         t_start = time.time()
         if to_measure:
+            t0 = time.perf_counter()
             _measure(run, to_measure, measure_stages, cfg_active, score_all, progress)
+            seconds["measure"] = round(time.perf_counter() - t0, 2)
         if not dedup_mod.is_done(run):
             t0 = time.perf_counter()
             st = dedup_mod.run_dedup(run, [u.unit_id for u in units], cfg_active)  # its tables are Ray tasks
+            seconds["dedup"] = round(time.perf_counter() - t0, 2)
             log.info("dedup: %d of %d candidates are duplicates (%.2f s)", st["duplicates"], st["candidates"],
-                     time.perf_counter() - t0)
+                     seconds["dedup"])
+        t0 = time.perf_counter()
         _score_and_write(run, todo, score_stages, cfg_active, score_all, progress)
+        seconds["score_write"] = round(time.perf_counter() - t0, 2)
         log.info("processed %d units in %.1f s", len(todo), time.time() - t_start)
 
     missing = [u.unit_id for u in units if not (run / "stats" / f"{u.unit_id}.json").exists()]
@@ -735,7 +742,7 @@ def _curate_locked(run: Path, inputs: list[str], cfg: dict, score_all: bool, pro
                        "rerun the same command to finish them")
     counts, n_inputs, n_kept = _reason_counts(run)
     manifest.update(status="complete", finished=_now(), funnel=funnel_from_counts(counts, n_inputs, manifest["stages"]),
-                    counts={"inputs": n_inputs, "kept": n_kept})
+                    counts={"inputs": n_inputs, "kept": n_kept}, seconds=seconds)
     catalog.write_json(manifest_path, manifest)
     return manifest
 
