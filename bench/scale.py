@@ -7,7 +7,7 @@ JPEGs (320x320, WebDataset shards of 1,000). Prints JSON:
            check, a tar of the kept bytes - the peer the engine has to beat;
   ratio:   engine images/s over plain images/s.
 
-    python bench/scale.py --n 20000 [--workdir DIR] [--num-cpus 2] [--skip-plain]
+    python bench/scale.py --n 20000 [--workdir DIR] [--num-cpus 2] [--skip-plain] [--noise 5]
 
 The crawl is generated once into --workdir (reused when it already holds N images); the engine's
 run directory is recreated each time. Targets (README): driver VmHWM at 100k within 1.15x of 20k and
@@ -32,12 +32,13 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # a local bench
 ROOT = Path(__file__).resolve().parents[1]
 PER_SHARD = 1000
 SIDE = 320
+NOISE = 14.0  # std of the detail texture: 14 gives ~32 KB JPEGs, 5 gives ~16 KB (a 1M crawl and its kept copy in 31 GB)
 
 
 def _shard(args) -> str:
     """One shard of distinct photo-like JPEGs: a random 8x8 colour field upsampled (distinct low
     frequencies, so distinct pHashes) plus a random crop of a shared noise texture (detail)."""
-    folder, index, start, count = args
+    folder, index, start, count, noise = args
     import numpy as np
     from PIL import Image
     path = Path(folder) / f"{index:06d}.tar"
@@ -45,7 +46,7 @@ def _shard(args) -> str:
         return str(path)
     tmp = path.with_name(path.name + ".part")
     rng = np.random.default_rng(index)
-    texture = rng.normal(0, 14, (2 * SIDE, 2 * SIDE, 3)).astype(np.int16)
+    texture = rng.normal(0, noise, (2 * SIDE, 2 * SIDE, 3)).astype(np.int16)
     with tarfile.open(tmp, "w") as tf:
         for k in range(start, start + count):
             field = Image.fromarray(rng.integers(30, 225, (8, 8, 3), dtype=np.uint8)).resize((SIDE, SIDE), Image.BICUBIC)
@@ -61,10 +62,10 @@ def _shard(args) -> str:
     return str(path)
 
 
-def make_crawl(folder: Path, n: int, procs: int) -> list[Path]:
+def make_crawl(folder: Path, n: int, procs: int, noise: float = NOISE) -> list[Path]:
     from multiprocessing import Pool
     folder.mkdir(parents=True, exist_ok=True)
-    jobs = [(str(folder), i, s, min(PER_SHARD, n - s)) for i, s in enumerate(range(0, n, PER_SHARD))]
+    jobs = [(str(folder), i, s, min(PER_SHARD, n - s), noise) for i, s in enumerate(range(0, n, PER_SHARD))]
     with Pool(procs) as pool:
         return [Path(p) for p in pool.imap(_shard, jobs)]
 
@@ -136,16 +137,18 @@ def main() -> int:
     ap.add_argument("--workdir", help="keeps the generated crawl for reuse (default: a temp dir, removed)")
     ap.add_argument("--num-cpus", type=int, default=os.cpu_count(), help="CPUs of the local Ray")
     ap.add_argument("--skip-plain", action="store_true", help="engine only")
+    ap.add_argument("--noise", type=float, default=NOISE,
+                    help=f"std of the images' detail texture (default {NOISE:g}; 5 halves the bytes per image)")
     ap.add_argument("--driver", nargs=2, metavar=("CRAWL", "RUN"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.driver:
         driver(*args.driver, args.num_cpus)
         return 0
     work = Path(args.workdir or tempfile.mkdtemp(prefix="humanset-scale-"))
-    crawl = work / f"crawl-{args.n}"
+    crawl = work / (f"crawl-{args.n}" if args.noise == NOISE else f"crawl-{args.n}-noise{args.noise:g}")
     try:
         t0 = time.perf_counter()
-        tars = make_crawl(crawl, args.n, max(1, args.num_cpus))
+        tars = make_crawl(crawl, args.n, max(1, args.num_cpus), args.noise)
         gen_s = time.perf_counter() - t0
         run = work / "run"
         shutil.rmtree(run, ignore_errors=True)
@@ -156,7 +159,8 @@ def main() -> int:
             print(p.stderr[-4000:], file=sys.stderr)
             return p.returncode
         engine = json.loads(p.stdout.strip().splitlines()[-1])
-        result = {"n": args.n, "shards": len(tars), "image_px": f"{SIDE}x{SIDE}", "num_cpus": args.num_cpus,
+        result = {"n": args.n, "shards": len(tars), "image_px": f"{SIDE}x{SIDE}", "noise": args.noise,
+                  "crawl_mb": round(sum(t.stat().st_size for t in tars) / 2**20, 1), "num_cpus": args.num_cpus,
                   "generate_seconds": round(gen_s, 1), "engine": engine,
                   "engine_us_per_image": round(1e6 * engine["seconds"] / engine["images"], 1)}
         if not args.skip_plain:
