@@ -166,6 +166,30 @@ def read_member(tar_path, offset: int, size: int) -> bytes:
         return fh.read(size)
 
 
+def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = size, 0, 0o644  # mtime 0: reproducible bytes
+    return info
+
+
+_HEADER = _tarinfo("", 0).tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape")
+
+
+def member_header(name: str, size: int) -> bytes:
+    """The USTAR header tarfile writes for a regular member (mode 0644, mtime 0), byte for byte,
+    from a template: only the name, the size and the checksum differ between members, and
+    tarfile's general builder costs a good part of a small image's write."""
+    raw = name.encode(tarfile.ENCODING, "surrogateescape")
+    if len(raw) > 100 or size >= 8 ** 11:  # a prefix field or a huge size: tarfile's builder
+        return _tarinfo(name, size).tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape")
+    buf = bytearray(_HEADER)
+    buf[0:100] = raw.ljust(100, b"\0")
+    buf[124:136] = b"%011o\0" % size
+    buf[148:156] = b" " * 8  # the checksum counts its own field as spaces
+    buf[148:155] = b"%06o\0" % sum(buf)
+    return bytes(buf)
+
+
 class ShardWriter:
     """Writes rolling shards `{prefix}-NNNNN.tar` + `.parquet` into `folder`, each atomically.
 
@@ -201,18 +225,15 @@ class ShardWriter:
         for ext, data in files.items():
             if isinstance(data, (dict, list)):
                 data = json.dumps(data, sort_keys=True, default=str).encode()
-            info = tarfile.TarInfo(f"{key}.{ext}")
-            info.size = len(data)
-            info.mtime = 0  # reproducible bytes
-            info.mode = 0o644
-            header = info.tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape")
+            member = f"{key}.{ext}"
+            header = member_header(member, len(data))
             pad = -len(data) % tarfile.BLOCKSIZE
             self._fh.write(header)
             self._fh.write(data)
             self._fh.write(tarfile.NUL * pad)
             offset = self._offset + len(header)
             self._offset = offset + len(data) + pad
-            members.append({"name": info.name, "offset": offset, "size": len(data)})
+            members.append({"name": member, "offset": offset, "size": len(data)})
             self._bytes += len(data)
         self._rows.append({**(row or {}), "key": key, "shard": self._name, "members": members})
         name = self._name

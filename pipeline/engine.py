@@ -48,7 +48,8 @@ from catalog import CURATED_INDEX, SAMPLES
 from . import console
 from . import dedup as dedup_mod
 from .config import load_config
-from .sources import DEFAULT_LIMITS, Unit, check_inputs, count_new, load_unit, read_listing, read_unit, write_listing
+from .sources import (DEFAULT_LIMITS, Unit, check_inputs, count_new, load_unit, read_listing, read_members, read_unit,
+                      write_listing)
 from .stages import Stage, build_stages
 
 log = logging.getLogger("humanset.curate")
@@ -289,7 +290,8 @@ def _test_crash_hook(stage: Stage, table: pa.Table) -> None:
 
 _READ_FIELDS = [SAMPLES.field(c) for c in ("sample_id", "source_uri", "shard", "key", "caption", "source_meta")] + [
     pa.field("image", pa.binary()), pa.field("read_error", pa.string()), pa.field("_alive", pa.bool_()),
-    SAMPLES.field("scored_stages")]
+    SAMPLES.field("scored_stages"), pa.field("_offset", pa.int64()), pa.field("_size", pa.int64())]
+MEMBER_SPAN = ("_offset", "_size")  # a tar sample's image member: phase 3 reads it back without parsing the tar
 READ_SCHEMA = pa.schema(_READ_FIELDS)
 SUMMARY_SCHEMA = pa.schema([("unit_id", pa.string()), ("inputs", pa.int64()), ("kept", pa.int64()),
                             ("isolated", pa.bool_())])
@@ -334,7 +336,7 @@ def finish_measure(run: Path, table: pa.Table) -> pa.Table:
     """Write the unit's phase-1 file (no bytes) after its counters; return the unit's summary."""
     meta = unit_meta(table)
     unit_id = meta["unit"]["unit_id"]
-    keep = [c for c in table.column_names if c in SAMPLES.names or c == "_alive"]
+    keep = [c for c in table.column_names if c in SAMPLES.names or c == "_alive" or c in MEMBER_SPAN]
     pq_path, json_path = _measure_paths(run, unit_id)
     catalog.write_json(json_path, {k: meta.get(k) for k in ("unit_error", "seconds", "worker_crashes", "isolated")})
     catalog.write_parquet(pq_path, table.select(keep).replace_schema_metadata(None))
@@ -364,6 +366,15 @@ def _measured_table(run: Path, unit_id: str) -> pa.Table:
     return _set(t, "_alive", pa.array(alive, pa.bool_()))
 
 
+def _spans(table: pa.Table, need: set[str]) -> dict[str, tuple[int, int]] | None:
+    """(offset, size) of each needed sample's image in its tar; None unless every one has it."""
+    if not set(MEMBER_SPAN) <= set(table.column_names):
+        return None
+    cols = [table.column(c).to_pylist() for c in ("sample_id",) + MEMBER_SPAN]
+    spans = {sid: (off, size) for sid, off, size in zip(*cols) if sid in need and off is not None}
+    return spans if len(spans) == len(need) else None
+
+
 def read_for_score(run: Path, unit: Unit, limits: dict, score_all: bool) -> pa.Table:
     """Phase 3 input: the unit's measurements and verdicts, with the bytes of the samples that go
     on (the second and last read of the source), each checked against its measured sha256."""
@@ -377,13 +388,23 @@ def read_for_score(run: Path, unit: Unit, limits: dict, score_all: bool) -> pa.T
     alive = table.column("_alive").to_pylist()
     need = {sid for sid, a, e in zip(ids, alive, errors) if (a or score_all) and e is None}
     images: dict[str, bytes] = {}
+    verified: set[str] = set()
     if need:
-        rows, _ = read_unit(unit, limits)
-        images = {r["sample_id"]: r["image"] for r in rows if r["sample_id"] in need and r["image"] is not None}
-        del rows
+        spans = _spans(table, need)
+        fast = read_members(unit, spans) if spans is not None else None
+        if fast:  # a tar's members read where they were measured; those whose bytes still match are done
+            sha_of = dict(zip(ids, shas))
+            verified = {sid for sid, data in fast.items() if hashlib.sha256(data).hexdigest() == sha_of[sid]}
+            images = {sid: fast[sid] for sid in verified}
+            del fast
+        if len(verified) < len(need):  # a folder's files, a remote or rewritten shard: read it all again
+            rows, _ = read_unit(unit, limits)
+            images.update({r["sample_id"]: r["image"] for r in rows
+                           if r["sample_id"] in need and r["sample_id"] not in verified and r["image"] is not None})
+            del rows
     changed = 0
     for i, sid in enumerate(ids):
-        if sid not in need:
+        if sid not in need or sid in verified:
             continue
         data = images.get(sid)
         if data is None or hashlib.sha256(data).hexdigest() != shas[i]:
@@ -415,7 +436,8 @@ def write_curated(folder: Path, unit_id: str, kept: pa.Table, images: dict[str, 
     out = cfg["output"]
     with catalog.ShardWriter(folder, unit_id, CURATED_INDEX, max_count=out["shard_max_count"],
                              max_bytes=out["shard_max_bytes"]) as w:
-        for r in kept.select([c for c in kept.column_names if c != "image"]).to_pylist():
+        cols = set(SIDECAR) | set(INDEX_EXTRA)  # only what the shards hold leaves Arrow, row by row
+        for r in kept.select([c for c in kept.column_names if c in cols]).to_pylist():
             ext = (r["format"] or "bin").lower().replace("jpeg", "jpg")
             sidecar = {k: r[k] for k in SIDECAR if r.get(k) is not None}
             w.add(r["sample_id"], {ext: images[r["sample_id"]], "json": sidecar}, {k: r.get(k) for k in INDEX_EXTRA})

@@ -520,4 +520,26 @@ def _tar_row(unit: Unit, rec, limits: dict) -> dict:
     if img_ext is None:
         return _row(unit, rec.key, f"{unit.uri}#{rec.key}", None,
                     f"no image member: key {rec.key!r} has {', '.join(sorted(rec.files))}", caption, meta_s)
-    return _row(unit, rec.key, f"{unit.uri}#{rec.key}.{img_ext}", rec.files[img_ext], None, caption, meta_s)
+    row = _row(unit, rec.key, f"{unit.uri}#{rec.key}.{img_ext}", rec.files[img_ext], None, caption, meta_s)
+    # where the image lies in the tar (a record holds each extension once, members in files' order)
+    _, row["_offset"], row["_size"] = rec.members[list(rec.files).index(img_ext)]
+    return row
+
+
+def read_members(unit: Unit, spans: dict[str, tuple[int, int]]) -> dict[str, bytes] | None:
+    """The bytes at (offset, size) in a local tar, per sample id: a second read of a shard that seeks
+    to the measured members instead of parsing the tar again (the caller checks each against its
+    measured sha256). None for a shard this cannot seek in (remote); {} if it cannot be opened."""
+    if unit.kind != "tar" or (_is_uri(unit.uri) and not unit.uri.startswith("file://")):
+        return None
+    out = {}
+    try:
+        with open_input(unit.uri) as fh:
+            for sid, (offset, size) in sorted(spans.items(), key=lambda kv: kv[1][0]):
+                fh.seek(offset)
+                data = fh.read(size)
+                if len(data) == size:
+                    out[sid] = data
+    except OSError as e:
+        log.warning("%s: cannot read the shard again (%s); its samples are rejected as source_changed", unit.uri, e)
+    return out
