@@ -13,8 +13,9 @@ A run has three phases, each resumable:
      RUN/work/measure/{unit}.parquet (no bytes) after {unit}.json (its counters).
   2. dedup (whole run, once every unit is measured): pipeline/dedup.run_dedup ->
      RUN/work/dedup/{unit}.parquet verdicts (a pure function of phase 1, so reruns agree).
-  3. score + write (per unit): the second and last read of the source; bytes whose sha256 differs
-     from phase 1's are rejected as source_changed and never written. Model stages see only
+  3. score + write (per unit): the second and last read of the source (a tar's images at their
+     measured offsets, no second parse); bytes whose sha256 differs from phase 1's are rejected as
+     source_changed and never written. Model stages see only
      survivors (all with --score-all); then the worker writes RUN/catalog/samples/{unit}.parquet,
      the curated shards RUN/shards/{unit}-NNNNN.tar|.parquet and last RUN/stats/{unit}.json,
      the unit's completion marker.
