@@ -2,7 +2,8 @@
 JPEGs (320x320, WebDataset shards of 1,000). Prints JSON:
 
   engine:  images/s (Ray already started), the driver's peak RSS (VmHWM of the `humanset curate`
-           process: it must not grow with N), seconds;
+           process: it must not grow with N), seconds; where the time went: phase wall seconds,
+           the driver's CPU seconds, the workers' seconds per step summed over units;
   plain:   a single-process loop over the same crawl - PIL decode, sha256, imagehash.phash, size
            check, a tar of the kept bytes - the peer the engine has to beat;
   ratio:   engine images/s over plain images/s.
