@@ -101,23 +101,35 @@ def _chunk_id(name: str, i: int, files: list[str]) -> str:
 # Listing, streamed: inputs are walked in a stable order and cut into units as they go, so the
 # driver never holds more than one unit's files (plus one directory's names while it sorts them).
 
-def _walk(root: str, exts: tuple[str, ...], rel: str = "") -> Iterator[str]:
+def _walk(root: str, exts: tuple[str, ...]) -> Iterator[str]:
     """Paths (relative to root) of the image files under root, in sorted path order, one directory
-    at a time (os.scandir, entries sorted by name: depth-first by name is sorted path order).
-    Symlinks are listed as they are, never followed: one that leaves the folder is a row with a
-    read error when read, never a refusal to run."""
-    try:
-        with os.scandir(os.path.join(root, rel) if rel else root) as it:
-            entries = sorted((e.name, e.is_dir(follow_symlinks=False), e.is_symlink() or e.is_file()) for e in it)
-    except OSError as e:
-        log.warning("%s: cannot list this folder (%s); its files are not in the run", os.path.join(root, rel), e)
-        return
-    for name, is_dir, is_file in entries:
+    at a time (os.scandir, entries sorted by name: depth-first by name is sorted path order; a
+    stack, not recursion, so any depth is walked). Symlinks are listed as they are, never followed:
+    one that leaves the folder is a row with a read error when read, never a refusal to run."""
+    stack = [("", _entries(root, ""))]
+    while stack:
+        rel, entries = stack[-1]
+        entry = next(entries, None)
+        if entry is None:
+            stack.pop()
+            continue
+        name, is_dir, is_file = entry
         path = f"{rel}/{name}" if rel else name
         if is_dir:
-            yield from _walk(root, exts, path)
+            stack.append((path, _entries(root, path)))
         elif is_file and os.path.splitext(name)[1].lower().lstrip(".") in exts:
             yield path
+
+
+def _entries(root: str, rel: str) -> Iterator[tuple[str, bool, bool]]:
+    """(name, is a directory, is a file or a symlink) of one directory's entries, sorted by name."""
+    folder = os.path.join(root, rel) if rel else root
+    try:
+        with os.scandir(folder) as it:
+            return iter(sorted((e.name, e.is_dir(follow_symlinks=False), e.is_symlink() or e.is_file()) for e in it))
+    except OSError as e:
+        log.warning("%s: cannot list this folder (%s); its files are not in the run", folder, e)
+        return iter(())
 
 
 def _chunks(items: Iterator, size: int) -> Iterator[list]:
