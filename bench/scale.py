@@ -2,7 +2,8 @@
 JPEGs (320x320, WebDataset shards of 1,000). Prints JSON:
 
   engine:  images/s (Ray already started), the driver's peak RSS (VmHWM of the `humanset curate`
-           process: it must not grow with N), seconds;
+           process: it must not grow with N), seconds; where the time went: phase wall seconds,
+           the driver's CPU seconds, the workers' seconds per step summed over units;
   plain:   a single-process loop over the same crawl - PIL decode, sha256, imagehash.phash, size
            check, a tar of the kept bytes - the peer the engine has to beat;
   ratio:   engine images/s over plain images/s.
@@ -116,8 +117,19 @@ def driver(crawl: str, run: str, num_cpus: int) -> None:
     status = Path("/proc/self/status").read_text()
     hwm = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM"))
     n = manifest["counts"]["inputs"]
+    # where the time went: the phases' wall time, the driver's own CPU, the workers' seconds per step
+    # (summed over units from RUN/stats/*.json), so a slow run says which step to look at
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    worker: dict[str, float] = {}
+    for p in Path(run, "stats").glob("*.json"):
+        for step, sec in json.loads(p.read_text()).get("seconds", {}).items():
+            worker[step] = worker.get(step, 0.0) + sec
     print(json.dumps({"images": n, "kept": manifest["counts"]["kept"], "seconds": round(s, 2),
-                      "images_per_s": round(n / s, 1), "driver_vmhwm_mb": round(hwm / 1024, 1)}))
+                      "images_per_s": round(n / s, 1), "driver_vmhwm_mb": round(hwm / 1024, 1),
+                      "phase_seconds": manifest.get("seconds"),
+                      "driver_cpu_seconds": round(ru.ru_utime + ru.ru_stime, 1),
+                      "worker_seconds": {k: round(v, 1) for k, v in sorted(worker.items())}}))
 
 
 def main() -> int:

@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,12 +62,17 @@ _TMP_RE = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]{8}$")
 
 
 def clean_tmp(folder: str | os.PathLike) -> int:
-    """Remove temporary files a crashed writer of ours left in `folder` (recursively, not through
-    symlinks); return how many. Call it only while holding run_lock(folder)."""
+    """Remove temporary files (and scratch folders) a crashed writer of ours left in `folder`
+    (recursively, not through symlinks); return how many. Call it only while holding run_lock(folder)."""
     n = 0
-    for p in Path(folder).rglob(".*.tmp-*"):
-        if _TMP_RE.match(p.name) and p.is_file() and not p.is_symlink():
+    for p in list(Path(folder).rglob(".*.tmp-*")):
+        if not _TMP_RE.match(p.name) or p.is_symlink():
+            continue
+        if p.is_file():
             p.unlink(missing_ok=True)
+            n += 1
+        elif p.is_dir():  # a scratch folder named like one (the unit listing's sort runs)
+            shutil.rmtree(p, ignore_errors=True)
             n += 1
     return n
 

@@ -8,7 +8,6 @@ place first, the index second: an index on disk means its tar is whole.
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -117,7 +116,11 @@ def iter_tar(fileobj_or_path, *, name: str = "", max_member_bytes: int | None = 
                     continue
                 key, ext = split_member(mname)
                 reading = key
-                data = tf.extractfile(m).read()
+                if seekable and not m.issparse():  # straight from the file: tarfile's next() seeks back
+                    fh.seek(m.offset_data)
+                    data = fh.read(m.size)
+                else:
+                    data = tf.extractfile(m).read()
                 if len(data) != m.size:
                     raise tarfile.ReadError(f"member {mname} cut short")
                 reading = None
@@ -163,6 +166,30 @@ def read_member(tar_path, offset: int, size: int) -> bytes:
         return fh.read(size)
 
 
+def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = size, 0, 0o644  # mtime 0: reproducible bytes
+    return info
+
+
+_HEADER = _tarinfo("", 0).tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape")
+
+
+def member_header(name: str, size: int) -> bytes:
+    """The USTAR header tarfile writes for a regular member (mode 0644, mtime 0), byte for byte,
+    from a template: only the name, the size and the checksum differ between members, and
+    tarfile's general builder costs a good part of a small image's write."""
+    raw = name.encode(tarfile.ENCODING, "surrogateescape")
+    if len(raw) > 100 or size >= 8 ** 11:  # a prefix field or a huge size: tarfile's builder
+        return _tarinfo(name, size).tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape")
+    buf = bytearray(_HEADER)
+    buf[0:100] = raw.ljust(100, b"\0")
+    buf[124:136] = b"%011o\0" % size
+    buf[148:156] = b" " * 8  # the checksum counts its own field as spaces
+    buf[148:155] = b"%06o\0" % sum(buf)
+    return bytes(buf)
+
+
 class ShardWriter:
     """Writes rolling shards `{prefix}-NNNNN.tar` + `.parquet` into `folder`, each atomically.
 
@@ -178,33 +205,35 @@ class ShardWriter:
         self.max_count, self.max_bytes = max_count, max_bytes
         self.index = 0
         self.written: list[str] = []
-        self._tar = None
+        self._writing = False
 
     def _open(self):
         self.folder.mkdir(parents=True, exist_ok=True)
         self._name = f"{self.prefix}-{self.index:05d}.tar"
         self._tmp = tmp_name(self.folder / self._name)
         self._fh = open(self._tmp, "wb")
-        self._tar = tarfile.open(fileobj=self._fh, mode="w", format=tarfile.USTAR_FORMAT)
+        self._writing = True  # its bytes are what tarfile writes (USTAR), each header built once
+        self._offset = 0
         self._rows, self._bytes = [], 0
 
     def add(self, key: str, files: dict, row: dict | None = None) -> str:
         if not _KEY_RE.match(key):
             raise ValueError(f"shard key {key!r} must not contain dots")
-        if self._tar is None:
+        if not self._writing:
             self._open()
         members = []
         for ext, data in files.items():
             if isinstance(data, (dict, list)):
                 data = json.dumps(data, sort_keys=True, default=str).encode()
-            info = tarfile.TarInfo(f"{key}.{ext}")
-            info.size = len(data)
-            info.mtime = 0  # reproducible bytes
-            info.mode = 0o644
-            header = len(info.tobuf(self._tar.format, self._tar.encoding, self._tar.errors))
-            offset = self._tar.offset + header
-            self._tar.addfile(info, io.BytesIO(data))
-            members.append({"name": info.name, "offset": offset, "size": len(data)})
+            member = f"{key}.{ext}"
+            header = member_header(member, len(data))
+            pad = -len(data) % tarfile.BLOCKSIZE
+            self._fh.write(header)
+            self._fh.write(data)
+            self._fh.write(tarfile.NUL * pad)
+            offset = self._offset + len(header)
+            self._offset = offset + len(data) + pad
+            members.append({"name": member, "offset": offset, "size": len(data)})
             self._bytes += len(data)
         self._rows.append({**(row or {}), "key": key, "shard": self._name, "members": members})
         name = self._name
@@ -213,7 +242,9 @@ class ShardWriter:
         return name
 
     def _finish(self):
-        self._tar.close()
+        # end of archive as tarfile writes it: two zero blocks, then zeros up to a whole record
+        end = self._offset + 2 * tarfile.BLOCKSIZE
+        self._fh.write(tarfile.NUL * (2 * tarfile.BLOCKSIZE + -end % tarfile.RECORDSIZE))
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
@@ -222,11 +253,11 @@ class ShardWriter:
         with atomic_path(index_path(self.folder / self._name)) as tmp:
             pq.write_table(table, tmp, compression="zstd")
         self.written.append(self._name)
-        self._tar = None
+        self._writing = False
         self.index += 1
 
     def close(self) -> list[str]:
-        if self._tar is not None:
+        if self._writing:
             self._finish()
         return self.written
 
@@ -236,11 +267,10 @@ class ShardWriter:
     def __exit__(self, exc_type, *_):
         if exc_type is None:
             self.close()
-        elif self._tar is not None:  # leave nothing that looks whole
-            self._tar.close()
+        elif self._writing:  # leave nothing that looks whole
             self._fh.close()
             Path(self._tmp).unlink(missing_ok=True)
-            self._tar = None
+            self._writing = False
 
 
 def list_shards(folder) -> list[Path]:

@@ -13,16 +13,18 @@ A run has three phases, each resumable:
      RUN/work/measure/{unit}.parquet (no bytes) after {unit}.json (its counters).
   2. dedup (whole run, once every unit is measured): pipeline/dedup.run_dedup ->
      RUN/work/dedup/{unit}.parquet verdicts (a pure function of phase 1, so reruns agree).
-  3. score + write (per unit): the second and last read of the source; bytes whose sha256 differs
-     from phase 1's are rejected as source_changed and never written. Model stages see only
+  3. score + write (per unit): the second and last read of the source (a tar's images at their
+     measured offsets, no second parse); bytes whose sha256 differs from phase 1's are rejected as
+     source_changed and never written. Model stages see only
      survivors (all with --score-all); then the worker writes RUN/catalog/samples/{unit}.parquet,
      the curated shards RUN/shards/{unit}-NNNNN.tar|.parquet and last RUN/stats/{unit}.json,
      the unit's completion marker.
-The unit listing is saved in RUN/units.jsonl on the first run; a rerun uses it (inputs added
-since are reported, not curated). RUN/.lock keeps a second run out. A worker that dies on a unit
-is retried `engine.max_retries` times; then the unit runs again with each sample alone in a
-child process (pipeline/isolate.py), and a sample that kills its process is rejected as
-decode:worker_crash. Final counts and the funnel come from DuckDB over the catalog.
+The unit listing is streamed into RUN/units.jsonl on the first run (the driver keeps each unit's
+id and line offset, never its files); a rerun uses it (inputs added since are reported, not
+curated). RUN/.lock keeps a second run out. A worker that dies on a unit is retried
+`engine.max_retries` times; then the unit runs again with each sample alone in a child process
+(pipeline/isolate.py), and a sample that kills its process is rejected as decode:worker_crash.
+Final counts and the funnel come from DuckDB over the catalog.
 """
 from __future__ import annotations
 
@@ -47,7 +49,8 @@ from catalog import CURATED_INDEX, SAMPLES
 from . import console
 from . import dedup as dedup_mod
 from .config import load_config
-from .sources import DEFAULT_LIMITS, Unit, list_units, read_unit
+from .sources import (DEFAULT_LIMITS, Unit, check_inputs, count_new, load_unit, read_listing, read_members, read_unit,
+                      write_listing)
 from .stages import Stage, build_stages
 
 log = logging.getLogger("humanset.curate")
@@ -288,17 +291,24 @@ def _test_crash_hook(stage: Stage, table: pa.Table) -> None:
 
 _READ_FIELDS = [SAMPLES.field(c) for c in ("sample_id", "source_uri", "shard", "key", "caption", "source_meta")] + [
     pa.field("image", pa.binary()), pa.field("read_error", pa.string()), pa.field("_alive", pa.bool_()),
-    SAMPLES.field("scored_stages")]
+    SAMPLES.field("scored_stages"), pa.field("_offset", pa.int64()), pa.field("_size", pa.int64())]
+MEMBER_SPAN = ("_offset", "_size")  # a tar sample's image member: phase 3 reads it back without parsing the tar
 READ_SCHEMA = pa.schema(_READ_FIELDS)
 SUMMARY_SCHEMA = pa.schema([("unit_id", pa.string()), ("inputs", pa.int64()), ("kept", pa.int64()),
                             ("isolated", pa.bool_())])
 
 
-def _one_unit(batch: pa.Table) -> Unit:
+def _one_unit(batch: pa.Table, run: Path) -> Unit:
+    """The block's unit with its files, read from its line of RUN/units.jsonl (the driver hands
+    out units without their files)."""
     items = batch.column("unit").to_pylist()
     if len(items) != 1:  # from_items makes one block per unit; anything else is a bug here
         raise RunError(f"engine: a block holds {len(items)} units, expected 1")
-    return Unit.from_dict(json.loads(items[0]))
+    return load_unit(Unit.from_dict(json.loads(items[0])), listing_path(run))
+
+
+def listing_path(run: Path) -> Path:
+    return run / "units.jsonl"
 
 
 def _summary(unit_id: str, inputs: int, kept: int | None = None, isolated: bool = False) -> pa.Table:
@@ -319,7 +329,7 @@ def read_for_measure(unit: Unit, limits: dict) -> pa.Table:
         r["_alive"] = True
     table = pa.Table.from_pylist(rows, schema=READ_SCHEMA)
     del rows  # the bytes live once, in the table
-    return with_meta(table, {"unit": unit.to_dict(), "unit_error": unit_error,
+    return with_meta(table, {"unit": unit.brief().to_dict(), "unit_error": unit_error,
                              "seconds": {"read": round(time.perf_counter() - t0, 4)}})
 
 
@@ -327,7 +337,7 @@ def finish_measure(run: Path, table: pa.Table) -> pa.Table:
     """Write the unit's phase-1 file (no bytes) after its counters; return the unit's summary."""
     meta = unit_meta(table)
     unit_id = meta["unit"]["unit_id"]
-    keep = [c for c in table.column_names if c in SAMPLES.names or c == "_alive"]
+    keep = [c for c in table.column_names if c in SAMPLES.names or c == "_alive" or c in MEMBER_SPAN]
     pq_path, json_path = _measure_paths(run, unit_id)
     catalog.write_json(json_path, {k: meta.get(k) for k in ("unit_error", "seconds", "worker_crashes", "isolated")})
     catalog.write_parquet(pq_path, table.select(keep).replace_schema_metadata(None))
@@ -335,7 +345,7 @@ def finish_measure(run: Path, table: pa.Table) -> pa.Table:
 
 
 def _measure_block(batch: pa.Table, run: str, limits: dict) -> pa.Table:
-    unit = _one_unit(batch)
+    unit = _one_unit(batch, Path(run))
     table = read_for_measure(unit, limits)
     if table.num_rows == 0:  # Ray Data drops empty blocks: an empty unit is finished here
         finish_measure(Path(run), table)
@@ -357,6 +367,15 @@ def _measured_table(run: Path, unit_id: str) -> pa.Table:
     return _set(t, "_alive", pa.array(alive, pa.bool_()))
 
 
+def _spans(table: pa.Table, need: set[str]) -> dict[str, tuple[int, int]] | None:
+    """(offset, size) of each needed sample's image in its tar; None unless every one has it."""
+    if not set(MEMBER_SPAN) <= set(table.column_names):
+        return None
+    cols = [table.column(c).to_pylist() for c in ("sample_id",) + MEMBER_SPAN]
+    spans = {sid: (off, size) for sid, off, size in zip(*cols) if sid in need and off is not None}
+    return spans if len(spans) == len(need) else None
+
+
 def read_for_score(run: Path, unit: Unit, limits: dict, score_all: bool) -> pa.Table:
     """Phase 3 input: the unit's measurements and verdicts, with the bytes of the samples that go
     on (the second and last read of the source), each checked against its measured sha256."""
@@ -370,13 +389,23 @@ def read_for_score(run: Path, unit: Unit, limits: dict, score_all: bool) -> pa.T
     alive = table.column("_alive").to_pylist()
     need = {sid for sid, a, e in zip(ids, alive, errors) if (a or score_all) and e is None}
     images: dict[str, bytes] = {}
+    verified: set[str] = set()
     if need:
-        rows, _ = read_unit(unit, limits)
-        images = {r["sample_id"]: r["image"] for r in rows if r["sample_id"] in need and r["image"] is not None}
-        del rows
+        spans = _spans(table, need)
+        fast = read_members(unit, spans) if spans is not None else None
+        if fast:  # a tar's members read where they were measured; those whose bytes still match are done
+            sha_of = dict(zip(ids, shas))
+            verified = {sid for sid, data in fast.items() if hashlib.sha256(data).hexdigest() == sha_of[sid]}
+            images = {sid: fast[sid] for sid in verified}
+            del fast
+        if len(verified) < len(need):  # a folder's files, a remote or rewritten shard: read it all again
+            rows, _ = read_unit(unit, limits)
+            images.update({r["sample_id"]: r["image"] for r in rows
+                           if r["sample_id"] in need and r["sample_id"] not in verified and r["image"] is not None})
+            del rows
     changed = 0
     for i, sid in enumerate(ids):
-        if sid not in need:
+        if sid not in need or sid in verified:
             continue
         data = images.get(sid)
         if data is None or hashlib.sha256(data).hexdigest() != shas[i]:
@@ -393,9 +422,9 @@ def read_for_score(run: Path, unit: Unit, limits: dict, score_all: bool) -> pa.T
     table = table.append_column("image", pa.array([images.get(s) for s in ids], pa.binary()))
     seconds = dict(counters.get("seconds") or {})
     seconds["read_2"] = round(time.perf_counter() - t0, 4)
-    return with_meta(table, {"unit": unit.to_dict(), "unit_error": counters.get("unit_error"), "seconds": seconds,
-                             "worker_crashes": counters.get("worker_crashes") or 0, "source_changed": changed,
-                             "isolated": bool(counters.get("isolated"))})
+    return with_meta(table, {"unit": unit.brief().to_dict(), "unit_error": counters.get("unit_error"),
+                             "seconds": seconds, "worker_crashes": counters.get("worker_crashes") or 0,
+                             "source_changed": changed, "isolated": bool(counters.get("isolated"))})
 
 
 SIDECAR = ("sample_id", "source_uri", "key", "caption", "width", "height", "person_boxes", "person_scores",
@@ -408,7 +437,8 @@ def write_curated(folder: Path, unit_id: str, kept: pa.Table, images: dict[str, 
     out = cfg["output"]
     with catalog.ShardWriter(folder, unit_id, CURATED_INDEX, max_count=out["shard_max_count"],
                              max_bytes=out["shard_max_bytes"]) as w:
-        for r in kept.select([c for c in kept.column_names if c != "image"]).to_pylist():
+        cols = set(SIDECAR) | set(INDEX_EXTRA)  # only what the shards hold leaves Arrow, row by row
+        for r in kept.select([c for c in kept.column_names if c in cols]).to_pylist():
             ext = (r["format"] or "bin").lower().replace("jpeg", "jpg")
             sidecar = {k: r[k] for k in SIDECAR if r.get(k) is not None}
             w.add(r["sample_id"], {ext: images[r["sample_id"]], "json": sidecar}, {k: r.get(k) for k in INDEX_EXTRA})
@@ -442,7 +472,7 @@ def finish_unit(run: Path, table: pa.Table, cfg: dict) -> pa.Table:
 
 
 def _score_block(batch: pa.Table, run: str, limits: dict, score_all: bool, cfg: dict) -> pa.Table:
-    unit = _one_unit(batch)
+    unit = _one_unit(batch, Path(run))
     table = read_for_score(Path(run), unit, limits, score_all)
     if table.num_rows == 0:  # Ray Data drops empty blocks: an empty unit is finished here
         finish_unit(Path(run), table, cfg)
@@ -642,22 +672,21 @@ def init_ray(cfg: dict):
              else f"cluster at {address or 'auto'}", res.get("CPU", 0), res.get("GPU", 0))
 
 
-def _load_units(run: Path, current: list[Unit], repeated: int) -> tuple[list[Unit], int, int]:
-    """The run's unit listing: saved in RUN/units.jsonl on the first run, reused on every rerun.
+def _load_units(run: Path, inputs: list[str], cfg: dict, repeated: int) -> tuple[list[Unit], int, int]:
+    """The run's units (without their files): listed into RUN/units.jsonl by the first run, streaming,
+    and read back from it by every rerun.
 
     Returns (units, repeated listings dropped, inputs found now that are not in the saved listing)."""
-    path = run / "units.jsonl"
+    path, inp = listing_path(run), cfg["input"]
     if not path.exists():
-        catalog.write_bytes(path, "".join(json.dumps(u.to_dict()) + "\n" for u in current).encode())
-        return current, repeated, 0
-    saved = [Unit.from_dict(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
-    known = {u.uri for u in saved if u.kind == "tar"} | {f for u in saved for f in u.files}
-    new = sum(1 for u in current if u.kind == "tar" and u.uri not in known) + sum(
-        1 for u in current if u.kind == "files" for f in u.files if f not in known)
+        units, repeated = write_listing(inputs, path, inp["files_per_unit"], inp["extensions"])
+        return units, repeated, 0
+    units = read_listing(path)
+    new = count_new(inputs, path, inp["files_per_unit"], inp["extensions"])
     if new:
         log.warning("%d inputs appeared since this run started; they are not in this run "
                     "(curate them into a new --output)", new)
-    return saved, repeated, new
+    return units, repeated, new
 
 
 def curate(inputs: list[str], output: str, config: dict | None = None, score_all: bool = False,
@@ -665,17 +694,17 @@ def curate(inputs: list[str], output: str, config: dict | None = None, score_all
     """Run (or finish) a curation run. Returns the manifest."""
     cfg = config or load_config()
     run = Path(output).absolute()  # workers write into it, from their own working directories
-    # the inputs are listed (and refused, naming the input) before anything is written
-    listing = list_units(inputs, cfg["input"]["files_per_unit"], cfg["input"]["extensions"])
+    # unusable inputs are refused, naming the input, before anything is written; the listing itself
+    # is streamed into RUN/units.jsonl under the lock
+    check_inputs(inputs, cfg["input"]["extensions"])
     try:
         with catalog.run_lock(run):
-            return _curate_locked(run, inputs, listing, cfg, score_all, progress)
+            return _curate_locked(run, inputs, cfg, score_all, progress)
     except catalog.RunLocked as e:
         raise RunError(str(e)) from e
 
 
-def _curate_locked(run: Path, inputs: list[str], listing: tuple[list[Unit], int], cfg: dict, score_all: bool,
-                   progress: bool) -> dict:
+def _curate_locked(run: Path, inputs: list[str], cfg: dict, score_all: bool, progress: bool) -> dict:
     manifest_path = run / "manifest.json"
     manifest = {"config": cfg, "inputs": [str(i) for i in inputs], "score_all": score_all}
     if manifest_path.exists():
@@ -684,13 +713,17 @@ def _curate_locked(run: Path, inputs: list[str], listing: tuple[list[Unit], int]
             raise RunError(f"{run}: holds a run with other inputs or config; resume it with the same "
                            "command, or pass a new --output")
         manifest["started"] = old.get("started")
+        repeated = int(old.get("repeated_inputs") or 0)
         log.info("resuming %s", run)
     else:
         manifest["started"] = _now()
+        repeated = 0
     removed = catalog.clean_tmp(run)
     if removed:
         log.info("removed %d temporary files left by an interrupted run", removed)
-    units, repeated, new = _load_units(run, *listing)
+    t0 = time.perf_counter()
+    units, repeated, new = _load_units(run, inputs, cfg, repeated)
+    seconds = {"listing": round(time.perf_counter() - t0, 2)}  # this invocation's phases (wall)
     stages = build_stages(cfg)
     skipped = {s.name: s.skip_reason() for s in stages if not s.enabled}
     for name, why in skipped.items():
@@ -712,13 +745,18 @@ def _curate_locked(run: Path, inputs: list[str], listing: tuple[list[Unit], int]
         init_ray(cfg)  # Ray Data's own progress off: ours (console.progress) counts units
         t_start = time.time()
         if to_measure:
+            t0 = time.perf_counter()
             _measure(run, to_measure, measure_stages, cfg_active, score_all, progress)
+            seconds["measure"] = round(time.perf_counter() - t0, 2)
         if not dedup_mod.is_done(run):
             t0 = time.perf_counter()
             st = dedup_mod.run_dedup(run, [u.unit_id for u in units], cfg_active)  # its tables are Ray tasks
+            seconds["dedup"] = round(time.perf_counter() - t0, 2)
             log.info("dedup: %d of %d candidates are duplicates (%.2f s)", st["duplicates"], st["candidates"],
-                     time.perf_counter() - t0)
+                     seconds["dedup"])
+        t0 = time.perf_counter()
         _score_and_write(run, todo, score_stages, cfg_active, score_all, progress)
+        seconds["score_write"] = round(time.perf_counter() - t0, 2)
         log.info("processed %d units in %.1f s", len(todo), time.time() - t_start)
 
     missing = [u.unit_id for u in units if not (run / "stats" / f"{u.unit_id}.json").exists()]
@@ -727,7 +765,7 @@ def _curate_locked(run: Path, inputs: list[str], listing: tuple[list[Unit], int]
                        "rerun the same command to finish them")
     counts, n_inputs, n_kept = _reason_counts(run)
     manifest.update(status="complete", finished=_now(), funnel=funnel_from_counts(counts, n_inputs, manifest["stages"]),
-                    counts={"inputs": n_inputs, "kept": n_kept})
+                    counts={"inputs": n_inputs, "kept": n_kept}, seconds=seconds)
     catalog.write_json(manifest_path, manifest)
     return manifest
 

@@ -102,9 +102,10 @@ def isolate_unit(run: str, unit: dict, phase: str, cfg: dict, score_all: bool, l
     """Ray task: one unit of `phase` ('measure' | 'score') with each sample alone; writes the unit's
     outputs exactly as the normal path does and returns its summary."""
     from . import engine
-    from .sources import Unit
+    from .sources import Unit, load_unit
     from .stages import build_stages
-    run_p, u = Path(run), Unit.from_dict(unit)
+    run_p = Path(run)
+    u = load_unit(Unit.from_dict(unit), engine.listing_path(run_p))
     stages = [s for s in build_stages(cfg) if s.phase == phase and s.enabled]
     if phase == "measure":
         table = engine.read_for_measure(u, limits)

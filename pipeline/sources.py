@@ -7,21 +7,31 @@ Three kinds of input, each cut into units (the resume and stats granularity):
   - a Parquet manifest (`*.parquet` that is not a shard index) with a column of file paths/URIs
     (`path`, `uri`, `url` or `filepath`; any pyarrow file-system URI): units of that many rows.
 Every sample gets sample_id = blake2b-96(source_uri), so the same input gives the same ids.
+Listing is streamed (write_listing): the inputs are walked and cut as they go, each unit written out
+at once; repeated listings and files added since are found with sorts on disk, in bounded memory.
 """
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+import pickle
+import shutil
+import tempfile
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Iterator
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+import catalog
 from catalog import ShardTruncated, iter_tar
+from catalog.io import tmp_name
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +68,18 @@ class Unit:
     files: list[str] = field(default_factory=list)  # kind "files": sample URIs
     keys: list[str] = field(default_factory=list)  # kind "files": key per file
     root: str = ""  # a folder's files must resolve inside this folder (symlinks may not leave it)
+    offset: int = -1  # a unit listed without its files: its line's offset in RUN/units.jsonl
+    count: int = 0  # ... and how many sources it has
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}  # asdict would deep-copy the file lists
+        if self.offset < 0:  # a listing line: the unit with its files
+            del d["offset"], d["count"]
+        return d
+
+    def brief(self) -> "Unit":
+        """The unit without its files (what the driver holds and hands to the workers)."""
+        return Unit(self.unit_id, self.kind, self.uri, root=self.root, offset=self.offset, count=self.count)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Unit":
@@ -78,18 +97,101 @@ def _chunk_id(name: str, i: int, files: list[str]) -> str:
     return f"{name}-{i:05d}-{h}"
 
 
-def list_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -> tuple[list[Unit], int]:
-    """Cut the inputs into units; also return how many repeated listings were dropped.
+# --------------------------------------------------------------------------------------------
+# Listing, streamed: inputs are walked in a stable order and cut into units as they go, so the
+# driver never holds more than one unit's files (plus one directory's names while it sorts them).
 
-    Raises InputError naming the input for anything unusable."""
-    exts = tuple(e.lower().lstrip(".") for e in exts)
-    units: list[Unit] = []
+def _walk(root: str, exts: tuple[str, ...]) -> Iterator[str]:
+    """Paths (relative to root) of the image files under root, in sorted path order, one directory
+    at a time (os.scandir, entries sorted by name: depth-first by name is sorted path order; a
+    stack, not recursion, so any depth is walked). Symlinks are listed as they are, never followed:
+    one that leaves the folder is a row with a read error when read, never a refusal to run."""
+    stack = [("", _entries(root, ""))]
+    while stack:
+        rel, entries = stack[-1]
+        entry = next(entries, None)
+        if entry is None:
+            stack.pop()
+            continue
+        name, is_dir, is_file = entry
+        path = f"{rel}/{name}" if rel else name
+        if is_dir:
+            stack.append((path, _entries(root, path)))
+        elif is_file and os.path.splitext(name)[1].lower().lstrip(".") in exts:
+            yield path
+
+
+def _entries(root: str, rel: str) -> Iterator[tuple[str, bool, bool]]:
+    """(name, is a directory, is a file or a symlink) of one directory's entries, sorted by name."""
+    folder = os.path.join(root, rel) if rel else root
+    try:
+        with os.scandir(folder) as it:
+            return iter(sorted((e.name, e.is_dir(follow_symlinks=False), e.is_symlink() or e.is_file()) for e in it))
+    except OSError as e:
+        log.warning("%s: cannot list this folder (%s); its files are not in the run", folder, e)
+        return iter(())
+
+
+def _chunks(items: Iterator, size: int) -> Iterator[list]:
+    chunk = []
+    for x in items:
+        chunk.append(x)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _folder_units(root: Path, files_per_unit: int, exts: tuple[str, ...]) -> Iterator[Unit]:
+    name, base = root.name or "files", str(root)
+    for i, keys in enumerate(_chunks(_walk(base, exts), files_per_unit)):
+        files = [os.path.join(base, k) for k in keys]
+        yield Unit(_chunk_id(name, i, files), "files", str(root), files=files, keys=keys, root=str(root))
+
+
+def _manifest_file(uri: str) -> pq.ParquetFile:
+    if _is_uri(uri):
+        fs, path = pafs.FileSystem.from_uri(uri)
+        return pq.ParquetFile(fs.open_input_file(path))
+    return pq.ParquetFile(uri)
+
+
+def _manifest_column(uri: str) -> str:
+    names = _manifest_file(uri).schema_arrow.names
+    col = next((c for c in MANIFEST_COLUMNS if c in names), None)
+    if col is None:
+        raise InputError(f"--input {uri}: manifest has no column of file paths; expected one of "
+                         f"{', '.join(MANIFEST_COLUMNS)} (has {', '.join(names)})")
+    return col
+
+
+def _manifest_units(uri: str, files_per_unit: int) -> Iterator[Unit]:
+    """A manifest's rows, read a record batch at a time, in units of files_per_unit rows."""
+    col = _manifest_column(uri)
+    base, stem = str(Path(uri).parent), Path(uri).stem
+    rows = (str(x) for b in _manifest_file(uri).iter_batches(batch_size=min(files_per_unit, 4096), columns=[col])
+            for x in b.column(0).to_pylist())
+    for i, chunk in enumerate(_chunks(rows, files_per_unit)):
+        resolved = [f if _is_uri(f) else os.path.normpath(os.path.join(base, f)) for f in chunk]
+        start = i * files_per_unit
+        yield Unit(_chunk_id(stem, i, resolved), "files", uri, files=resolved,
+                   keys=[str(start + j) for j in range(len(chunk))])
+
+
+def _input_parts(inputs: list[str], exts: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(kind, uri) of every tar, manifest and image folder the inputs name, in listing order.
+
+    Raises InputError naming the input for anything unusable; looks only as far as the first image
+    of a folder."""
+    parts: list[tuple[str, str]] = []
     for inp in inputs:
         if _is_uri(inp) and not inp.startswith("file://"):
             if inp.endswith(".tar"):
-                units.append(Unit(Path(inp).stem, "tar", inp))
+                parts.append(("tar", inp))
             elif inp.endswith(".parquet"):
-                units += _manifest_units(inp, files_per_unit)
+                _manifest_column(inp)
+                parts.append(("manifest", inp))
             else:
                 raise InputError(f"--input {inp}: remote inputs must be a .tar shard or a .parquet manifest")
             continue
@@ -99,87 +201,237 @@ def list_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -
                              "(inputs are a folder of images or shards, a .tar shard, or a .parquet manifest)")
         if p.is_file():
             if p.suffix == ".tar":
-                units.append(Unit(p.stem, "tar", str(p.resolve())))
+                parts.append(("tar", str(p.resolve())))
             elif p.suffix == ".parquet":
-                units += _manifest_units(str(p.resolve()), files_per_unit)
+                _manifest_column(str(p.resolve()))
+                parts.append(("manifest", str(p.resolve())))
             else:
                 raise InputError(f"--input {inp}: a single file must be a .tar shard or a .parquet "
                                  "manifest; pass its folder to curate loose images")
             continue
-        tars = sorted(t for t in p.glob("*.tar") if t.is_file())
-        if tars:
-            units += [Unit(t.stem, "tar", str(t.resolve())) for t in tars]
-        manifests = [m for m in sorted(p.glob("*.parquet")) if m.is_file() and not _is_shard_index(m)]
-        for m in manifests:
-            units += _manifest_units(str(m.resolve()), files_per_unit)
-        root = p.resolve()
-        # symlinks are listed as they are (not resolved): one that leaves the folder becomes a row
-        # with a read error when read, never a refusal to run
-        loose = sorted(f.relative_to(p) for f in p.rglob("*")
-                       if (f.is_file() or f.is_symlink()) and f.suffix.lower().lstrip(".") in exts)
-        if loose:
-            name = root.name or "files"
-            for i in range(0, len(loose), files_per_unit):
-                chunk = [str(root / f) for f in loose[i:i + files_per_unit]]
-                units.append(Unit(_chunk_id(name, i // files_per_unit, chunk), "files", str(root),
-                                  files=chunk, keys=[str(f) for f in loose[i:i + files_per_unit]],
-                                  root=str(root)))
-        if not (tars or manifests or loose):
+        tars = [("tar", str(t.resolve())) for t in sorted(p.glob("*.tar")) if t.is_file()]
+        manifests = [("manifest", str(m.resolve())) for m in sorted(p.glob("*.parquet"))
+                     if m.is_file() and not _is_shard_index(m)]
+        for _, m in manifests:
+            _manifest_column(m)
+        has_images = next(_walk(str(p.resolve()), exts), None) is not None
+        if not (tars or manifests or has_images):
             raise InputError(f"--input {inp}: no .tar shards, .parquet manifests or images "
                              f"({', '.join(exts)}) found in this folder")
-    units, repeated = _drop_repeats(units)
-    # unit ids name files in RUN/: make them unique, keeping the readable stem
-    seen: dict[str, int] = {}
-    for u in units:
-        seen[u.unit_id] = seen.get(u.unit_id, 0) + 1
-    for u in units:
-        if seen[u.unit_id] > 1:
-            u.unit_id = f"{u.unit_id}-{hashlib.blake2b(u.uri.encode(), digest_size=4).hexdigest()}"
-    return units, repeated
+        parts += tars + manifests + ([("folder", str(p.resolve()))] if has_images else [])
+    return parts
 
 
-def _drop_repeats(units: list[Unit]) -> tuple[list[Unit], int]:
-    """A source listed twice (same tar, same file) is one sample: keep its first listing."""
-    seen: set[str] = set()
-    out, repeats = [], 0
-    for u in units:
-        if u.kind == "tar":
-            if u.uri in seen:
-                repeats += 1
+def check_inputs(inputs: list[str], exts=IMAGE_EXTS) -> None:
+    """Refuse unusable inputs (InputError naming the input) before anything is written."""
+    _input_parts(inputs, tuple(e.lower().lstrip(".") for e in exts))
+
+
+def iter_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -> Iterator[Unit]:
+    """The inputs' units in listing order, one at a time (before repeated listings are dropped and
+    unit ids made unique: write_listing does both)."""
+    exts = tuple(e.lower().lstrip(".") for e in exts)
+    for kind, uri in _input_parts(inputs, exts):
+        if kind == "tar":
+            yield Unit(Path(uri).stem, "tar", uri)
+        elif kind == "manifest":
+            yield from _manifest_units(uri, files_per_unit)
+        else:
+            yield from _folder_units(Path(uri), files_per_unit, exts)
+
+
+def _sources(u: Unit) -> list[str]:
+    return [u.uri] if u.kind == "tar" else u.files
+
+
+# External sort: sorted runs of at most run_size items spilled to scratch, merged FAN_IN at a time.
+FAN_IN = 64
+RUN_SIZE = 200_000
+
+
+def _write_run(items, scratch: Path) -> Path:
+    """Items to a scratch file, pickled in batches (a private file this process writes and reads)."""
+    fd, name = tempfile.mkstemp(dir=scratch, suffix=".run")
+    with os.fdopen(fd, "wb") as fh:
+        for batch in _chunks(iter(items), 256):
+            pickle.dump(batch, fh, protocol=pickle.HIGHEST_PROTOCOL)
+    return Path(name)
+
+
+def _read_run(path: Path) -> Iterator[tuple]:
+    with open(path, "rb") as fh:
+        while True:
+            try:
+                yield from pickle.load(fh)
+            except EOFError:
+                return
+
+
+def _sorted_file(items: Iterator[tuple], scratch: Path, run_size: int = RUN_SIZE) -> Path:
+    """A file of the items in sorted order, sorted in bounded memory."""
+    runs, buf = [], []
+    for x in items:
+        buf.append(x)
+        if len(buf) >= run_size:
+            runs.append(_write_run(sorted(buf), scratch))
+            buf = []
+    runs.append(_write_run(sorted(buf), scratch))
+    del buf
+    while len(runs) > 1:
+        merged = []
+        for i in range(0, len(runs), FAN_IN):
+            group = runs[i:i + FAN_IN]
+            if len(group) == 1:
+                merged.append(group[0])
                 continue
-            seen.add(u.uri)
-            out.append(u)
+            merged.append(_write_run(heapq.merge(*map(_read_run, group)), scratch))
+            for r in group:
+                r.unlink()
+        runs = merged
+    return runs[0]
+
+
+def _repeats(raw: Path, scratch: Path, run_size: int) -> Path:
+    """Sorted file of the sequence numbers of repeated listings (every listing of a source but its
+    first), by sorting (source, sequence number) pairs."""
+    def pairs():
+        seq = 0
+        for u in _read_units(raw):
+            for src in _sources(u):
+                yield src, seq
+                seq += 1
+
+    def later():
+        prev = None
+        for src, seq in _read_run(_sorted_file(pairs(), scratch, run_size)):
+            if src == prev:
+                yield (seq,)
+            prev = src
+    return _sorted_file(later(), scratch, run_size)
+
+
+def _read_units(path: Path) -> Iterator[Unit]:
+    with open(path) as fh:
+        for line in fh:
+            if line.strip():
+                yield Unit.from_dict(json.loads(line))
+
+
+def _without_repeats(raw: Path, repeats: Path) -> Iterator[Unit]:
+    """The raw listing's units minus repeated listings (a unit left empty is dropped)."""
+    drops = (seq for (seq,) in _read_run(repeats))
+    nxt = next(drops, None)
+    seq = 0
+    for u in _read_units(raw):
+        keep = []
+        for i in range(len(_sources(u))):
+            if seq == nxt:
+                nxt = next(drops, None)
+            else:
+                keep.append(i)
+            seq += 1
+        if not keep:
             continue
-        keep = [(k, f) for k, f in zip(u.keys, u.files) if f not in seen and not seen.add(f)]
-        repeats += len(u.files) - len(keep)
-        if keep:
-            u.keys, u.files = [k for k, _ in keep], [f for _, f in keep]
-            out.append(u)
-    if repeats:
-        log.warning("%d inputs were listed more than once; each is curated once", repeats)
-    return out, repeats
+        if u.kind == "files" and len(keep) < len(u.files):
+            u.keys, u.files = [u.keys[i] for i in keep], [u.files[i] for i in keep]
+        yield u
 
 
-def _manifest_units(uri: str, files_per_unit: int) -> list[Unit]:
-    if _is_uri(uri):
-        fs, path = pafs.FileSystem.from_uri(uri)
-        table = pq.read_table(path, filesystem=fs)
-    else:
-        table = pq.read_table(uri)
-    col = next((c for c in MANIFEST_COLUMNS if c in table.column_names), None)
-    if col is None:
-        raise InputError(f"--input {uri}: manifest has no column of file paths; expected one of "
-                         f"{', '.join(MANIFEST_COLUMNS)} (has {', '.join(table.column_names)})")
-    files = [str(x) for x in table.column(col).to_pylist()]
-    base = Path(uri).parent
-    out = []
-    stem = Path(uri).stem
-    for i in range(0, len(files), files_per_unit):
-        chunk = files[i:i + files_per_unit]
-        resolved = [f if _is_uri(f) else os.path.normpath(f if os.path.isabs(f) else base / f) for f in chunk]
-        out.append(Unit(_chunk_id(stem, i // files_per_unit, resolved), "files", uri, files=resolved,
-                        keys=[str(i + j) for j in range(len(chunk))]))
-    return out
+def write_listing(inputs: list[str], path: Path, files_per_unit: int = 1000, exts=IMAGE_EXTS,
+                  run_size: int = RUN_SIZE) -> tuple[list[Unit], int]:
+    """List the inputs into `path` (JSON lines, one unit with its files a line), streaming; return
+    the units without their files (each knows its line's offset: load_unit reads it back) and how
+    many repeated listings were dropped. The listing is written as it is walked: memory holds one
+    unit's files, one directory's names, and the unit ids (for the rare same-name units)."""
+    path = Path(path)
+    with _scratch(path.parent) as scratch:
+        raw = scratch / "raw.jsonl"
+        with open(raw, "w") as fh:
+            for u in iter_units(inputs, files_per_unit, exts):
+                fh.write(json.dumps(u.to_dict()) + "\n")
+        repeats = _repeats(raw, scratch, run_size)
+        n_repeats = os.path.getsize(repeats) and sum(1 for _ in _read_run(repeats))
+        if n_repeats:
+            log.warning("%d inputs were listed more than once; each is curated once", n_repeats)
+        # unit ids name files in RUN/: make them unique, keeping the readable stem
+        ids = Counter(u.unit_id for u in _without_repeats(raw, repeats))
+        units = []
+        with catalog.atomic_path(path) as tmp, open(tmp, "wb") as fh:
+            for u in _without_repeats(raw, repeats):
+                if ids[u.unit_id] > 1:
+                    u.unit_id = f"{u.unit_id}-{hashlib.blake2b(u.uri.encode(), digest_size=4).hexdigest()}"
+                u.offset, u.count = fh.tell(), len(_sources(u))
+                units.append(u.brief())
+                u.offset = -1
+                fh.write((json.dumps(u.to_dict()) + "\n").encode())
+    return units, n_repeats
+
+
+def read_listing(path: Path) -> list[Unit]:
+    """A saved listing's units without their files (one line at a time)."""
+    units = []
+    with open(path, "rb") as fh:
+        while line := fh.readline():
+            if line.strip():
+                u = Unit.from_dict(json.loads(line))
+                u.offset, u.count = fh.tell() - len(line), len(_sources(u))
+                units.append(u.brief())
+    return units
+
+
+def load_unit(unit: Unit, listing: Path) -> Unit:
+    """The unit with its files: from its line in the listing when it carries only the offset."""
+    if unit.offset < 0:
+        return unit
+    with open(listing, "rb") as fh:
+        fh.seek(unit.offset)
+        full = Unit.from_dict(json.loads(fh.readline()))
+    if full.unit_id != unit.unit_id:
+        raise InputError(f"{listing}: line at offset {unit.offset} is unit {full.unit_id}, expected "
+                         f"{unit.unit_id}; the listing was changed by hand")
+    return full
+
+
+def count_new(inputs: list[str], listing: Path, files_per_unit: int = 1000, exts=IMAGE_EXTS,
+              run_size: int = RUN_SIZE) -> int:
+    """How many sources the inputs hold now that the saved listing does not: a merge of the two
+    source lists, each sorted on disk."""
+    with _scratch(Path(listing).parent) as scratch:
+        now = _sorted_file(((s,) for u in iter_units(inputs, files_per_unit, exts) for s in _sources(u)),
+                           scratch, run_size)
+        saved = _sorted_file(((s,) for u in _read_units(listing) for s in _sources(u)), scratch, run_size)
+        old = _read_run(saved)
+        cur, new, prev = next(old, None), 0, None
+        for x in _read_run(now):
+            if x == prev:
+                continue
+            prev = x
+            while cur is not None and cur < x:
+                cur = next(old, None)
+            new += cur != x
+    return new
+
+
+@contextmanager
+def _scratch(parent: Path):
+    """A scratch folder for listing files; its name is a writer's temp name (clean_tmp removes
+    one left by a crash)."""
+    parent.mkdir(parents=True, exist_ok=True)
+    d = tmp_name(parent / "listing")
+    d.mkdir()
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def list_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -> tuple[list[Unit], int]:
+    """The inputs' units with their files, in memory (tests and small inputs; a run streams the
+    listing into RUN/units.jsonl with write_listing). Raises InputError naming an unusable input."""
+    with tempfile.TemporaryDirectory() as d:
+        listing = Path(d) / "units.jsonl"
+        units, repeated = write_listing(inputs, listing, files_per_unit, exts)
+        return [load_unit(u, listing) for u in units], repeated
 
 
 DEFAULT_LIMITS = {"max_file_bytes": 256 << 20, "max_sidecar_bytes": 1 << 20}
@@ -280,4 +532,26 @@ def _tar_row(unit: Unit, rec, limits: dict) -> dict:
     if img_ext is None:
         return _row(unit, rec.key, f"{unit.uri}#{rec.key}", None,
                     f"no image member: key {rec.key!r} has {', '.join(sorted(rec.files))}", caption, meta_s)
-    return _row(unit, rec.key, f"{unit.uri}#{rec.key}.{img_ext}", rec.files[img_ext], None, caption, meta_s)
+    row = _row(unit, rec.key, f"{unit.uri}#{rec.key}.{img_ext}", rec.files[img_ext], None, caption, meta_s)
+    # where the image lies in the tar (a record holds each extension once, members in files' order)
+    _, row["_offset"], row["_size"] = rec.members[list(rec.files).index(img_ext)]
+    return row
+
+
+def read_members(unit: Unit, spans: dict[str, tuple[int, int]]) -> dict[str, bytes] | None:
+    """The bytes at (offset, size) in a local tar, per sample id: a second read of a shard that seeks
+    to the measured members instead of parsing the tar again (the caller checks each against its
+    measured sha256). None for a shard this cannot seek in (remote); {} if it cannot be opened."""
+    if unit.kind != "tar" or (_is_uri(unit.uri) and not unit.uri.startswith("file://")):
+        return None
+    out = {}
+    try:
+        with open_input(unit.uri) as fh:
+            for sid, (offset, size) in sorted(spans.items(), key=lambda kv: kv[1][0]):
+                fh.seek(offset)
+                data = fh.read(size)
+                if len(data) == size:
+                    out[sid] = data
+    except OSError as e:
+        log.warning("%s: cannot read the shard again (%s); its samples are rejected as source_changed", unit.uri, e)
+    return out

@@ -22,6 +22,20 @@ def phash64(image: Image.Image) -> int:
 
 
 
+def phash64_thumbs(thumbs: list[bytes]) -> list[int]:
+    """phash64 of THUMBxTHUMB grey thumbnails, all at once: imagehash.phash's steps (its resize of
+    a THUMB-sided image is a copy) - scipy.fftpack DCT along rows then columns, the 8x8 low
+    frequencies above their median - on a stack, without a Python call per image. Bit for bit
+    phash64's hash (tests/pipeline/test_phash.py)."""
+    if not thumbs:
+        return []
+    import scipy.fftpack
+    px = np.frombuffer(b"".join(thumbs), np.uint8).reshape(len(thumbs), THUMB, THUMB)
+    low = scipy.fftpack.dct(scipy.fftpack.dct(px, axis=1), axis=2)[:, :8, :8].reshape(len(thumbs), 64)
+    bits = np.packbits(low > np.median(low, axis=1, keepdims=True), axis=1)
+    return [int(h) for h in bits.view(">u8").ravel()]
+
+
 class DedupStage(Stage):
     name = "dedup"
     phase = "measure"
@@ -31,12 +45,11 @@ class DedupStage(Stage):
 
     def measure(self, batch):
         """From the grey thumbnail the decode stage left (no second decode of the image)."""
-        out = []
-        for thumb, err in zip(batch["_thumb"], batch["decode_error"]):
-            if err or thumb is None:
-                out.append(None)
-                continue
-            out.append(phash64(Image.frombytes("L", (THUMB, THUMB), thumb)))
+        out = [None] * len(batch["_thumb"])
+        todo = [i for i, (thumb, err) in enumerate(zip(batch["_thumb"], batch["decode_error"]))
+                if not err and thumb is not None]
+        for i, h in zip(todo, phash64_thumbs([batch["_thumb"][i] for i in todo])):
+            out[i] = h
         return {"phash": out}
 
     def reject(self, table: pa.Table):

@@ -80,6 +80,57 @@ def test_changed_source_is_rejected_and_never_written(tmp_path):
     assert json.loads((run / "stats" / f"{unit.unit_id}.json").read_text())["source_changed"] == 1
 
 
+def test_second_read_of_a_tar_seeks_to_its_members_and_a_rewritten_tar_is_parsed_again(tmp_path, monkeypatch):
+    """Phase 3 reads a shard's images where phase 1 found them; bytes that no longer match there
+    (the tar was rewritten, members moved) are looked up by parsing the tar, never written unchecked."""
+    import io
+    import shutil
+    import tarfile
+
+    from pipeline import dedup, engine
+    from pipeline.demo import photo_like
+    from pipeline.sources import list_units
+    from pipeline.stages import build_stages
+
+    def shard(path, images):
+        with tarfile.open(path, "w") as tf:
+            for name, data in images.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+
+    images = {f"{k}.jpg": photo_like(400, 320, 600 + i) for i, k in enumerate("abcd")}
+    tar = tmp_path / "in" / "s.tar"
+    tar.parent.mkdir()
+    shard(tar, images)
+    cfg = load_config(sets=CHEAP)
+    (unit,), _ = list_units([str(tar)])
+    run = tmp_path / "run"
+    table = engine.read_for_measure(unit, engine._limits(cfg))
+    for s in build_stages(cfg):
+        table = engine.run_on_unit(s, table, False)
+    engine.finish_measure(run, table)
+    dedup.run_dedup(run, [unit.unit_id], cfg)
+    shutil.copytree(run, tmp_path / "run2")
+
+    def no_parse(*a, **k):
+        raise AssertionError("the tar was parsed again")
+    with monkeypatch.context() as m:
+        m.setattr(engine, "read_unit", no_parse)
+        table = engine.read_for_score(run, unit, engine._limits(cfg), False)
+    assert engine.finish_unit(run, table, cfg).to_pylist()[0]["kept"] == 4
+
+    new = photo_like(500, 320, 999)  # b changes size: c and d move
+    shard(tar, {**images, "b.jpg": new})
+    run = tmp_path / "run2"
+    table = engine.read_for_score(run, unit, engine._limits(cfg), False)
+    assert engine.finish_unit(run, table, cfg).to_pylist()[0]["kept"] == 3
+    rows = {r["key"]: r for r in catalog.connect(run).sql("SELECT * FROM samples").to_arrow_table().to_pylist()}
+    assert rows["b"]["reject_reason"] == "decode:source_changed" and all(rows[k]["keep"] for k in "acd")
+    stored = sorted(rec.files["jpg"] for t in catalog.list_shards(run / "shards") for rec in catalog.iter_tar(t))
+    assert stored == sorted(images[f"{k}.jpg"] for k in "acd")
+
+
 def test_units_are_saved_and_files_added_later_are_reported(tmp_path, ray_local):
     from pipeline.engine import curate
     folder = _photos(tmp_path / "in", 4)

@@ -102,3 +102,29 @@ def test_phash_agrees_with_imagehash_of_the_full_image(hashed):
           f"(imagehash itself: {np.mean([_dist(a, b) for a, b in zip(h['ref_v'], h['ref_o'])]):.2f})")
     assert np.mean(fid) <= 1.0
     assert max(fid) <= 4
+
+
+def test_stage_hashes_a_batch_exactly_as_imagehash_hashes_each_thumbnail():
+    """The dedup stage hashes a batch in one stacked DCT; each hash must be imagehash.phash of that
+    thumbnail bit for bit: noise, smooth fields, flat and near-flat images (median ties), photos."""
+    rng = np.random.default_rng(7)
+    thumbs = [rng.integers(0, 256, THUMB * THUMB, dtype=np.uint8).tobytes() for _ in range(300)]
+    thumbs += [Image.fromarray(rng.integers(0, 256, (4, 4), dtype=np.uint8)).resize((THUMB, THUMB), Image.BICUBIC)
+               .tobytes() for _ in range(300)]
+    for v in (0, 1, 127, 255):
+        flat = np.full(THUMB * THUMB, v, np.uint8)
+        thumbs.append(flat.tobytes())
+        flat[rng.integers(0, THUMB * THUMB, 3)] ^= 1
+        thumbs.append(flat.tobytes())
+    thumbs += [probe(d)["thumb"] for d in _photos().values()]
+    errors = [None] * len(thumbs)
+    errors[5] = "not an image (unrecognised bytes)"  # a failed decode is skipped, not hashed
+    ours = DedupStage({"batch_size": 64}).measure({"_thumb": thumbs, "decode_error": errors})["phash"]
+    ref = [_reference_thumb(t) for t in thumbs]
+    assert ours[5] is None
+    assert [h for i, h in enumerate(ours) if i != 5] == [h for i, h in enumerate(ref) if i != 5]
+
+
+def _reference_thumb(thumb: bytes) -> int:
+    bits = imagehash.phash(Image.frombytes("L", (THUMB, THUMB), thumb)).hash.flatten().astype(np.uint8)
+    return int(np.packbits(bits).view(">u8")[0])
