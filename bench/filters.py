@@ -249,9 +249,13 @@ def bench_cascade(crawl: Path, out: Path, cfg: dict) -> dict:
     manifest = engine.curate([str(crawl)], str(out), cfg, progress=False)
     dt = time.perf_counter() - t0
     work: dict[str, float] = {}
+    spans: dict[str, set] = {}  # stage -> (started, ready) of each of its actors
     for f in sorted((out / "stats").glob("*.json")):
-        for k, v in json.loads(f.read_text()).get("seconds", {}).items():
+        stats = json.loads(f.read_text())
+        for k, v in stats.get("seconds", {}).items():
             work[k] = work.get(k, 0.0) + float(v)
+        for k, span in (stats.get("actor_setup") or {}).items():
+            spans.setdefault(k, set()).add(tuple(span))
     busy = sum(work.values())
     return {"images_per_s": round(n / dt, 2), "seconds": round(dt, 2), "funnel": manifest.get("funnel"),
             "kept": manifest.get("counts", {}).get("kept"), "skipped_stages": manifest.get("skipped_stages"),
@@ -260,8 +264,26 @@ def bench_cascade(crawl: Path, out: Path, cfg: dict) -> dict:
                 "work_s": {("read+decode" if k == "decode" else k): round(v, 2) for k, v in work.items()},
                 "work_total_s": round(busy, 2),
                 "queueing_and_overhead_s": round(max(0.0, dt * cpus - busy), 2),
+                **timeline(manifest.get("timeline") or {}, spans),
                 "note": "work_s: seconds inside each stage summed over rows (per unit, from RUN/stats); "
-                        "queueing_and_overhead_s: wall time x cluster CPUs minus that work"}}
+                        "queueing_and_overhead_s: wall time x cluster CPUs minus that work; phases_s: the "
+                        "run's phases on the driver's clock; model_setup: each model stage's actors, seconds "
+                        "from the run's start to their set-up starting and their model ready, and "
+                        "ready_after_dedup_s: how long after dedup (when phase 3 may start) the last one was "
+                        "ready (<= 0: set-up off the critical path)"}}
+
+
+def timeline(tl: dict, spans: dict[str, set]) -> dict:
+    """The run's phases and its model actors' set-up, from the manifest and RUN/stats."""
+    if not tl.get("scored"):
+        return {}
+    start, deduped = tl["start"], tl["deduped"]
+    phases = {"measure": tl["measured"] - start, "dedup": deduped - tl["measured"], "score+write": tl["scored"] - deduped}
+    setup = {name: {"actors": len(sp), "started_s": round(min(a for a, _ in sp) - start, 2),
+                    "ready_s": round(max(b for _, b in sp) - start, 2),
+                    "setup_s": round(max(b - a for a, b in sp), 2),
+                    "ready_after_dedup_s": round(max(b for _, b in sp) - deduped, 2)} for name, sp in spans.items()}
+    return {"phases_s": {k: round(v, 2) for k, v in phases.items()}, "model_setup": setup}
 
 
 def main(argv=None) -> int:
