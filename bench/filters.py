@@ -13,7 +13,9 @@
               -> person -> text; watermark/art skipped without weights). Ray start-up is timed
               apart; `breakdown` splits the run with its own stats (RUN/stats/*.json): work seconds
               per stage summed over rows (decode = read + decode), the writer, and what the wall
-              time on all cores leaves (Ray scheduling, queueing, dedup, driver).
+              time on all cores leaves (Ray scheduling, queueing, dedup, driver); `phases_s` the
+              run's measure, dedup and score+write phases, and `model_setup` when each model stage's
+              actors started and were ready (engine.start_actors_early loads them during measure).
   ratio_*:    cascade images/s / each plain loop's images/s (all over all inputs).
   text_area:  text_area_frac of shipped photos and generated captions, exact (text.recognize=all):
               the measurements behind text.max_area_frac in pipeline/default.yaml; and whether
@@ -23,7 +25,9 @@ The crawl is generated (nothing is downloaded): shipped photos of people, re-cro
 rescaled into distinct images, some with captions; at least half are non-human (shipped photos
 without people, photo-like textures, flat graphics).
 
-usage: python bench/filters.py [--n 96] [--skip-art] [--out bench.json] [--set KEY=VALUE ...]
+usage: python bench/filters.py [--n 96] [--skip-art] [--files-per-unit 16] [--out bench.json]
+                               [--set KEY=VALUE ...]
+       (--set engine.start_actors_early=false: model actors start after dedup, for comparison)
 """
 from __future__ import annotations
 
@@ -291,6 +295,10 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, default=96, help="images in the mixed crawl (default 96)")
     p.add_argument("--skip-art", action="store_true", help="leave out the OpenCLIP stage timing")
     p.add_argument("--skip-cascade", action="store_true", help="leave out the Ray cascade")
+    p.add_argument("--files-per-unit", type=int, default=16,
+                   help="the engine cuts the crawl into units of this many files (default 16): one unit is one "
+                        "block through the cascade, and a crawl in one unit would leave no pipelining between "
+                        "stages (the default config's 1000 is sized for web-scale crawls)")
     p.add_argument("--out", help="also write the JSON here")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every part of the bench, e.g. --set text.max_side=640")
@@ -302,10 +310,11 @@ def main(argv=None) -> int:
 
     cfg = load_config(sets=args.sets)
     cfg["stages"] = list(CASCADE)  # the whole cascade, whatever default.yaml enables today
+    cfg["input"]["files_per_unit"] = args.files_per_unit
     result: dict = {"machine": {"cpus": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()],
                                 "torch_threads": torch.get_num_threads(),
                                 "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
-                    "sets": args.sets}
+                    "sets": args.sets, "files_per_unit": args.files_per_unit}
     with tempfile.TemporaryDirectory(prefix="humanset-bench-") as tmp:
         tmp = Path(tmp)
         kinds = make_crawl(tmp / "crawl", args.n)

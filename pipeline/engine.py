@@ -17,7 +17,9 @@ A run has three phases, each resumable:
      from phase 1's are rejected as source_changed and never written. Model stages see only
      survivors (all with --score-all); then the worker writes RUN/catalog/samples/{unit}.parquet,
      the curated shards RUN/shards/{unit}-NNNNN.tar|.parquet and last RUN/stats/{unit}.json,
-     the unit's completion marker.
+     the unit's completion marker. With engine.start_actors_early (default) this pipeline starts
+     executing with the run, its units held at a gate the driver opens after dedup: the model
+     stages' actors start and load their models while phases 1 and 2 run, which leave them their CPUs.
 The unit listing is saved in RUN/units.jsonl on the first run; a rerun uses it (inputs added
 since are reported, not curated). RUN/.lock keeps a second run out. A worker that dies on a unit
 is retried `engine.max_retries` times; then the unit runs again with each sample alone in a
@@ -532,7 +534,8 @@ def _score_ds(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, scor
     retries = _retries(cfg)
     with _unit_blocks(ray):  # a Dataset keeps the context it was built in
         ds = _units_ds(units)
-        if gate is not None:  # one zero-CPU task at a time waits: no CPU and no worker per unit held
+        if gate is not None:  # one zero-CPU task at a time waits (no CPU or worker per unit held); once
+            # the gate is open a unit passes in a few milliseconds, far below its work downstream
             ds = ds.map_batches(_after_gate, fn_kwargs=dict(gate=gate[0], token=gate[1]), batch_size=None,
                                 batch_format="pyarrow", num_cpus=0, compute=ray.data.TaskPoolStrategy(size=1))
         ds = ds.map_batches(_score_block, fn_kwargs=dict(run=str(run), limits=_limits(cfg),
