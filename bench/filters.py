@@ -271,10 +271,11 @@ def bench_cascade(crawl: Path, out: Path, cfg: dict) -> dict:
                 **timeline(manifest.get("timeline") or {}, spans),
                 "note": "work_s: seconds inside each stage summed over rows (per unit, from RUN/stats); "
                         "queueing_and_overhead_s: wall time x cluster CPUs minus that work; phases_s: the "
-                        "run's phases on the driver's clock; model_setup: each model stage's actors, seconds "
-                        "from the run's start to their set-up starting and their model ready, and "
-                        "ready_after_dedup_s: how long after dedup (when phase 3 may start) the last one was "
-                        "ready (<= 0: set-up off the critical path)"}}
+                        "run's phases on the driver's clock; model_setup: each model stage's actors (the pool's "
+                        "first and any it scaled up to), seconds from the run's start to the first set-up "
+                        "starting and the first model ready, the longest set-up, and ready_after_dedup_s: "
+                        "how long after dedup (when phase 3 may start) the stage's first actor was ready "
+                        "(<= 0: its set-up was off the critical path)"}}
 
 
 def timeline(tl: dict, spans: dict[str, set]) -> dict:
@@ -284,9 +285,9 @@ def timeline(tl: dict, spans: dict[str, set]) -> dict:
     start, deduped = tl["start"], tl["deduped"]
     phases = {"measure": tl["measured"] - start, "dedup": deduped - tl["measured"], "score+write": tl["scored"] - deduped}
     setup = {name: {"actors": len(sp), "started_s": round(min(a for a, _ in sp) - start, 2),
-                    "ready_s": round(max(b for _, b in sp) - start, 2),
+                    "first_ready_s": round(min(b for _, b in sp) - start, 2),
                     "setup_s": round(max(b - a for a, b in sp), 2),
-                    "ready_after_dedup_s": round(max(b for _, b in sp) - deduped, 2)} for name, sp in spans.items()}
+                    "ready_after_dedup_s": round(min(b for _, b in sp) - deduped, 2)} for name, sp in spans.items()}
     return {"phases_s": {k: round(v, 2) for k, v in phases.items()}, "model_setup": setup}
 
 
