@@ -13,7 +13,9 @@
               -> person -> text; watermark/art skipped without weights). Ray start-up is timed
               apart; `breakdown` splits the run with its own stats (RUN/stats/*.json): work seconds
               per stage summed over rows (decode = read + decode), the writer, and what the wall
-              time on all cores leaves (Ray scheduling, queueing, dedup, driver).
+              time on all cores leaves (Ray scheduling, queueing, dedup, driver); `phases_s` the
+              run's measure, dedup and score+write phases, and `model_setup` when each model stage's
+              actors started and were ready (engine.start_actors_early loads them during measure).
   ratio_*:    cascade images/s / each plain loop's images/s (all over all inputs).
   text_area:  text_area_frac of shipped photos and generated captions, exact (text.recognize=all):
               the measurements behind text.max_area_frac in pipeline/default.yaml; and whether
@@ -23,7 +25,9 @@ The crawl is generated (nothing is downloaded): shipped photos of people, re-cro
 rescaled into distinct images, some with captions; at least half are non-human (shipped photos
 without people, photo-like textures, flat graphics).
 
-usage: python bench/filters.py [--n 96] [--skip-art] [--out bench.json] [--set KEY=VALUE ...]
+usage: python bench/filters.py [--n 96] [--skip-art] [--files-per-unit 16] [--out bench.json]
+                               [--set KEY=VALUE ...]
+       (--set engine.start_actors_early=false: model actors start after dedup, for comparison)
 """
 from __future__ import annotations
 
@@ -249,9 +253,13 @@ def bench_cascade(crawl: Path, out: Path, cfg: dict) -> dict:
     manifest = engine.curate([str(crawl)], str(out), cfg, progress=False)
     dt = time.perf_counter() - t0
     work: dict[str, float] = {}
+    spans: dict[str, set] = {}  # stage -> (started, ready) of each of its actors
     for f in sorted((out / "stats").glob("*.json")):
-        for k, v in json.loads(f.read_text()).get("seconds", {}).items():
+        stats = json.loads(f.read_text())
+        for k, v in stats.get("seconds", {}).items():
             work[k] = work.get(k, 0.0) + float(v)
+        for k, span in (stats.get("actor_setup") or {}).items():
+            spans.setdefault(k, set()).add(tuple(span))
     busy = sum(work.values())
     return {"images_per_s": round(n / dt, 2), "seconds": round(dt, 2), "funnel": manifest.get("funnel"),
             "kept": manifest.get("counts", {}).get("kept"), "skipped_stages": manifest.get("skipped_stages"),
@@ -260,8 +268,27 @@ def bench_cascade(crawl: Path, out: Path, cfg: dict) -> dict:
                 "work_s": {("read+decode" if k == "decode" else k): round(v, 2) for k, v in work.items()},
                 "work_total_s": round(busy, 2),
                 "queueing_and_overhead_s": round(max(0.0, dt * cpus - busy), 2),
+                **timeline(manifest.get("timeline") or {}, spans),
                 "note": "work_s: seconds inside each stage summed over rows (per unit, from RUN/stats); "
-                        "queueing_and_overhead_s: wall time x cluster CPUs minus that work"}}
+                        "queueing_and_overhead_s: wall time x cluster CPUs minus that work; phases_s: the "
+                        "run's phases on the driver's clock; model_setup: each model stage's actors (the pool's "
+                        "first and any it scaled up to), seconds from the run's start to the first set-up "
+                        "starting and the first model ready, the longest set-up, and ready_after_dedup_s: "
+                        "how long after dedup (when phase 3 may start) the stage's first actor was ready "
+                        "(<= 0: its set-up was off the critical path)"}}
+
+
+def timeline(tl: dict, spans: dict[str, set]) -> dict:
+    """The run's phases and its model actors' set-up, from the manifest and RUN/stats."""
+    if not tl.get("scored"):
+        return {}
+    start, deduped = tl["start"], tl["deduped"]
+    phases = {"measure": tl["measured"] - start, "dedup": deduped - tl["measured"], "score+write": tl["scored"] - deduped}
+    setup = {name: {"actors": len(sp), "started_s": round(min(a for a, _ in sp) - start, 2),
+                    "first_ready_s": round(min(b for _, b in sp) - start, 2),
+                    "setup_s": round(max(b - a for a, b in sp), 2),
+                    "ready_after_dedup_s": round(min(b for _, b in sp) - deduped, 2)} for name, sp in spans.items()}
+    return {"phases_s": {k: round(v, 2) for k, v in phases.items()}, "model_setup": setup}
 
 
 def main(argv=None) -> int:
@@ -269,6 +296,10 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, default=96, help="images in the mixed crawl (default 96)")
     p.add_argument("--skip-art", action="store_true", help="leave out the OpenCLIP stage timing")
     p.add_argument("--skip-cascade", action="store_true", help="leave out the Ray cascade")
+    p.add_argument("--files-per-unit", type=int, default=16,
+                   help="the engine cuts the crawl into units of this many files (default 16): one unit is one "
+                        "block through the cascade, and a crawl in one unit would leave no pipelining between "
+                        "stages (the default config's 1000 is sized for web-scale crawls)")
     p.add_argument("--out", help="also write the JSON here")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every part of the bench, e.g. --set text.max_side=640")
@@ -280,10 +311,11 @@ def main(argv=None) -> int:
 
     cfg = load_config(sets=args.sets)
     cfg["stages"] = list(CASCADE)  # the whole cascade, whatever default.yaml enables today
+    cfg["input"]["files_per_unit"] = args.files_per_unit
     result: dict = {"machine": {"cpus": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()],
                                 "torch_threads": torch.get_num_threads(),
                                 "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
-                    "sets": args.sets}
+                    "sets": args.sets, "files_per_unit": args.files_per_unit}
     with tempfile.TemporaryDirectory(prefix="humanset-bench-") as tmp:
         tmp = Path(tmp)
         kinds = make_crawl(tmp / "crawl", args.n)

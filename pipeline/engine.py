@@ -18,7 +18,9 @@ A run has three phases, each resumable:
      source_changed and never written. Model stages see only
      survivors (all with --score-all); then the worker writes RUN/catalog/samples/{unit}.parquet,
      the curated shards RUN/shards/{unit}-NNNNN.tar|.parquet and last RUN/stats/{unit}.json,
-     the unit's completion marker.
+     the unit's completion marker. With engine.start_actors_early (default) this pipeline starts
+     executing with the run, its units held at a gate the driver opens after dedup: the model
+     stages' actors start and load their models while phases 1 and 2 run, which leave them their CPUs.
 The unit listing is streamed into RUN/units.jsonl on the first run (the driver keeps each unit's
 id and line offset, never its files); a rerun uses it (inputs added since are reported, not
 curated). RUN/.lock keeps a second run out. A worker that dies on a unit is retried
@@ -161,9 +163,13 @@ def _task_fn(batch: pa.Table, name: str, cfg: dict, score_all: bool) -> pa.Table
 
 
 class _ActorFn:
-    """Ray Data actor: stateful stages load their model once per actor."""
+    """Ray Data actor: stateful stages load their model once per actor.
+
+    When the actor started and when its model was ready (epoch seconds) ride in each unit's
+    counters (`actor_setup`), so a run shows whether set-up sat on its critical path."""
 
     def __init__(self, name: str, cfg: dict, score_all: bool):
+        t0 = time.time()
         from .stages import stage_class
         self.stage = stage_class(name)(cfg)
         self.stage.setup()
@@ -171,9 +177,13 @@ class _ActorFn:
         if "torch" in sys.modules:  # torch threads = the actor's CPUs (ONNX Runtime stages set theirs)
             import torch
             torch.set_num_threads(max(1, int(round(self.stage.resources.num_cpus))))
+        self.setup_span = [round(t0, 3), round(time.time(), 3)]
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        return run_on_unit(self.stage, batch, self.score_all)
+        out = run_on_unit(self.stage, batch, self.score_all)
+        meta = unit_meta(out)
+        meta.setdefault("actor_setup", {})[self.stage.name] = self.setup_span
+        return with_meta(out, meta)
 
 
 def _pool(stage: Stage):
@@ -466,7 +476,8 @@ def finish_unit(run: Path, table: pa.Table, cfg: dict) -> pa.Table:
     stats = {"unit": u.unit_id, "source": u.uri, "inputs": table.num_rows, "kept": kept.num_rows,
              "rejected": dict(sorted(reasons.items())), "shards": written, "unit_error": meta.get("unit_error"),
              "worker_crashes": meta.get("worker_crashes") or 0, "source_changed": meta.get("source_changed") or 0,
-             "isolated": bool(meta.get("isolated")), "seconds": seconds, "finished": _now()}
+             "isolated": bool(meta.get("isolated")), "seconds": seconds, "actor_setup": meta.get("actor_setup") or {},
+             "finished": _now()}
     catalog.write_json(run / "stats" / f"{u.unit_id}.json", stats)
     return _summary(u.unit_id, table.num_rows, kept.num_rows, bool(meta.get("isolated")))
 
@@ -487,16 +498,21 @@ def _finish_unit_block(batch: pa.Table, run: str, cfg: dict) -> pa.Table:
 # Driver side: one Ray Data pipeline per phase; summaries only.
 
 @contextmanager
-def _unit_blocks(ray):
+def _unit_blocks(ray, cpus: float | None = None):
     """Data context of the engine's datasets: blocks never split (one block = one unit), a block
-    whose task failed after its retries is dropped instead of aborting (its unit is redone)."""
+    whose task failed after its retries is dropped instead of aborting (its unit is redone).
+    With `cpus`, the datasets built in it use at most that many (others are held by actors)."""
+    import copy
     ctx = ray.data.DataContext.get_current()
-    old = (ctx.target_max_block_size, ctx.max_errored_blocks)
+    old = (ctx.target_max_block_size, ctx.max_errored_blocks, ctx.execution_options)
     ctx.target_max_block_size, ctx.max_errored_blocks = None, -1
+    if cpus is not None:  # a new options object: datasets built before keep theirs
+        ctx.execution_options = copy.copy(ctx.execution_options)
+        ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(cpu=cpus)
     try:
         yield ctx
     finally:
-        ctx.target_max_block_size, ctx.max_errored_blocks = old
+        ctx.target_max_block_size, ctx.max_errored_blocks, ctx.execution_options = old
 
 
 def _units_ds(units: list[Unit]):
@@ -504,11 +520,11 @@ def _units_ds(units: list[Unit]):
     return ray.data.from_items([{"unit": json.dumps(u.to_dict())} for u in units], override_num_blocks=len(units))
 
 
-def _drain(ds, total: int, desc: str, progress: bool) -> dict:
+def _drain(batches, total: int, desc: str, progress: bool) -> dict:
     """Consume a phase's summaries (one row per unit): counts only, nothing per sample."""
     got = {"units": 0, "inputs": 0, "kept": 0}
     with console.progress(total, desc, enabled=progress) as bar:
-        for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+        for batch in batches:
             got["units"] += batch.num_rows
             got["inputs"] += int(pc.sum(batch.column("inputs")).as_py() or 0)
             got["kept"] += int(pc.sum(batch.column("kept")).as_py() or 0)
@@ -525,38 +541,138 @@ def _retries(cfg: dict) -> int:
     return int(cfg.get("engine", {}).get("max_retries", 2))
 
 
-def _measure(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score_all: bool, progress: bool):
+def _measure(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score_all: bool, progress: bool,
+             cpus: float | None = None):
     import ray
     retries = _retries(cfg)
-    with _unit_blocks(ray):
+    with _unit_blocks(ray, cpus):
         ds = _units_ds(units).map_batches(_measure_block, fn_kwargs=dict(run=str(run), limits=_limits(cfg)),
                                           batch_size=None, batch_format="pyarrow", max_retries=retries)
         for s in stages:
             ds = apply_stage(ds, s, score_all, retries)
         ds = ds.map_batches(_finish_measure_block, fn_kwargs=dict(run=str(run)), batch_size=None,
                             batch_format="pyarrow", max_retries=retries)
-        _drain(ds, len(units), "measure", progress)
+        _drain(ds.iter_batches(batch_format="pyarrow", batch_size=None), len(units), "measure", progress)
     failed = [u for u in units if not _measure_paths(run, u.unit_id)[0].exists()]
     if failed:
         _isolate(run, failed, "measure", cfg, score_all, progress)
 
 
-def _score_and_write(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score_all: bool,
-                     progress: bool):
+def _score_ds(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score_all: bool, gate=None):
+    """Phase 3 as one Ray Data pipeline; with a gate, its units wait for the gate to open first."""
     import ray
     retries = _retries(cfg)
-    with _unit_blocks(ray):
-        ds = _units_ds(units).map_batches(_score_block, fn_kwargs=dict(run=str(run), limits=_limits(cfg),
-                                          score_all=score_all, cfg=cfg), batch_size=None, batch_format="pyarrow",
-                                          max_retries=retries)
+    with _unit_blocks(ray):  # a Dataset keeps the context it was built in
+        ds = _units_ds(units)
+        if gate is not None:  # one zero-CPU task at a time waits (no CPU or worker per unit held); once
+            # the gate is open a unit passes in a few milliseconds, far below its work downstream
+            ds = ds.map_batches(_after_gate, fn_kwargs=dict(gate=gate[0], token=gate[1]), batch_size=None,
+                                batch_format="pyarrow", num_cpus=0, compute=ray.data.TaskPoolStrategy(size=1))
+        ds = ds.map_batches(_score_block, fn_kwargs=dict(run=str(run), limits=_limits(cfg),
+                            score_all=score_all, cfg=cfg), batch_size=None, batch_format="pyarrow",
+                            max_retries=retries)
         for s in stages:
             ds = apply_stage(ds, s, score_all, retries)
-        ds = ds.map_batches(_finish_unit_block, fn_kwargs=dict(run=str(run), cfg=cfg), batch_size=None,
-                            batch_format="pyarrow", max_retries=retries)
-        _drain(ds, len(units), "score+write", progress)
+        return ds.map_batches(_finish_unit_block, fn_kwargs=dict(run=str(run), cfg=cfg), batch_size=None,
+                              batch_format="pyarrow", max_retries=retries)
+
+
+def _score_and_write(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score_all: bool,
+                     progress: bool, early: "_EarlyScore | None" = None):
+    if early is not None:
+        _drain(early.open(), len(units), "score+write", progress)
+    else:
+        ds = _score_ds(run, units, stages, cfg, score_all)
+        _drain(ds.iter_batches(batch_format="pyarrow", batch_size=None), len(units), "score+write", progress)
     failed = [u for u in units if not (run / "stats" / f"{u.unit_id}.json").exists()]
     if failed:
         _isolate(run, failed, "score", cfg, score_all, progress)
+
+
+# Phase 3 started ahead of time: Ray Data creates an actor pool's actors (and each loads its model)
+# when the pipeline starts executing, so the score pipeline starts with the run, its units held at
+# a gate that the driver opens once dedup is done. Model set-up then overlaps measure and dedup.
+
+class _Gate:
+    """Ray actor (no CPU): the score phase's units wait in wait() until the driver calls open()."""
+
+    def __init__(self):
+        import asyncio
+        self._opened, self._go = asyncio.Event(), False
+
+    async def open(self, go: bool) -> None:
+        self._go = go
+        self._opened.set()
+
+    async def wait(self) -> bool:
+        await self._opened.wait()
+        return self._go
+
+
+_OPEN_GATES: set[str] = set()  # in a worker: gates seen open, so later units pass without asking
+
+
+def _after_gate(batch: pa.Table, gate, token: str) -> pa.Table:
+    """Ray Data task: a unit passes once its run's dedup is done; none pass if the run stopped."""
+    if token not in _OPEN_GATES:
+        import ray
+        if not ray.get(gate.wait.remote()):
+            return batch.slice(0, 0)  # an empty block: the unit goes no further
+        _OPEN_GATES.add(token)
+    return batch
+
+
+class _EarlyScore:
+    """The score phase's pipeline, executing in a driver thread from the start of the run."""
+
+    def __init__(self, run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score_all: bool):
+        import queue
+        import threading
+        import uuid
+
+        import ray
+        self._actor_cpus = actor_cpus(cfg)
+        self._gate = ray.remote(num_cpus=0, max_restarts=0)(_Gate).remote()
+        self._ds = _score_ds(run, units, stages, cfg, score_all, gate=(self._gate, uuid.uuid4().hex))
+        self._out: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._execute, name="humanset-score", daemon=True)
+        self._thread.start()
+
+    def _execute(self) -> None:
+        try:  # starting the execution starts the actor pools; summaries come once the gate opens
+            for batch in self._ds.iter_batches(batch_format="pyarrow", batch_size=None):
+                self._out.put(batch)
+        except BaseException as e:  # handed to the driver's thread when it drains
+            self._out.put(e)
+        self._out.put(None)
+
+    def measure_cpus(self) -> float:
+        """CPUs left to phase 1 while the pools' first actors hold theirs (cpu_shortfall keeps it >= 1)."""
+        import ray
+        return max(1.0, ray.cluster_resources().get("CPU", 1) - self._actor_cpus)
+
+    def open(self):
+        """Let the units through; yields their summaries as they are written."""
+        import ray
+        ray.get(self._gate.open.remote(True))
+        while (item := self._out.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+        self._thread.join()
+
+    def abort(self) -> None:
+        """The run stopped before phase 3: no unit passes; the pipeline ends and frees its actors."""
+        import ray
+        try:
+            ray.get(self._gate.open.remote(False), timeout=30)
+        except Exception as e:  # the run's own error is the one to report
+            log.debug("score gate: %s", e)
+        self._thread.join(timeout=60)
+
+
+def _start_actors_early(cfg: dict, stages: list[Stage]) -> bool:
+    return bool(cfg.get("engine", {}).get("start_actors_early", True)) and any(s.stateful for s in stages)
 
 
 def _isolate(run: Path, units: list[Unit], phase: str, cfg: dict, score_all: bool, progress: bool):
@@ -744,19 +860,32 @@ def _curate_locked(run: Path, inputs: list[str], cfg: dict, score_all: bool, pro
     if todo:
         init_ray(cfg)  # Ray Data's own progress off: ours (console.progress) counts units
         t_start = time.time()
-        if to_measure:
-            t0 = time.perf_counter()
-            _measure(run, to_measure, measure_stages, cfg_active, score_all, progress)
-            seconds["measure"] = round(time.perf_counter() - t0, 2)
-        if not dedup_mod.is_done(run):
-            t0 = time.perf_counter()
-            st = dedup_mod.run_dedup(run, [u.unit_id for u in units], cfg_active)  # its tables are Ray tasks
-            seconds["dedup"] = round(time.perf_counter() - t0, 2)
-            log.info("dedup: %d of %d candidates are duplicates (%.2f s)", st["duplicates"], st["candidates"],
-                     seconds["dedup"])
+        timeline = manifest["timeline"] = {"start": round(t_start, 3)}
+        # model actors load while phases 1 and 2 run (engine.start_actors_early)
+        early = (_EarlyScore(run, todo, score_stages, cfg_active, score_all)
+                 if _start_actors_early(cfg, score_stages) else None)
+        try:
+            if to_measure:  # with early actors, measure leaves their CPUs to them
+                t0 = time.perf_counter()
+                _measure(run, to_measure, measure_stages, cfg_active, score_all, progress,
+                         early.measure_cpus() if early is not None else None)
+                seconds["measure"] = round(time.perf_counter() - t0, 2)
+            timeline["measured"] = round(time.time(), 3)
+            if not dedup_mod.is_done(run):
+                t0 = time.perf_counter()
+                st = dedup_mod.run_dedup(run, [u.unit_id for u in units], cfg_active)  # its tables are Ray tasks
+                seconds["dedup"] = round(time.perf_counter() - t0, 2)
+                log.info("dedup: %d of %d candidates are duplicates (%.2f s)", st["duplicates"], st["candidates"],
+                         seconds["dedup"])
+            timeline["deduped"] = round(time.time(), 3)
+        except BaseException:
+            if early is not None:
+                early.abort()
+            raise
         t0 = time.perf_counter()
-        _score_and_write(run, todo, score_stages, cfg_active, score_all, progress)
+        _score_and_write(run, todo, score_stages, cfg_active, score_all, progress, early)
         seconds["score_write"] = round(time.perf_counter() - t0, 2)
+        timeline["scored"] = round(time.time(), 3)
         log.info("processed %d units in %.1f s", len(todo), time.time() - t_start)
 
     missing = [u.unit_id for u in units if not (run / "stats" / f"{u.unit_id}.json").exists()]

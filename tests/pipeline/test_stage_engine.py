@@ -110,3 +110,35 @@ def test_a_cluster_too_small_for_the_actor_pools_is_refused_not_left_waiting():
     assert actor_cpus(fixed) == 3.0 and cpu_shortfall(3, fixed)
     cheap = load_config(sets=["stages=[decode,size,dedup]"])
     assert actor_cpus(cheap) == 0 and cpu_shortfall(1, cheap) is None
+
+
+def test_model_actors_load_while_phase_3_waits_and_a_stopped_run_frees_them(ray_local, tmp_path):
+    """engine.start_actors_early: the score pipeline executes from the start of the run, so its actor
+    pool holds its CPU (and loads its model) while every unit waits at the gate for dedup. A run that
+    stops before phase 3 lets no unit through and the pool's actors go."""
+    import time
+
+    from pipeline.config import load_config
+    from pipeline.engine import _EarlyScore
+    from pipeline.sources import Unit
+    from pipeline.stages.text import TextStage
+
+    def free():
+        return ray_local.available_resources().get("CPU", 0)
+
+    def wait_for(cond, what, limit=300):
+        deadline = time.time() + limit
+        while not cond():
+            assert time.time() < deadline, what
+            time.sleep(0.2)
+
+    cfg = load_config(sets=["stages=[decode,size,dedup,text]"])
+    before = free()
+    unit = Unit("crawl-00000-00000000", "files", str(tmp_path), files=[str(tmp_path / "a.jpg")], keys=["a"])
+    early = _EarlyScore(tmp_path / "run", [unit], [TextStage(cfg["text"])], cfg, False)
+    wait_for(lambda: free() <= before - 1, "the text actor never started while the gate was closed")
+    assert early.measure_cpus() == ray_local.cluster_resources()["CPU"] - 1
+    early.abort()
+    assert not early._thread.is_alive()
+    assert not (tmp_path / "run").exists()  # no unit passed the gate
+    wait_for(lambda: free() >= before, "the text actor kept its CPU after the run stopped", 120)

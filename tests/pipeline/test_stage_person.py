@@ -3,6 +3,7 @@ installed packages, plus the pure rule. Decisions are asserted on clear cases on
 from __future__ import annotations
 
 import importlib.util
+import json
 import io
 from importlib import resources
 from pathlib import Path
@@ -355,6 +356,12 @@ def test_cascade_through_the_engine(tmp_path, ray_local):
     n_bus = con.execute("SELECT count(*) FROM persons p JOIN samples s USING (sample_id) "
                         "WHERE s.source_uri LIKE '%bus.jpg' AND p.score > 0.8").fetchone()[0]
     assert n_bus >= 3
+    # the actors were started with the run (engine.start_actors_early), before phase 3 could begin
+    tl = manifest["timeline"]
+    assert tl["start"] <= tl["measured"] <= tl["deduped"] <= tl["scored"]
+    (stats,) = [json.loads(f.read_text()) for f in (tmp_path / "run" / "stats").glob("*.json")]
+    assert set(stats["actor_setup"]) == {"person", "text"}
+    assert all(tl["start"] <= a <= b <= tl["scored"] for a, b in stats["actor_setup"].values())
 
 
 def test_a_failing_sample_is_retried_alone_and_only_it_is_rejected(stage, monkeypatch):
