@@ -15,8 +15,9 @@ util/pos_embed.py is taken from beside it or from ../util/):
 Both models get the same batch; rounds alternate which goes first. Each round times `--steps` steps of
 each; the report gives per model the median over rounds of the round's median step time, split into
 forward + backward and clip + optimiser, and `speedup` = reference time / humanset time (> 1: humanset is
-faster). The reference steps with plain AdamW as its main_pretrain.py builds it; humanset with the fused
-AdamW its training loop uses (`speedup_forward_backward` compares the models alone).
+faster). The reference steps with plain AdamW as its main_pretrain.py builds it, clipped by
+`clip_grad_norm_`; humanset with the fused AdamW and `clip_and_step` its training loop uses
+(`speedup_forward_backward` compares the models alone).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 
 from training.flops import encoder_linear_macs, mae_forward_flops, mae_train_flops
-from training.lr import adamw, param_groups
+from training.lr import adamw, clip_and_step, param_groups
 from training.mae import MaskedAutoencoder, count_params
 from training.vit import preset
 
@@ -127,8 +128,11 @@ def stepper(model, opt, x, device, bf16: bool, mask_ratio: float, reference: boo
         loss.backward()
         sync(device)
         t1 = time.perf_counter()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        if reference:  # main_pretrain.py's way
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        else:  # the training engine's
+            clip_and_step(model, opt, 1.0)
         sync(device)
         return t1 - t0, time.perf_counter() - t1, loss.item()
     return step
