@@ -15,17 +15,23 @@
    object store once) and writes each table's pairs to its own file, so a crashed dedup resumes
    per table.
 3. Clusters are the connected components of all links (numpy union-find in this process); each
-   keeps one canonical sample: largest area, then smallest sample_id.
+   keeps one canonical sample: largest area, then smallest sample_id. When the near pairs would
+   need more than `dedup.components_memory` in this process (PAIR_BYTES each), run_dedup first
+   reduces them on Ray to one link per distinct hash (`ray_components`: large-star / small-star
+   rounds over partitions of the pair files), so the driver never holds the pairs; the clusters
+   are the same.
 
 Everything is a pure function of the inputs, so a resumed run gets the same clusters as a clean one.
 
 Memory in the process that builds the components, per sample: its sample_id and sha256 as Arrow
 strings (4 + length each) plus about 80 bytes of numpy arrays at the peak (pHash, sha256 key, area,
-sort orders, parent); per near pair 16 bytes (two hashes) while the pair files are read, then 16
-(two sample numbers). A near-search table holds 8 bytes per distinct hash (its sorted permuted copy)
-plus its candidate positions (4 bytes each, about one per hash), next to the shared hash array (8
-bytes per distinct hash); its scan runs in steps, so other temporaries stay small.
-bench/dedup.py measures the totals.
+sort orders, parent); per near pair at most PAIR_BYTES = 48 (two hashes while the pair files are
+read, two sample numbers and the union-find's temporaries after), or nothing on the Ray path, which
+gives it at most one link (two hashes, 16 bytes) per distinct hash. A Ray components task holds its
+partition's edge records (8 bytes each, two per pair at first) about three times while it sorts.
+A near-search table holds 8 bytes per distinct hash (its sorted permuted copy) plus its candidate
+positions (4 bytes each, about one per hash), next to the shared hash array (8 bytes per distinct
+hash); its scan runs in steps, so other temporaries stay small. bench/dedup.py measures the totals.
 """
 from __future__ import annotations
 
@@ -300,6 +306,11 @@ def _sum_stats(m: int, k: int, per: list[dict]) -> dict:
 
 def _union_find(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Root per node after unioning every (a[i], b[i]); path halving, vectorised over edges."""
+    return _union_find_owned(n, [a, b])
+
+
+def _union_find_owned(n: int, edges: list) -> np.ndarray:
+    """_union_find of edges = [a, b], emptied so the arrays are freed as soon as they are used up."""
     parent = np.arange(n, dtype=np.int64)
 
     def find(x):
@@ -311,13 +322,20 @@ def _union_find(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
             parent[x] = gp
             x = gp
 
+    b, a = edges.pop(), edges.pop()
     while len(a):
-        ra, rb = find(a), find(b)
+        ra = find(a)
+        del a
+        rb = find(b)
+        del b
         diff = ra != rb
         ra, rb = ra[diff], rb[diff]
+        del diff
         if not len(ra):
             break
-        lo, hi = np.minimum(ra, rb), np.maximum(ra, rb)
+        lo = np.minimum(ra, rb)
+        hi = np.maximum(ra, rb, out=rb)
+        del ra, rb
         parent[hi] = lo  # several edges may write the same hi: others are redone next round
         a, b = lo, hi
     return find(np.arange(n, dtype=np.int64))
@@ -441,10 +459,12 @@ def components(phash: pa.Array, sha256, max_distance: int | None = 4, exact: boo
             x, y, st = (near or near_pairs)(distinct, int(max_distance))
             stats.update(st)
             ea.append(rep[np.searchsorted(distinct, x)])
+            del x
             eb.append(rep[np.searchsorted(distinct, y)])
-    a = np.concatenate(ea) if ea else np.zeros(0, np.int64)
-    b = np.concatenate(eb) if eb else np.zeros(0, np.int64)
-    return _union_find(n, a, b), stats
+            del y
+    edges = [np.concatenate(e) if e else np.zeros(0, np.int64) for e in (ea, eb)]
+    del ea, eb
+    return _union_find_owned(n, edges), stats
 
 
 def verdicts(root: np.ndarray, sample_id: pa.Array, area: np.ndarray, sha256) -> pa.Table:
@@ -508,6 +528,134 @@ def cluster_stats(samples: pa.Table, max_distance: int = 4, exact: bool = True, 
                              lambda h, k: near_pairs(h, k, blocks, bucket_cap=cap))
     out = verdicts(root, samples.column("sample_id"), _area(samples), samples.column("sha256"))
     return out.take(pc.sort_indices(out, sort_keys=[("sample_id", "ascending")])), stats
+
+
+# --------------------------------------------------------------------------------------------
+# Components of the near pairs on Ray, when they would not fit the driver (dedup.components_memory)
+#
+# Vertices are positions in the sorted distinct-hash array; an edge record is one uint64,
+# key << 32 | value (so at most 2^32 distinct hashes), kept in Ray's object store in `parts`
+# partitions by key. The alternating algorithm of Kiveris et al., "Connected components in
+# MapReduce and beyond" (SoCC 2014): large-star (every vertex links its larger neighbours to the
+# smallest of its neighbourhood) and small-star (every vertex links its smaller neighbours and
+# itself to the smallest of them) until a large-star and the small-star after it change no edge;
+# the graph is then one star per component around its smallest vertex. O(log n) rounds in
+# practice (chains included), each a shuffle of the edges; the driver holds per round only the
+# partitions' object references and counts. The result comes back as one edge per non-centre
+# vertex (vertex, centre): at most one per distinct hash, which the driver's union-find over
+# samples takes like any other link, so the clusters equal those of the union-find over all pairs.
+
+PAIR_BYTES = 48  # driver memory per near pair in the in-process union-find at its peak (measured 21-42)
+DEFAULT_COMPONENTS_MEMORY = 4 << 30  # dedup.components_memory: more pairs than this holds -> on Ray
+MAX_PARTS = 256  # partitions of the edges on Ray (each a reduce task per round)
+_LOW = np.uint64(0xFFFFFFFF)
+_HI = np.uint64(32)
+
+
+def _pack(key: np.ndarray, val: np.ndarray) -> np.ndarray:
+    return (key.astype(np.uint64) << _HI) | val.astype(np.uint64)
+
+
+def _split(rec: np.ndarray, parts: int) -> list[np.ndarray]:
+    """Edge records cut into `parts` partitions by a hash of their key."""
+    if parts == 1:
+        return [rec]
+    p = (((rec >> _HI) * np.uint64(0x9E3779B97F4A7C15)) >> _HI) % np.uint64(parts)
+    order = np.argsort(p, kind="stable")
+    return np.split(rec[order], np.cumsum(np.bincount(p.astype(np.int64), minlength=parts))[:-1])
+
+
+def _groups(inputs) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(key, value, group number, first-of-its-key mask) of the distinct records, sorted by key, value."""
+    rec = np.unique(np.concatenate(inputs)) if len(inputs) else np.zeros(0, np.uint64)
+    key, val = rec >> _HI, rec & _LOW
+    head = np.ones(len(key), dtype=bool)
+    head[1:] = key[1:] != key[:-1]
+    return key, val, np.cumsum(head) - 1, head
+
+
+def _cc_load(path: str, distinct: np.ndarray, parts: int) -> list:
+    """One table's pair file -> records for the first large-star (both directions), by partition."""
+    p = pq.read_table(path)
+    a = np.searchsorted(distinct, p.column("a").to_numpy())
+    b = np.searchsorted(distinct, p.column("b").to_numpy())
+    return [*_split(np.concatenate([_pack(a, b), _pack(b, a)]), parts), {"edges": len(a), "changes": 0}]
+
+
+def _cc_step(op: str, parts: int, *inputs) -> list:
+    """One reduce of the alternating algorithm on one partition, and the map of the next one.
+
+    op "large": records (u; v) for both directions of every edge; emits (v, m(u)) for each v > u,
+    m(u) the smallest of u and its neighbours, as small-star input (larger end; smaller end).
+    op "small": records (u; v) with v < u; m = smallest v; emits (x, m) for every other x among the
+    v and u itself, as large-star input (both directions). changes: edges that are not kept as they
+    were (zero in both ops, one after the other: every component is a star around its minimum).
+    """
+    key, val, group, head = _groups(inputs)
+    first = val[head][group]  # smallest neighbour (value) per record's key
+    if op == "large":
+        m = np.minimum(key, first)
+        up = val > key
+        v, mv = val[up], m[up]
+        out = _pack(v, mv)  # v > u >= m: key is the larger end
+        st = {"edges": len(out), "changes": int((mv != key[up]).sum())}
+    else:
+        other = val != first
+        centre = key[head]  # each key u once, linked to its smallest neighbour
+        x = np.concatenate([val[other], centre])
+        m = np.concatenate([first[other], val[head]])
+        out = np.concatenate([_pack(x, m), _pack(m, x)])
+        st = {"edges": len(x), "changes": int(other.sum())}
+    return [*_split(out, parts), st]
+
+
+def _cc_labels(*inputs) -> tuple[np.ndarray, np.ndarray]:
+    """(vertex, centre) for the non-centre vertices of one partition of the final stars."""
+    key, val, group, head = _groups(inputs)
+    k, first = key[head], val[head]
+    leaf = first < k
+    return k[leaf], first[leaf]
+
+
+def ray_components(files: list, distinct: np.ndarray, parts: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Near pairs (pair files of hash values) -> one (hash, component's smallest hash) per other hash.
+
+    Iterative on Ray: the driver holds object references and per-round counts, never the pairs.
+    """
+    import ray
+    if len(distinct) >= 1 << 32:
+        raise ValueError(f"dedup: {len(distinct)} distinct pHashes; the components on Ray number them in 32 bits "
+                         f"(at most {1 << 32}); raise dedup.components_memory to build them in this process")
+    parts = max(1, int(parts))
+    t0 = time.perf_counter()
+    ref = ray.put(distinct)
+    load = ray.remote(num_cpus=1, num_returns=parts + 1)(_cc_load)
+    step = ray.remote(num_cpus=1, num_returns=parts + 1)(_cc_step)
+    outs = [load.remote(str(f), ref, parts) for f in files]
+    op, rounds, large_changes = "large", 0, None
+    while True:
+        outs = [step.remote(op, parts, *[o[j] for o in outs]) for j in range(parts)]
+        st = ray.get([o[-1] for o in outs])
+        rounds += 1
+        changes, left = sum(s["changes"] for s in st), sum(s["edges"] for s in st)
+        log.info("dedup: components round %d (%s-star): %d edges, %d changed", rounds, op, left, changes)
+        if op == "large":
+            large_changes, op = changes, "small"
+        elif large_changes == 0 and changes == 0:
+            break
+        else:
+            op = "large"
+    labels = ray.remote(num_cpus=1)(_cc_labels)
+    v, c = [], []
+    for x, y in ray.get([labels.remote(*[o[j] for o in outs]) for j in range(parts)]):
+        v.append(x)
+        c.append(y)
+    del outs
+    v = np.concatenate(v).astype(np.int64) if v else np.zeros(0, np.int64)
+    c = np.concatenate(c).astype(np.int64) if c else np.zeros(0, np.int64)
+    stats = {"components": "ray", "component_rounds": rounds, "component_partitions": parts,
+             "component_seconds": round(time.perf_counter() - t0, 3)}
+    return distinct[v], distinct[c], stats
 
 
 # --------------------------------------------------------------------------------------------
@@ -598,6 +746,48 @@ def _run_tables(hashes: np.ndarray, k: int, m: int, bucket_cap: int, folder: Pat
     return ray.get(refs)
 
 
+def _ray_cpus() -> int | None:
+    """CPUs of the Ray cluster this process is connected to; None when Ray is not running."""
+    try:
+        import ray
+        return int(ray.cluster_resources().get("CPU", 1)) if ray.is_initialized() else None
+    except ImportError:
+        return None
+
+
+def _near_links(files: list, hashes: np.ndarray, st: dict, budget: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The links the union-find over samples gets from the near search, as pairs of hash values.
+
+    The pairs themselves when they fit dedup.components_memory (PAIR_BYTES each), else their
+    components computed on Ray, one link per hash that is not its component's smallest.
+    """
+    need = st["near_pairs"] * PAIR_BYTES
+    cpus = _ray_cpus() if need > budget else None
+    if cpus is not None:
+        parts = min(MAX_PARTS, max(cpus, math.ceil(need / max(budget, 1))))
+        log.info("dedup: %d near pairs need ~%.1f GB in this process, over dedup.components_memory=%d: "
+                 "components on Ray in %d partitions", st["near_pairs"], need / 1e9, budget, parts)
+        x, y, cst = ray_components(files, hashes, parts)
+        return x, y, {**st, **cst}
+    if need > budget:
+        log.warning("dedup: %d near pairs need ~%.1f GB, over dedup.components_memory=%d, but Ray is not "
+                    "running: components built in this process", st["near_pairs"], need / 1e9, budget)
+    a, b = np.empty(st["near_pairs"], np.uint64), np.empty(st["near_pairs"], np.uint64)
+    at = 0
+    for f in files:
+        p = pq.read_table(f)
+        if at + p.num_rows > len(a):
+            at += p.num_rows
+            break
+        a[at:at + p.num_rows] = p.column("a").to_numpy()
+        b[at:at + p.num_rows] = p.column("b").to_numpy()
+        at += p.num_rows
+    if at != len(a):
+        raise RuntimeError(f"dedup: the pair files under {Path(files[0]).parent} hold {at} pairs, their stats "
+                           f"{len(a)}; delete that folder and run again")
+    return a, b, {**st, "components": "driver"}
+
+
 def _log_table(done: int, total: int, st: dict, level: int = logging.INFO) -> None:
     log.log(level, "dedup: table %d done (%d/%d): %d candidate pairs, %d near pairs%s", st["table"], done, total,
              st["candidates"], st["pairs"],
@@ -619,6 +809,8 @@ def run_dedup(run, unit_ids: list[str], cfg: dict) -> dict:
     enabled = "dedup" in cfg.get("stages", ["dedup"])
     k = d.get("max_distance", 4)
     bucket_cap = int(d.get("bucket_cap") or DEFAULT_BUCKET_CAP)
+    budget = d.get("components_memory")
+    budget = DEFAULT_COMPONENTS_MEMORY if budget is None else int(budget)
     parts = []
     for u in unit_ids:
         t = pq.read_table(run / "work" / "measure" / f"{u}.parquet", columns=MEASURE_COLUMNS)
@@ -629,13 +821,9 @@ def run_dedup(run, unit_ids: list[str], cfg: dict) -> dict:
     if table.num_rows and enabled:
         def near(hashes, kk):
             m = int(d.get("blocks") or choose_blocks(len(hashes), kk))
-            per = _run_tables(hashes, kk, m, bucket_cap, pairs_dir(run))
-            a, b = [], []
-            for t in range(len(tables(m, kk))):
-                p = pq.read_table(table_file(pairs_dir(run), m, kk, t))
-                a.append(p.column("a").to_numpy())
-                b.append(p.column("b").to_numpy())
-            return np.concatenate(a), np.concatenate(b), _sum_stats(m, kk, per)
+            st = _sum_stats(m, kk, _run_tables(hashes, kk, m, bucket_cap, pairs_dir(run)))
+            files = [table_file(pairs_dir(run), m, kk, t) for t in range(len(tables(m, kk)))]
+            return _near_links(files, hashes, st, budget)
         root, st = components(table.column("phash"), table.column("sha256"), k,
                                            d.get("exact", True), near)
         result = verdicts(root, table.column("sample_id"), _area(table), table.column("sha256"))
