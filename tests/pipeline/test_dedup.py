@@ -117,6 +117,30 @@ def test_blocked_scan_of_hot_buckets_equals_brute_force(monkeypatch, window):
     assert len(got) == len(set(got)) and set(got) == _brute_pairs(distinct, 4)
 
 
+@pytest.mark.parametrize("exact_sizes", [2, 5])
+def test_padded_bucket_classes_equal_brute_force(monkeypatch, exact_sizes):
+    monkeypatch.setattr(dedup, "_EXACT_SIZES", exact_sizes)  # most buckets padded to a power of two
+    monkeypatch.setattr(dedup, "_SCAN_CELLS", 64)  # several row steps per class
+    distinct = np.unique(np.array(_hashes(6), np.uint64))
+    a, b, st = near_pairs(distinct, 4, 6)
+    got = list(zip(a.tolist(), b.tolist()))
+    assert len(got) == len(set(got)) and set(got) == _brute_pairs(distinct, 4)
+    monkeypatch.setattr(dedup, "_EXACT_SIZES", 1000)
+    assert near_pairs(distinct, 4, 6)[2]["candidate_pairs"] == st["candidate_pairs"]  # padding is not counted
+
+
+def test_sorted_values_from_a_base_table_equal_a_full_sort():
+    h = np.random.default_rng(1).integers(0, 2**64, 20_000, dtype=np.uint64, endpoint=False)
+    for m, k in [(6, 4), (7, 4), (3, 1)]:
+        base = None
+        for t in range(len(tables(m, k))):
+            lay = Layout(m, k, t)
+            p = lay.sorted_values(h, base)
+            assert np.array_equal(p, np.sort(lay.permute(h))), (m, k, t)
+            if base is None or base[0].top_block != lay.top_block:
+                base = (lay, p)
+
+
 @pytest.mark.parametrize("k", [1, 2, 3, 8])
 def test_other_distances_equal_brute_force(k):
     distinct = np.unique(np.array(_hashes(9, copies=300, skewed=300), np.uint64))
