@@ -189,14 +189,18 @@ def _merge(moves):
 
 
 def _move(x: np.ndarray, moves) -> np.ndarray:
-    out = np.zeros(len(x), dtype=np.uint64)
+    """Bit ranges (src, dst, width) of x moved; ranges that stay put cost one mask in all."""
+    stay = sum(((1 << w) - 1) << s for s, d, w in moves if s == d)
+    out = np.bitwise_and(x, np.uint64(stay)) if stay else np.zeros(len(x), dtype=np.uint64)
     tmp = np.empty(len(x), dtype=np.uint64)
     for s, d, w in moves:
-        if w == BITS:
-            return x.astype(np.uint64, copy=True)
-        np.right_shift(x, np.uint64(s), out=tmp)
-        np.bitwise_and(tmp, np.uint64((1 << w) - 1), out=tmp)
-        np.left_shift(tmp, np.uint64(d), out=tmp)
+        if s == d:
+            continue
+        if s > d:
+            np.right_shift(x, np.uint64(s - d), out=tmp)
+        else:
+            np.left_shift(x, np.uint64(d - s), out=tmp)
+        np.bitwise_and(tmp, np.uint64(((1 << w) - 1) << d), out=tmp)
         np.bitwise_or(out, tmp, out=out)
     return out
 
@@ -287,33 +291,34 @@ def _sorted_table_pairs(p: np.ndarray, lay: Layout, k: int, bucket_cap: int) -> 
 def _buckets(p: np.ndarray, lo: np.ndarray, size: int, k: int, emit, stats: dict, sizes=None) -> None:
     """Every pair inside the buckets p[lo:lo + size] (all of one size), bucket rows at a time.
 
-    The buckets' hashes form a (rows, size) matrix; the pairs at offset d are one xor of two of its
-    column slices, so a candidate costs an xor, a popcount and a compare, with no gather or
+    The buckets' hashes form a (size, buckets) matrix; the pairs at offset d are one xor of two of
+    its row slices, so a candidate costs an xor, a popcount and a compare, with no gather or
     compaction per candidate (what made the candidates' share grow with n). sizes: the buckets'
     own sizes when they are padded up to `size` (rare large buckets: a class per power of two
     rather than per size), whose pairs beyond them are masked out.
     """
     rows = max(1, _SCAN_CELLS // size)
-    off = np.arange(size)
+    off = np.arange(size)[:, None]
     xs, ys, ds = [], [], []
     for s in range(0, len(lo), rows):
+        # one column per bucket, so each operation below runs along the long axis
         if sizes is None:
-            m = p[lo[s:s + rows, None] + off]
-            stats["candidates"] += len(m) * (size * (size - 1) // 2)
+            m = p[lo[None, s:s + rows] + off]
+            stats["candidates"] += m.shape[1] * (size * (size - 1) // 2)
         else:
-            sz = sizes[s:s + rows, None]
-            m = p[lo[s:s + rows, None] + np.minimum(off, sz - 1)]
+            sz = sizes[None, s:s + rows]
+            m = p[lo[None, s:s + rows] + np.minimum(off, sz - 1)]
             stats["candidates"] += int((sz * (sz - 1) // 2).sum())
         for d in range(1, size):
-            diff = m[:, d:] ^ m[:, :-d]
+            diff = m[d:] ^ m[:-d]
             close = np.bitwise_count(diff) <= k
             if sizes is not None:
                 close &= off[d:] < sz
-            r, c = np.nonzero(close)
-            if len(r):
-                xs.append(m[r, c + d])
-                ys.append(m[r, c])
-                ds.append(diff[r, c])
+            i, c = np.nonzero(close)
+            if len(i):
+                xs.append(m[i + d, c])
+                ys.append(m[i, c])
+                ds.append(diff[i, c])
     if xs:  # one call for all (the first-table lookup costs a few passes of its own)
         emit(np.concatenate(xs), np.concatenate(ys), np.concatenate(ds))
 
