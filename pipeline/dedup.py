@@ -31,7 +31,9 @@ gives it at most one link (two hashes, 16 bytes) per distinct hash. A Ray compon
 partition's edge records (8 bytes each, two per pair at first) about three times while it sorts.
 A near-search table holds 8 bytes per distinct hash (its sorted permuted copy) plus its candidate
 positions (4 bytes each, about one per hash), next to the shared hash array (8 bytes per distinct
-hash); its scan runs in steps, so other temporaries stay small. bench/dedup.py measures the totals.
+hash); its scan runs in steps, so other temporaries stay small. In one process (near_pairs) the
+sorted values of the first table of a group (same top block) are kept, 8 bytes per distinct hash,
+while the group's other tables are sorted from them. bench/dedup.py measures the totals.
 """
 from __future__ import annotations
 
