@@ -9,6 +9,7 @@ in their original's cluster; the target is 1.0).
 
     python bench/dedup.py --n 1000000 4000000 16000000          # pipeline.dedup.cluster, in process
     python bench/dedup.py --n 4000000 --ray --num-cpus 8         # run_dedup: measure files, Ray tasks
+    python bench/dedup.py --n 4000000 --ray --components-memory 0   # ... components on Ray too
 """
 from __future__ import annotations
 
@@ -143,10 +144,12 @@ def prepare_ray(table: pa.Table, unit_rows: int, num_cpus: int, workdir: Path) -
     return run, units
 
 
-def run_ray(run: Path, units: list[str], k: int, blocks: int | None) -> tuple[pa.Table, dict]:
+def run_ray(run: Path, units: list[str], k: int, blocks: int | None, components_memory: int | None
+            ) -> tuple[pa.Table, dict]:
     """run_dedup as the engine calls it: tables as Ray tasks, verdicts per unit."""
     from pipeline.dedup import read_verdicts, run_dedup
-    stats = run_dedup(run, units, {"dedup": {"max_distance": k, "blocks": blocks}})
+    stats = run_dedup(run, units, {"dedup": {"max_distance": k, "blocks": blocks,
+                                             "components_memory": components_memory}})
     return pa.concat_tables([read_verdicts(run, u) for u in units]), stats
 
 
@@ -159,6 +162,8 @@ def main() -> None:
     ap.add_argument("--ray", action="store_true", help="run_dedup over per-unit files with Ray tasks")
     ap.add_argument("--unit-rows", type=int, default=1_000_000, help="rows per measure file with --ray")
     ap.add_argument("--num-cpus", type=int, default=os.cpu_count(), help="Ray CPUs with --ray")
+    ap.add_argument("--components-memory", type=int,
+                    help="with --ray: dedup.components_memory in bytes (0: components on Ray)")
     ap.add_argument("--workdir", help="with --ray: where the run folder goes (default: a temp dir)")
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="humanset-bench-dedup-"))
@@ -170,7 +175,7 @@ def main() -> None:
         with PeakRSS() as mem:
             t0 = time.perf_counter()
             if args.ray:
-                out, stats = run_ray(run, units, args.k, args.blocks)
+                out, stats = run_ray(run, units, args.k, args.blocks, args.components_memory)
             else:
                 out, stats = run_inprocess(table, args.k, args.blocks)
             seconds = time.perf_counter() - t0
@@ -189,7 +194,8 @@ def main() -> None:
             "tables": stats.get("tables"), "candidate_pairs": stats.get("candidate_pairs"),
             "near_pairs": stats.get("near_pairs"), "largest_bucket": stats.get("largest_bucket"),
             "hot_buckets_scanned": stats.get("hot_buckets_scanned"),
-            "hot_buckets_skipped": stats.get("hot_buckets_skipped"),
+            "hot_buckets_skipped": stats.get("hot_buckets_skipped"), "components": stats.get("components"),
+            "component_rounds": stats.get("component_rounds"),
             "duplicates": int(pc.sum(out.column("dup_of").is_valid()).as_py()),
             "planted": len(planted), "planted_recall": round(recall, 6), "cpus": os.cpu_count()}), flush=True)
         del out

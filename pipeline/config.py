@@ -19,6 +19,7 @@ CHECKS: dict[str, Check] = {
     **RULE_CHECKS,
     "input.files_per_unit": Check(("int",), low=1),
     "dedup.max_distance": Check(("int",), nullable=True, low=0, high=64),
+    "dedup.components_memory": Check(("int",), low=0),
     "decode.max_pixels": Check(("int",), nullable=True, low=1),
     "person.weights": Check(("str",), nullable=True),
     "person.min_store_score": Check(("number",), low=0, high=1),

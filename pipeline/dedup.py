@@ -15,17 +15,25 @@
    object store once) and writes each table's pairs to its own file, so a crashed dedup resumes
    per table.
 3. Clusters are the connected components of all links (numpy union-find in this process); each
-   keeps one canonical sample: largest area, then smallest sample_id.
+   keeps one canonical sample: largest area, then smallest sample_id. When the near pairs would
+   need more than `dedup.components_memory` in this process (PAIR_BYTES each), run_dedup first
+   reduces them on Ray to one link per distinct hash (`ray_components`: large-star / small-star
+   rounds over partitions of the pair files), so the driver never holds the pairs; the clusters
+   are the same.
 
 Everything is a pure function of the inputs, so a resumed run gets the same clusters as a clean one.
 
 Memory in the process that builds the components, per sample: its sample_id and sha256 as Arrow
 strings (4 + length each) plus about 80 bytes of numpy arrays at the peak (pHash, sha256 key, area,
-sort orders, parent); per near pair 16 bytes (two hashes) while the pair files are read, then 16
-(two sample numbers). A near-search table holds 8 bytes per distinct hash (its sorted permuted copy)
-plus its candidate positions (4 bytes each, about one per hash), next to the shared hash array (8
-bytes per distinct hash); its scan runs in steps, so other temporaries stay small.
-bench/dedup.py measures the totals.
+sort orders, parent); per near pair at most PAIR_BYTES = 48 (two hashes while the pair files are
+read, two sample numbers and the union-find's temporaries after), or nothing on the Ray path, which
+gives it at most one link (two hashes, 16 bytes) per distinct hash. A Ray components task holds its
+partition's edge records (8 bytes each, two per pair at first) about three times while it sorts.
+A near-search table holds 8 bytes per distinct hash (its sorted permuted copy) plus its candidate
+positions (4 bytes each, about one per hash), next to the shared hash array (8 bytes per distinct
+hash); its scan runs in steps, so other temporaries stay small. In one process (near_pairs) the
+sorted values of the first table of a group (same top block) are kept, 8 bytes per distinct hash,
+while the group's other tables are sorted from them. bench/dedup.py measures the totals.
 """
 from __future__ import annotations
 
@@ -44,13 +52,14 @@ import pyarrow.parquet as pq
 log = logging.getLogger("humanset.dedup")
 
 BITS = 64
-WINDOW = 256  # buckets up to this size: pairs by sliding offsets; larger ones: blocked scan
+WINDOW = 256  # buckets up to this size: compared as matrices of same-size buckets; larger: blocked scan
 DEFAULT_BUCKET_CAP = 20_000  # buckets larger than this are skipped (and counted): O(size^2) each
 MAX_TABLES = 500  # choose_blocks never picks more tables than this (unless k needs it)
 MAX_DISTANCE = 32  # beyond half the bits a "near" pHash pair is no longer a duplicate
 RAY_MIN_HASHES = 100_000  # fewer distinct hashes: the tables run in the driver (a task costs more)
-_SCAN_CELLS = 1 << 22
-_STEP = 1 << 22  # positions per step of a table's scan (bounds its temporaries to ~100 MB)  # popcounts per step of the blocked scan (memory: 8 bytes each)
+_SCAN_CELLS = 1 << 22  # cells per step of a bucket matrix or of the blocked scan (memory: 8 bytes each)
+_EXACT_SIZES = 32  # buckets up to this size are compared in classes of one size; larger ones padded
+_STEP = 1 << 22  # positions per step of a table's scan for equal keys (bounds its temporaries to ~100 MB)
 
 
 # --------------------------------------------------------------------------------------------
@@ -116,13 +125,16 @@ class Layout:
         order = list(kept) + [b for b in range(m) if b not in kept]
         self.key_bits = sum(bl[b][1] for b in kept)
         self.key_shift = BITS - self.key_bits
+        self.top_block, self.top_bits = kept[0], bl[kept[0]][1]
         moves, dst = [], BITS
         self.block_mask = np.zeros(m, dtype=np.uint64)  # block b's bits in the permuted value
+        self.block_shift = {}  # block b's lowest bit in the permuted value
         for b in order:
             src, w = bl[b]
             dst -= w
             moves.append((src, dst, w))
             self.block_mask[b] = np.uint64(((1 << w) - 1) << dst)
+            self.block_shift[b] = dst
         self.moves = _merge(moves)
 
     def permute(self, x: np.ndarray) -> np.ndarray:
@@ -130,6 +142,34 @@ class Layout:
 
     def unpermute(self, p: np.ndarray) -> np.ndarray:
         return _move(p, [(d, s, w) for s, d, w in self.moves])
+
+    def repermute(self, other: "Layout", p: np.ndarray) -> np.ndarray:
+        """Values permuted for table `other` moved into this table's layout (one pass per bit range)."""
+        bl = blocks(self.m)
+        moves = sorted(((other.block_shift[b], self.block_shift[b], bl[b][1]) for b in range(self.m)), reverse=True)
+        return _move(p, _merge(moves))
+
+    def sorted_values(self, hashes: np.ndarray, base: tuple | None = None) -> np.ndarray:
+        """The hashes in this table's layout, sorted.
+
+        base: (layout, its sorted values) of another table with the same top block. Re-permuted,
+        those values are already grouped by the top block, so only each group needs sorting: many
+        small sorts in cache rather than one over the whole array (about a third less time).
+        """
+        if base is not None and base[0].top_block == self.top_block:
+            p = self.repermute(base[0], base[1])
+            top = p >> np.uint64(BITS - self.top_bits)
+            cuts = np.flatnonzero(top[1:] != top[:-1]) + 1
+            del top
+            if len(cuts) * 16 <= len(p):  # groups of 16 hashes or more on average
+                for a, b in itertools.pairwise([0, *cuts.tolist(), len(p)]):
+                    if b - a > 1:
+                        p[a:b].sort()
+                return p
+        else:
+            p = self.permute(np.asarray(hashes, dtype=np.uint64))
+        p.sort()
+        return p
 
     def agree(self, diff: np.ndarray) -> np.ndarray:
         """Bit b set where the pair (given by x ^ y of permuted values) agrees on block b."""
@@ -151,14 +191,18 @@ def _merge(moves):
 
 
 def _move(x: np.ndarray, moves) -> np.ndarray:
-    out = np.zeros(len(x), dtype=np.uint64)
+    """Bit ranges (src, dst, width) of x moved; ranges that stay put cost one mask in all."""
+    stay = sum(((1 << w) - 1) << s for s, d, w in moves if s == d)
+    out = np.bitwise_and(x, np.uint64(stay)) if stay else np.zeros(len(x), dtype=np.uint64)
     tmp = np.empty(len(x), dtype=np.uint64)
     for s, d, w in moves:
-        if w == BITS:
-            return x.astype(np.uint64, copy=True)
-        np.right_shift(x, np.uint64(s), out=tmp)
-        np.bitwise_and(tmp, np.uint64((1 << w) - 1), out=tmp)
-        np.left_shift(tmp, np.uint64(d), out=tmp)
+        if s == d:
+            continue
+        if s > d:
+            np.right_shift(x, np.uint64(s - d), out=tmp)
+        else:
+            np.left_shift(x, np.uint64(d - s), out=tmp)
+        np.bitwise_and(tmp, np.uint64(((1 << w) - 1) << d), out=tmp)
         np.bitwise_or(out, tmp, out=out)
     return out
 
@@ -181,9 +225,13 @@ def table_pairs(hashes: np.ndarray, k: int, m: int, t: int, bucket_cap: int = DE
     candidates compared, pairs verified, pairs emitted and hot buckets scanned or skipped.
     """
     lay = Layout(m, k, t)
+    return _sorted_table_pairs(lay.sorted_values(hashes), lay, k, bucket_cap)
+
+
+def _sorted_table_pairs(p: np.ndarray, lay: Layout, k: int, bucket_cap: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """table_pairs on the table's sorted permuted values p (read, not changed)."""
+    m, t = lay.m, lay.t
     first = first_table(m, k)
-    p = lay.permute(np.asarray(hashes, dtype=np.uint64))
-    p.sort()
     n = len(p)
     stats = {"table": t, "hashes": n, "candidates": 0, "verified": 0, "pairs": 0, "largest_bucket": 0,
              "hot_buckets_scanned": 0, "hot_buckets_skipped": 0, "hot_hashes_skipped": 0}
@@ -200,13 +248,15 @@ def table_pairs(hashes: np.ndarray, k: int, m: int, t: int, bucket_cap: int = DE
     cand = np.concatenate(cand)
     found_x, found_y = [], []
 
-    def keep(x, y, diff):
-        ok = np.bitwise_count(diff) <= k
-        stats["verified"] += int(ok.sum())
-        x, y, diff = x[ok], y[ok], diff[ok]
+    def emit(x, y, diff):  # verified pairs (distance <= k)
+        stats["verified"] += len(x)
         mine = first[lay.agree(diff)] == t  # emitted by the first table they share a bucket in
         found_x.append(x[mine])
         found_y.append(y[mine])
+
+    def keep(x, y, diff):
+        ok = np.bitwise_count(diff) <= k
+        emit(x[ok], y[ok], diff[ok])
 
     if len(cand):
         # bucket sizes, from the starts of runs of equal keys among the candidate positions
@@ -215,21 +265,24 @@ def table_pairs(hashes: np.ndarray, k: int, m: int, t: int, bucket_cap: int = DE
         lo = cand[run_start]
         stats["largest_bucket"] = int(run_len.max())
         hot = run_len > min(WINDOW, bucket_cap)
-        if hot.any():
-            # drop positions inside hot buckets from the sliding pass
-            inside = np.zeros(len(cand), dtype=bool)
-            for s, ln in zip(run_start[hot], run_len[hot]):
-                inside[s:s + ln - 1] = True
-            cand = cand[~inside]
-            for s, ln in zip(lo[hot].tolist(), run_len[hot].tolist()):
-                if ln > bucket_cap:
-                    stats["hot_buckets_skipped"] += 1
-                    stats["hot_hashes_skipped"] += ln
-                    continue
-                stats["hot_buckets_scanned"] += 1
-                _scan(p[s:s + ln], k, keep, stats)
-        for s in range(0, len(cand), _STEP):
-            _slide(p, cand[s:s + _STEP].astype(np.int64), shift, keep, stats)
+        del cand, run_start
+        for s, ln in zip(lo[hot].tolist(), run_len[hot].tolist()):
+            if ln > bucket_cap:
+                stats["hot_buckets_skipped"] += 1
+                stats["hot_hashes_skipped"] += ln
+                continue
+            stats["hot_buckets_scanned"] += 1
+            _scan(p[s:s + ln], k, keep, stats)
+        lo, run_len = lo[~hot], run_len[~hot]
+        # buckets grouped by size class: each size up to _EXACT_SIZES, then powers of two (padded)
+        size = np.where(run_len <= _EXACT_SIZES, run_len,
+                        1 << np.ceil(np.log2(np.maximum(run_len, 1))).astype(np.int64))
+        by_size = np.argsort(size.astype(np.int16) if WINDOW < 1 << 14 else size, kind="stable")
+        lo, run_len, size = lo[by_size], run_len[by_size], size[by_size]
+        edges = np.flatnonzero(np.diff(size, prepend=0, append=0))
+        for a, b in zip(edges[:-1], edges[1:]):
+            padded = size[a] > _EXACT_SIZES
+            _buckets(p, lo[a:b], int(size[a]), k, emit, stats, run_len[a:b] if padded else None)
     x = np.concatenate(found_x) if found_x else np.zeros(0, np.uint64)
     y = np.concatenate(found_y) if found_y else np.zeros(0, np.uint64)
     x, y = lay.unpermute(x), lay.unpermute(y)
@@ -237,23 +290,39 @@ def table_pairs(hashes: np.ndarray, k: int, m: int, t: int, bucket_cap: int = DE
     return np.minimum(x, y), np.maximum(x, y), stats
 
 
-def _slide(p: np.ndarray, cand: np.ndarray, shift, keep, stats: dict) -> None:
-    """Compare each p[i] (i in cand) with p[i + d], d = 1, 2, ... while both share a bucket."""
-    n = len(p)
-    d, x, y = 1, p[cand], p[cand + 1]
-    diff = x ^ y
-    while len(cand):
-        stats["candidates"] += len(cand)
-        keep(x, y, diff)
-        nxt = cand + (d + 1)
-        inside = nxt < n
-        if not inside.all():
-            cand, x, nxt = cand[inside], x[inside], nxt[inside]
-        y = p[nxt]
-        diff = x ^ y
-        same = (diff >> shift) == 0
-        cand, x, y, diff = cand[same], x[same], y[same], diff[same]
-        d += 1
+def _buckets(p: np.ndarray, lo: np.ndarray, size: int, k: int, emit, stats: dict, sizes=None) -> None:
+    """Every pair inside the buckets p[lo:lo + size] (all of one size), bucket rows at a time.
+
+    The buckets' hashes form a (size, buckets) matrix; the pairs at offset d are one xor of two of
+    its row slices, so a candidate costs an xor, a popcount and a compare, with no gather or
+    compaction per candidate (what made the candidates' share grow with n). sizes: the buckets'
+    own sizes when they are padded up to `size` (rare large buckets: a class per power of two
+    rather than per size), whose pairs beyond them are masked out.
+    """
+    rows = max(1, _SCAN_CELLS // size)
+    off = np.arange(size)[:, None]
+    xs, ys, ds = [], [], []
+    for s in range(0, len(lo), rows):
+        # one column per bucket, so each operation below runs along the long axis
+        if sizes is None:
+            m = p[lo[None, s:s + rows] + off]
+            stats["candidates"] += m.shape[1] * (size * (size - 1) // 2)
+        else:
+            sz = sizes[None, s:s + rows]
+            m = p[lo[None, s:s + rows] + np.minimum(off, sz - 1)]
+            stats["candidates"] += int((sz * (sz - 1) // 2).sum())
+        for d in range(1, size):
+            diff = m[d:] ^ m[:-d]
+            close = np.bitwise_count(diff) <= k
+            if sizes is not None:
+                close &= off[d:] < sz
+            i, c = np.nonzero(close)
+            if len(i):
+                xs.append(m[i + d, c])
+                ys.append(m[i, c])
+                ds.append(diff[i, c])
+    if xs:  # one call for all (the first-table lookup costs a few passes of its own)
+        emit(np.concatenate(xs), np.concatenate(ys), np.concatenate(ds))
 
 
 def _scan(bucket: np.ndarray, k: int, keep, stats: dict) -> None:
@@ -278,8 +347,14 @@ def near_pairs(hashes: np.ndarray, k: int, m: int | None = None, bucket_cap: int
     hashes = np.asarray(hashes, dtype=np.uint64)
     m = m or choose_blocks(len(hashes), k)
     a, b, per = [], [], []
+    base = None  # tables come grouped by their first kept block: the group's first sort serves the rest
     for t in range(len(tables(m, k))):
-        x, y, st = table_pairs(hashes, k, m, t, bucket_cap)
+        lay = Layout(m, k, t)
+        p = lay.sorted_values(hashes, base)
+        if base is None or base[0].top_block != lay.top_block:
+            base = (lay, p)
+        x, y, st = _sorted_table_pairs(p, lay, k, bucket_cap)
+        del p
         a.append(x)
         b.append(y)
         per.append(st)
@@ -300,6 +375,11 @@ def _sum_stats(m: int, k: int, per: list[dict]) -> dict:
 
 def _union_find(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Root per node after unioning every (a[i], b[i]); path halving, vectorised over edges."""
+    return _union_find_owned(n, [a, b])
+
+
+def _union_find_owned(n: int, edges: list) -> np.ndarray:
+    """_union_find of edges = [a, b], emptied so the arrays are freed as soon as they are used up."""
     parent = np.arange(n, dtype=np.int64)
 
     def find(x):
@@ -311,13 +391,20 @@ def _union_find(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
             parent[x] = gp
             x = gp
 
+    b, a = edges.pop(), edges.pop()
     while len(a):
-        ra, rb = find(a), find(b)
+        ra = find(a)
+        del a
+        rb = find(b)
+        del b
         diff = ra != rb
         ra, rb = ra[diff], rb[diff]
+        del diff
         if not len(ra):
             break
-        lo, hi = np.minimum(ra, rb), np.maximum(ra, rb)
+        lo = np.minimum(ra, rb)
+        hi = np.maximum(ra, rb, out=rb)
+        del ra, rb
         parent[hi] = lo  # several edges may write the same hi: others are redone next round
         a, b = lo, hi
     return find(np.arange(n, dtype=np.int64))
@@ -441,10 +528,12 @@ def components(phash: pa.Array, sha256, max_distance: int | None = 4, exact: boo
             x, y, st = (near or near_pairs)(distinct, int(max_distance))
             stats.update(st)
             ea.append(rep[np.searchsorted(distinct, x)])
+            del x
             eb.append(rep[np.searchsorted(distinct, y)])
-    a = np.concatenate(ea) if ea else np.zeros(0, np.int64)
-    b = np.concatenate(eb) if eb else np.zeros(0, np.int64)
-    return _union_find(n, a, b), stats
+            del y
+    edges = [np.concatenate(e) if e else np.zeros(0, np.int64) for e in (ea, eb)]
+    del ea, eb
+    return _union_find_owned(n, edges), stats
 
 
 def verdicts(root: np.ndarray, sample_id: pa.Array, area: np.ndarray, sha256) -> pa.Table:
@@ -508,6 +597,134 @@ def cluster_stats(samples: pa.Table, max_distance: int = 4, exact: bool = True, 
                              lambda h, k: near_pairs(h, k, blocks, bucket_cap=cap))
     out = verdicts(root, samples.column("sample_id"), _area(samples), samples.column("sha256"))
     return out.take(pc.sort_indices(out, sort_keys=[("sample_id", "ascending")])), stats
+
+
+# --------------------------------------------------------------------------------------------
+# Components of the near pairs on Ray, when they would not fit the driver (dedup.components_memory)
+#
+# Vertices are positions in the sorted distinct-hash array; an edge record is one uint64,
+# key << 32 | value (so at most 2^32 distinct hashes), kept in Ray's object store in `parts`
+# partitions by key. The alternating algorithm of Kiveris et al., "Connected components in
+# MapReduce and beyond" (SoCC 2014): large-star (every vertex links its larger neighbours to the
+# smallest of its neighbourhood) and small-star (every vertex links its smaller neighbours and
+# itself to the smallest of them) until a large-star and the small-star after it change no edge;
+# the graph is then one star per component around its smallest vertex. O(log n) rounds in
+# practice (chains included), each a shuffle of the edges; the driver holds per round only the
+# partitions' object references and counts. The result comes back as one edge per non-centre
+# vertex (vertex, centre): at most one per distinct hash, which the driver's union-find over
+# samples takes like any other link, so the clusters equal those of the union-find over all pairs.
+
+PAIR_BYTES = 48  # driver memory per near pair in the in-process union-find at its peak (measured 21-42)
+DEFAULT_COMPONENTS_MEMORY = 4 << 30  # dedup.components_memory: more pairs than this holds -> on Ray
+MAX_PARTS = 256  # partitions of the edges on Ray (each a reduce task per round)
+_LOW = np.uint64(0xFFFFFFFF)
+_HI = np.uint64(32)
+
+
+def _pack(key: np.ndarray, val: np.ndarray) -> np.ndarray:
+    return (key.astype(np.uint64) << _HI) | val.astype(np.uint64)
+
+
+def _split(rec: np.ndarray, parts: int) -> list[np.ndarray]:
+    """Edge records cut into `parts` partitions by a hash of their key."""
+    if parts == 1:
+        return [rec]
+    p = (((rec >> _HI) * np.uint64(0x9E3779B97F4A7C15)) >> _HI) % np.uint64(parts)
+    order = np.argsort(p, kind="stable")
+    return np.split(rec[order], np.cumsum(np.bincount(p.astype(np.int64), minlength=parts))[:-1])
+
+
+def _groups(inputs) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(key, value, group number, first-of-its-key mask) of the distinct records, sorted by key, value."""
+    rec = np.unique(np.concatenate(inputs)) if len(inputs) else np.zeros(0, np.uint64)
+    key, val = rec >> _HI, rec & _LOW
+    head = np.ones(len(key), dtype=bool)
+    head[1:] = key[1:] != key[:-1]
+    return key, val, np.cumsum(head) - 1, head
+
+
+def _cc_load(path: str, distinct: np.ndarray, parts: int) -> list:
+    """One table's pair file -> records for the first large-star (both directions), by partition."""
+    p = pq.read_table(path)
+    a = np.searchsorted(distinct, p.column("a").to_numpy())
+    b = np.searchsorted(distinct, p.column("b").to_numpy())
+    return [*_split(np.concatenate([_pack(a, b), _pack(b, a)]), parts), {"edges": len(a), "changes": 0}]
+
+
+def _cc_step(op: str, parts: int, *inputs) -> list:
+    """One reduce of the alternating algorithm on one partition, and the map of the next one.
+
+    op "large": records (u; v) for both directions of every edge; emits (v, m(u)) for each v > u,
+    m(u) the smallest of u and its neighbours, as small-star input (larger end; smaller end).
+    op "small": records (u; v) with v < u; m = smallest v; emits (x, m) for every other x among the
+    v and u itself, as large-star input (both directions). changes: edges that are not kept as they
+    were (zero in both ops, one after the other: every component is a star around its minimum).
+    """
+    key, val, group, head = _groups(inputs)
+    first = val[head][group]  # smallest neighbour (value) per record's key
+    if op == "large":
+        m = np.minimum(key, first)
+        up = val > key
+        v, mv = val[up], m[up]
+        out = _pack(v, mv)  # v > u >= m: key is the larger end
+        st = {"edges": len(out), "changes": int((mv != key[up]).sum())}
+    else:
+        other = val != first
+        centre = key[head]  # each key u once, linked to its smallest neighbour
+        x = np.concatenate([val[other], centre])
+        m = np.concatenate([first[other], val[head]])
+        out = np.concatenate([_pack(x, m), _pack(m, x)])
+        st = {"edges": len(x), "changes": int(other.sum())}
+    return [*_split(out, parts), st]
+
+
+def _cc_labels(*inputs) -> tuple[np.ndarray, np.ndarray]:
+    """(vertex, centre) for the non-centre vertices of one partition of the final stars."""
+    key, val, group, head = _groups(inputs)
+    k, first = key[head], val[head]
+    leaf = first < k
+    return k[leaf], first[leaf]
+
+
+def ray_components(files: list, distinct: np.ndarray, parts: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Near pairs (pair files of hash values) -> one (hash, component's smallest hash) per other hash.
+
+    Iterative on Ray: the driver holds object references and per-round counts, never the pairs.
+    """
+    import ray
+    if len(distinct) >= 1 << 32:
+        raise ValueError(f"dedup: {len(distinct)} distinct pHashes; the components on Ray number them in 32 bits "
+                         f"(at most {1 << 32}); raise dedup.components_memory to build them in this process")
+    parts = max(1, int(parts))
+    t0 = time.perf_counter()
+    ref = ray.put(distinct)
+    load = ray.remote(num_cpus=1, num_returns=parts + 1)(_cc_load)
+    step = ray.remote(num_cpus=1, num_returns=parts + 1)(_cc_step)
+    outs = [load.remote(str(f), ref, parts) for f in files]
+    op, rounds, large_changes = "large", 0, None
+    while True:
+        outs = [step.remote(op, parts, *[o[j] for o in outs]) for j in range(parts)]
+        st = ray.get([o[-1] for o in outs])
+        rounds += 1
+        changes, left = sum(s["changes"] for s in st), sum(s["edges"] for s in st)
+        log.info("dedup: components round %d (%s-star): %d edges, %d changed", rounds, op, left, changes)
+        if op == "large":
+            large_changes, op = changes, "small"
+        elif large_changes == 0 and changes == 0:
+            break
+        else:
+            op = "large"
+    labels = ray.remote(num_cpus=1)(_cc_labels)
+    v, c = [], []
+    for x, y in ray.get([labels.remote(*[o[j] for o in outs]) for j in range(parts)]):
+        v.append(x)
+        c.append(y)
+    del outs
+    v = np.concatenate(v).astype(np.int64) if v else np.zeros(0, np.int64)
+    c = np.concatenate(c).astype(np.int64) if c else np.zeros(0, np.int64)
+    stats = {"components": "ray", "component_rounds": rounds, "component_partitions": parts,
+             "component_seconds": round(time.perf_counter() - t0, 3)}
+    return distinct[v], distinct[c], stats
 
 
 # --------------------------------------------------------------------------------------------
@@ -598,6 +815,48 @@ def _run_tables(hashes: np.ndarray, k: int, m: int, bucket_cap: int, folder: Pat
     return ray.get(refs)
 
 
+def _ray_cpus() -> int | None:
+    """CPUs of the Ray cluster this process is connected to; None when Ray is not running."""
+    try:
+        import ray
+        return int(ray.cluster_resources().get("CPU", 1)) if ray.is_initialized() else None
+    except ImportError:
+        return None
+
+
+def _near_links(files: list, hashes: np.ndarray, st: dict, budget: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The links the union-find over samples gets from the near search, as pairs of hash values.
+
+    The pairs themselves when they fit dedup.components_memory (PAIR_BYTES each), else their
+    components computed on Ray, one link per hash that is not its component's smallest.
+    """
+    need = st["near_pairs"] * PAIR_BYTES
+    cpus = _ray_cpus() if need > budget else None
+    if cpus is not None:
+        parts = min(MAX_PARTS, max(cpus, math.ceil(need / max(budget, 1))))
+        log.info("dedup: %d near pairs need ~%.1f GB in this process, over dedup.components_memory=%d: "
+                 "components on Ray in %d partitions", st["near_pairs"], need / 1e9, budget, parts)
+        x, y, cst = ray_components(files, hashes, parts)
+        return x, y, {**st, **cst}
+    if need > budget:
+        log.warning("dedup: %d near pairs need ~%.1f GB, over dedup.components_memory=%d, but Ray is not "
+                    "running: components built in this process", st["near_pairs"], need / 1e9, budget)
+    a, b = np.empty(st["near_pairs"], np.uint64), np.empty(st["near_pairs"], np.uint64)
+    at = 0
+    for f in files:
+        p = pq.read_table(f)
+        if at + p.num_rows > len(a):
+            at += p.num_rows
+            break
+        a[at:at + p.num_rows] = p.column("a").to_numpy()
+        b[at:at + p.num_rows] = p.column("b").to_numpy()
+        at += p.num_rows
+    if at != len(a):
+        raise RuntimeError(f"dedup: the pair files under {Path(files[0]).parent} hold {at} pairs, their stats "
+                           f"{len(a)}; delete that folder and run again")
+    return a, b, {**st, "components": "driver"}
+
+
 def _log_table(done: int, total: int, st: dict, level: int = logging.INFO) -> None:
     log.log(level, "dedup: table %d done (%d/%d): %d candidate pairs, %d near pairs%s", st["table"], done, total,
              st["candidates"], st["pairs"],
@@ -619,6 +878,8 @@ def run_dedup(run, unit_ids: list[str], cfg: dict) -> dict:
     enabled = "dedup" in cfg.get("stages", ["dedup"])
     k = d.get("max_distance", 4)
     bucket_cap = int(d.get("bucket_cap") or DEFAULT_BUCKET_CAP)
+    budget = d.get("components_memory")
+    budget = DEFAULT_COMPONENTS_MEMORY if budget is None else int(budget)
     parts = []
     for u in unit_ids:
         t = pq.read_table(run / "work" / "measure" / f"{u}.parquet", columns=MEASURE_COLUMNS)
@@ -629,13 +890,9 @@ def run_dedup(run, unit_ids: list[str], cfg: dict) -> dict:
     if table.num_rows and enabled:
         def near(hashes, kk):
             m = int(d.get("blocks") or choose_blocks(len(hashes), kk))
-            per = _run_tables(hashes, kk, m, bucket_cap, pairs_dir(run))
-            a, b = [], []
-            for t in range(len(tables(m, kk))):
-                p = pq.read_table(table_file(pairs_dir(run), m, kk, t))
-                a.append(p.column("a").to_numpy())
-                b.append(p.column("b").to_numpy())
-            return np.concatenate(a), np.concatenate(b), _sum_stats(m, kk, per)
+            st = _sum_stats(m, kk, _run_tables(hashes, kk, m, bucket_cap, pairs_dir(run)))
+            files = [table_file(pairs_dir(run), m, kk, t) for t in range(len(tables(m, kk)))]
+            return _near_links(files, hashes, st, budget)
         root, st = components(table.column("phash"), table.column("sha256"), k,
                                            d.get("exact", True), near)
         result = verdicts(root, table.column("sample_id"), _area(table), table.column("sha256"))

@@ -117,6 +117,30 @@ def test_blocked_scan_of_hot_buckets_equals_brute_force(monkeypatch, window):
     assert len(got) == len(set(got)) and set(got) == _brute_pairs(distinct, 4)
 
 
+@pytest.mark.parametrize("exact_sizes", [2, 5])
+def test_padded_bucket_classes_equal_brute_force(monkeypatch, exact_sizes):
+    monkeypatch.setattr(dedup, "_EXACT_SIZES", exact_sizes)  # most buckets padded to a power of two
+    monkeypatch.setattr(dedup, "_SCAN_CELLS", 64)  # several row steps per class
+    distinct = np.unique(np.array(_hashes(6), np.uint64))
+    a, b, st = near_pairs(distinct, 4, 6)
+    got = list(zip(a.tolist(), b.tolist()))
+    assert len(got) == len(set(got)) and set(got) == _brute_pairs(distinct, 4)
+    monkeypatch.setattr(dedup, "_EXACT_SIZES", 1000)
+    assert near_pairs(distinct, 4, 6)[2]["candidate_pairs"] == st["candidate_pairs"]  # padding is not counted
+
+
+def test_sorted_values_from_a_base_table_equal_a_full_sort():
+    h = np.random.default_rng(1).integers(0, 2**64, 20_000, dtype=np.uint64, endpoint=False)
+    for m, k in [(6, 4), (7, 4), (3, 1)]:
+        base = None
+        for t in range(len(tables(m, k))):
+            lay = Layout(m, k, t)
+            p = lay.sorted_values(h, base)
+            assert np.array_equal(p, np.sort(lay.permute(h))), (m, k, t)
+            if base is None or base[0].top_block != lay.top_block:
+                base = (lay, p)
+
+
 @pytest.mark.parametrize("k", [1, 2, 3, 8])
 def test_other_distances_equal_brute_force(k):
     distinct = np.unique(np.array(_hashes(9, copies=300, skewed=300), np.uint64))
@@ -386,3 +410,114 @@ def test_run_dedup_tables_as_ray_tasks(measured_run, ray_local, monkeypatch):
     assert st["tables"] == 5 and len(list(dedup.pairs_dir(run).glob("m5-k4-t*.parquet"))) == 5
     assert calls == [st["distinct_hashes"]]  # the hash array went to the object store once
     assert _verdicts(run).equals(cluster(alive, 4).cast(dedup.VERDICT_SCHEMA))
+
+
+# ---- components on Ray (over dedup.components_memory) ----------------------------------------
+
+def _alternate(a, b, parts):
+    """ray_components' rounds with the same step functions, run in this process: (vertex, centre), rounds."""
+    outs = [dedup._split(np.concatenate([dedup._pack(a, b), dedup._pack(b, a)]), parts)]
+    op, rounds, large = "large", 0, None
+    while True:
+        outs = [dedup._cc_step(op, parts, *[o[j] for o in outs]) for j in range(parts)]
+        changes = sum(o[-1]["changes"] for o in outs)
+        rounds += 1
+        if op == "small" and large == 0 and changes == 0:
+            break
+        op, large = ("small", changes) if op == "large" else ("large", large)
+    got = [dedup._cc_labels(*[o[j] for o in outs]) for j in range(parts)]
+    return np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got]), rounds
+
+
+@pytest.mark.parametrize("shape", ["chain", "stars", "random"])
+def test_alternating_stars_give_the_union_find_components(shape):
+    rng = np.random.default_rng(len(shape))
+    n = 5000
+    if shape == "chain":  # one path through every vertex in random order: label propagation's worst case
+        order = rng.permutation(n)
+        a, b = order[:-1], order[1:]
+    elif shape == "stars":  # centres with many leaves, the centres chained; some vertices alone
+        centre = rng.integers(0, 40, n)
+        a, b = np.r_[centre, np.arange(39)], np.r_[np.arange(n), np.arange(1, 40)]
+        keep = rng.random(len(a)) < 0.9
+        a, b = a[keep], b[keep]
+    else:
+        a, b = rng.integers(0, n, 3000), rng.integers(0, n, 3000)
+    v, c, rounds = _alternate(a.astype(np.int64), b.astype(np.int64), 4)
+    assert (c < v).all() and len(np.unique(v)) == len(v)  # one centre per non-centre vertex
+    truth = dedup._union_find(n, a.astype(np.int64), b.astype(np.int64))
+    assert (truth[v] == truth[c]).all()
+    got = dedup._union_find(n, v, c)  # the star links alone give the same partition
+    assert np.array_equal(np.unique(np.c_[got, truth], axis=0)[:, 0], np.unique(got)) and \
+        len(np.unique(got)) == len(np.unique(truth))
+    assert (got == np.arange(n))[np.isin(np.arange(n), np.r_[a, b], invert=True)].all()
+    assert rounds <= 4 * np.log2(n)  # O(log n) rounds, not O(diameter)
+
+
+def _chains_and_stars(seed: int) -> pa.Table:
+    """Long chains (random walks of 1-bit steps: the worst case for label propagation), stars
+    (a centre and copies 1-4 bits away), exact copies, byte copies and uniform hashes."""
+    rng = np.random.default_rng(seed)
+    hashes = []
+    for length in (400, 150, 60):  # chain vertices land in random order among the distinct hashes
+        h = int(rng.integers(0, 2**63))
+        for _ in range(length):
+            h ^= 1 << int(rng.integers(0, 64))
+            hashes.append(h)
+    for _ in range(4):
+        c = int(rng.integers(0, 2**63))
+        hashes.append(c)
+        for _ in range(60):
+            h = c
+            for b in rng.choice(64, rng.integers(1, 5), replace=False):
+                h ^= 1 << int(b)
+            hashes.append(h)
+    hashes += rng.integers(0, 2**63, 200).tolist()
+    hashes += [hashes[i] for i in rng.integers(0, len(hashes), 40)]  # same pHash
+    n = len(hashes)
+    sha = [f"{x:064x}" for x in rng.integers(0, 2**63, n)]
+    for i, j in rng.integers(0, n, (20, 2)):
+        sha[i] = sha[j]  # same bytes
+    order = rng.permutation(n)
+    return pa.table({"sample_id": [f"s{i:05d}" for i in order], "sha256": sha, "phash": pa.array(hashes, pa.uint64()),
+                     "width": rng.integers(1, 4, n) * 100, "height": [100] * n,
+                     "_alive": pa.array(np.ones(n, bool))})
+
+
+def test_components_on_ray_equal_union_find_and_brute_force(tmp_path, ray_local, monkeypatch):
+    t = _chains_and_stars(11)
+    (tmp_path / "a/work/measure").mkdir(parents=True)
+    for i, u in enumerate(UNITS):
+        pq.write_table(t.slice(i * 500, 500), tmp_path / "a/work/measure" / f"{u}.parquet")
+    import shutil
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    cfg = {"dedup": {"max_distance": 4, "blocks": 5}}  # 5 pair files
+    st_driver = run_dedup(tmp_path / "a", UNITS, cfg)
+    assert st_driver["components"] == "driver"
+
+    monkeypatch.setattr(dedup, "MAX_PARTS", 3)
+    real_read = dedup.pq.read_table
+    monkeypatch.setattr(dedup.pq, "read_table", lambda p, *a, **kw: (
+        pytest.fail(f"the driver read a pair file: {p}") if "pairs" in str(p) else real_read(p, *a, **kw)))
+    st = run_dedup(tmp_path / "b", UNITS, {"dedup": {**cfg["dedup"], "components_memory": 1}})
+    assert st["components"] == "ray" and st["component_partitions"] == 3
+    assert st["component_rounds"] >= 4  # chains take several rounds
+    assert st["near_pairs"] == st_driver["near_pairs"] > 1000
+    for u in UNITS:  # the verdict files are the union-find path's
+        assert dedup.read_verdicts(tmp_path / "b", u).equals(dedup.read_verdicts(tmp_path / "a", u))
+
+    got = pa.concat_tables([dedup.read_verdicts(tmp_path / "b", u) for u in UNITS])
+    canon = np.array([r["dup_of"] or r["sample_id"] for r in got.to_pylist()])
+    h = t.column("phash").to_pylist()
+    truth = np.array(_brute_force(h, 4))
+    sha = t.column("sha256").to_pylist()
+    first = {}
+    for i, s in enumerate(sha):  # brute force knows no sha256: link byte copies by hand
+        first.setdefault(s, i)
+    for i, s in enumerate(sha):
+        a, b = truth[first[s]], truth[i]
+        if a != b:
+            truth[truth == b] = a
+    for i in range(len(h)):
+        assert ((canon == canon[i]) == (truth == truth[i])).all()
+    assert (got.column("dup_cluster_size").to_numpy() >= 400).sum() >= 400  # the long chain is one cluster
