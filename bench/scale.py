@@ -8,7 +8,7 @@ JPEGs (320x320, WebDataset shards of 1,000). Prints JSON:
            check, a tar of the kept bytes - the peer the engine has to beat;
   ratio:   engine images/s over plain images/s.
 
-    python bench/scale.py --n 20000 [--workdir DIR] [--num-cpus 2] [--skip-plain] [--noise 5]
+    python bench/scale.py --n 20000 [--workdir DIR] [--num-cpus 2] [--skip-plain] [--noise 5] [--side 128]
 
 The crawl is generated once into --workdir (reused when it already holds N images); the engine's
 run directory is recreated each time. Targets (README): driver VmHWM at 100k within 1.15x of 20k and
@@ -39,7 +39,7 @@ NOISE = 14.0  # std of the detail texture: 14 gives ~32 KB JPEGs, 5 gives ~16 KB
 def _shard(args) -> str:
     """One shard of distinct photo-like JPEGs: a random 8x8 colour field upsampled (distinct low
     frequencies, so distinct pHashes) plus a random crop of a shared noise texture (detail)."""
-    folder, index, start, count, noise = args
+    folder, index, start, count, noise, side = args
     import numpy as np
     from PIL import Image
     path = Path(folder) / f"{index:06d}.tar"
@@ -47,12 +47,12 @@ def _shard(args) -> str:
         return str(path)
     tmp = path.with_name(path.name + ".part")
     rng = np.random.default_rng(index)
-    texture = rng.normal(0, noise, (2 * SIDE, 2 * SIDE, 3)).astype(np.int16)
+    texture = rng.normal(0, noise, (2 * side, 2 * side, 3)).astype(np.int16)
     with tarfile.open(tmp, "w") as tf:
         for k in range(start, start + count):
-            field = Image.fromarray(rng.integers(30, 225, (8, 8, 3), dtype=np.uint8)).resize((SIDE, SIDE), Image.BICUBIC)
-            y, x = rng.integers(0, SIDE, 2)
-            img = np.clip(np.asarray(field, np.int16) + texture[y:y + SIDE, x:x + SIDE], 0, 255).astype(np.uint8)
+            field = Image.fromarray(rng.integers(30, 225, (8, 8, 3), dtype=np.uint8)).resize((side, side), Image.BICUBIC)
+            y, x = rng.integers(0, side, 2)
+            img = np.clip(np.asarray(field, np.int16) + texture[y:y + side, x:x + side], 0, 255).astype(np.uint8)
             b = io.BytesIO()
             Image.fromarray(img).save(b, "JPEG", quality=85)
             info = tarfile.TarInfo(f"{k:09d}.jpg")
@@ -63,10 +63,10 @@ def _shard(args) -> str:
     return str(path)
 
 
-def make_crawl(folder: Path, n: int, procs: int, noise: float = NOISE) -> list[Path]:
+def make_crawl(folder: Path, n: int, procs: int, noise: float = NOISE, side: int = SIDE) -> list[Path]:
     from multiprocessing import Pool
     folder.mkdir(parents=True, exist_ok=True)
-    jobs = [(str(folder), i, s, min(PER_SHARD, n - s), noise) for i, s in enumerate(range(0, n, PER_SHARD))]
+    jobs = [(str(folder), i, s, min(PER_SHARD, n - s), noise, side) for i, s in enumerate(range(0, n, PER_SHARD))]
     with Pool(procs) as pool:
         return [Path(p) for p in pool.imap(_shard, jobs)]
 
@@ -103,13 +103,13 @@ def plain_loop(tars: list[Path], out: Path, min_side: int = 300) -> dict:
     return {"images": n, "kept": kept, "seconds": round(s, 2), "images_per_s": round(n / s, 1)}
 
 
-def driver(crawl: str, run: str, num_cpus: int) -> None:
+def driver(crawl: str, run: str, num_cpus: int, min_side: int = 300) -> None:
     """The engine's driver, in its own process so that VmHWM is the driver's alone."""
     import logging
     logging.basicConfig(level=logging.WARNING)
     from pipeline.config import load_config
     from pipeline.engine import curate, init_ray
-    cfg = load_config(sets=["stages=[decode,size,dedup]", f"ray.num_cpus={num_cpus}"])
+    cfg = load_config(sets=["stages=[decode,size,dedup]", f"ray.num_cpus={num_cpus}", f"size.min_short_side={min_side}"])
     init_ray(cfg)
     t0 = time.perf_counter()
     manifest = curate([crawl], run, cfg, progress=False)
@@ -140,32 +140,36 @@ def main() -> int:
     ap.add_argument("--skip-plain", action="store_true", help="engine only")
     ap.add_argument("--noise", type=float, default=NOISE,
                     help=f"std of the images' detail texture (default {NOISE:g}; 5 halves the bytes per image)")
+    ap.add_argument("--side", type=int, default=SIDE,
+                    help=f"image side in px (default {SIDE}); the size rule follows (min side = min(300, side)), "
+                         "so every image is kept and written as at the default")
     ap.add_argument("--driver", nargs=2, metavar=("CRAWL", "RUN"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.driver:
-        driver(*args.driver, args.num_cpus)
+        driver(*args.driver, args.num_cpus, min(300, args.side))
         return 0
     work = Path(args.workdir or tempfile.mkdtemp(prefix="humanset-scale-"))
-    crawl = work / (f"crawl-{args.n}" if args.noise == NOISE else f"crawl-{args.n}-noise{args.noise:g}")
+    crawl = work / (f"crawl-{args.n}" + ("" if args.noise == NOISE else f"-noise{args.noise:g}")
+                    + ("" if args.side == SIDE else f"-side{args.side}"))
     try:
         t0 = time.perf_counter()
-        tars = make_crawl(crawl, args.n, max(1, args.num_cpus), args.noise)
+        tars = make_crawl(crawl, args.n, max(1, args.num_cpus), args.noise, args.side)
         gen_s = time.perf_counter() - t0
         run = work / "run"
         shutil.rmtree(run, ignore_errors=True)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
         p = subprocess.run([sys.executable, __file__, "--driver", str(crawl), str(run), "--num-cpus",
-                            str(args.num_cpus)], env=env, capture_output=True, text=True)
+                            str(args.num_cpus), "--side", str(args.side)], env=env, capture_output=True, text=True)
         if p.returncode:
             print(p.stderr[-4000:], file=sys.stderr)
             return p.returncode
         engine = json.loads(p.stdout.strip().splitlines()[-1])
-        result = {"n": args.n, "shards": len(tars), "image_px": f"{SIDE}x{SIDE}", "noise": args.noise,
+        result = {"n": args.n, "shards": len(tars), "image_px": f"{args.side}x{args.side}", "noise": args.noise,
                   "crawl_mb": round(sum(t.stat().st_size for t in tars) / 2**20, 1), "num_cpus": args.num_cpus,
                   "generate_seconds": round(gen_s, 1), "engine": engine,
                   "engine_us_per_image": round(1e6 * engine["seconds"] / engine["images"], 1)}
         if not args.skip_plain:
-            plain = plain_loop(tars, work / "plain.tar")
+            plain = plain_loop(tars, work / "plain.tar", min(300, args.side))
             (work / "plain.tar").unlink(missing_ok=True)
             result["plain"] = plain
             result["ratio_engine_over_plain"] = round(engine["images_per_s"] / plain["images_per_s"], 3)
