@@ -61,6 +61,10 @@ BATCH_PAGES = 6  # pages per Chromium call (one window)
 TIMEOUT_S = 180
 
 
+class NoChromium(FileNotFoundError):
+    """The pool is not cached and no Chromium is on PATH to render it."""
+
+
 def find_chromium() -> str | None:
     for n in CHROMIUM_NAMES:
         if shutil.which(n):
@@ -221,15 +225,17 @@ a{{color:{accent};text-decoration:{'underline' if rng.random() < .5 else 'none'}
 .top a{{color:{header_fg};margin-right:{int(rng.integers(8, 24))}px}}
 .brand{{font-weight:bold;font-size:{rng.uniform(1.2, 2):.2f}em;display:flex;align-items:center;gap:6px}}
 .logo{{border-radius:50%}} input,select,textarea{{font:inherit;padding:4px 6px;border:1px solid {accent2};\
-border-radius:{radius // 2}px;width:100%;max-width:360px;display:block;margin:2px 0 10px;background:{surface};color:{fg}}}
+border-radius:{radius // 2}px;width:100%;max-width:360px;display:block;margin:2px 0 10px;\
+background:{surface};color:{fg}}}
 .top input{{width:auto;margin:0 0 0 auto}} .check input{{display:inline;width:auto}}
 .btn{{background:{accent};color:#fff;border:0;border-radius:{radius}px;padding:{int(rng.integers(5, 12))}px \
 {int(rng.integers(10, 26))}px;font:inherit;font-weight:bold;margin:4px 6px 4px 0}}
 .btn.alt{{background:transparent;color:{accent};border:2px solid {accent}}}
-.hero{{padding:{int(rng.integers(16, 60))}px {int(rng.integers(16, 60))}px;background:{accent2 if rng.random() < .5 else surface}}}
+.hero{{padding:{int(rng.integers(16, 60))}px {int(rng.integers(16, 60))}px;\
+background:{accent2 if rng.random() < .5 else surface}}}
 .hero.split{{display:flex;gap:20px;align-items:center}}
-.wrap{{display:flex;gap:{int(rng.integers(10, 40))}px;padding:{int(rng.integers(8, 30))}px;max-width:{int(rng.integers(900, 1400))}px;\
-margin:0 auto;flex-direction:{'row-reverse' if rng.random() < .3 else 'row'}}}
+.wrap{{display:flex;gap:{int(rng.integers(10, 40))}px;padding:{int(rng.integers(8, 30))}px;\
+max-width:{int(rng.integers(900, 1400))}px;margin:0 auto;flex-direction:{'row-reverse' if rng.random() < .3 else 'row'}}}
 main{{flex:1;min-width:0}} aside{{width:{int(rng.integers(160, 300))}px;flex:none;background:{surface};padding:12px;\
 border-radius:{radius}px}}
 .cards{{display:grid;grid-template-columns:repeat(auto-fill,minmax({int(rng.integers(140, 260))}px,1fr));gap:14px}}
@@ -351,7 +357,7 @@ def render_pool(folder, n_pages: int, seed: int, train_photos: list[np.ndarray],
     else:
         chromium = chromium or find_chromium()
         if not chromium:
-            raise FileNotFoundError(f"no chromium on PATH: {INSTALL_HINT}")
+            raise NoChromium(f"no chromium on PATH ({', '.join(CHROMIUM_NAMES)})")
         meta = _render(cache, pages, chromium, processes)
         reused = False
     train, val = [], []
@@ -418,20 +424,21 @@ def _render(cache: Path, pages, chromium: str, processes: int) -> dict:
 
 def html_pool(folder, n_pages: int, seed: int, train_photos, val_photos, max_side: int | None = None,
               warn: bool = True) -> HtmlPool:
-    """The art filter's screenshot pool, or an unavailable one (with its reason, warned once) when
-    html_pages is 0, Chromium is missing or draws nothing."""
+    """The art filter's screenshot pool (from the cache when there is one: a resume, a Ray Train worker),
+    or an unavailable one with its reason, warned once, when html_pages is 0, no cache and no Chromium,
+    or Chromium draws nothing."""
     if n_pages <= 0:
         return HtmlPool(info={"available": False, "reason": "html_pages=0: HTML screenshots turned off"})
-    chromium = find_chromium()
-    if not chromium:
-        reason = f"no chromium on PATH ({', '.join(CHROMIUM_NAMES)})"
+    try:
+        pool = render_pool(folder, n_pages, seed, train_photos, val_photos, max_side=max_side)
+    except NoChromium as e:
         if warn:
             log.warning("art: %s: the 'html' family (web-page screenshots) is LEFT OUT of training; %s",
-                        reason, INSTALL_HINT)
-        return HtmlPool(info={"available": False, "reason": f"{reason}; {INSTALL_HINT}"})
-    pool = render_pool(folder, n_pages, seed, train_photos, val_photos, chromium, max_side=max_side)
+                        e, INSTALL_HINT)
+        return HtmlPool(info={"available": False, "reason": f"{e}; {INSTALL_HINT}"})
     if pool.info.get("reused"):
-        log.info("art: %d HTML screenshots reused from %s", pool.info["pages"], Path(folder) / Path(pool.info["cache"]).name)
+        log.info("art: %d HTML screenshots reused from %s", pool.info["pages"],
+                 Path(folder) / Path(pool.info["cache"]).name)
     if not pool.available and warn:
         log.warning("art: the 'html' family is LEFT OUT of training: %s", pool.info["reason"])
     return pool

@@ -372,12 +372,13 @@ def _fmt(v) -> str:
 
 
 def demo_config(task: str, images, output, renders="", encoder: str = "", steps: int = 60) -> FilterConfig:
-    """`make demo`: about a minute per filter on 2 cores: tiny preset at 64 px, a raised lr."""
+    """`make demo`: about a minute per filter on 2 cores: tiny preset at 64 px, a raised lr, 24 HTML pages
+    (four Chromium windows) for the art filter."""
     return FilterConfig(filter=task, images=str(images), renders=str(renders or ""), output=str(output),
                         encoder=encoder, model="tiny", input_px=64, gen_px=128, batch_size=16, steps=steps,
                         warmup_steps=max(1, steps // 10), lr=1e-3, layer_decay=0.9, val_samples=96,
                         loader_workers=0, cpu_threads=2, checkpoint_every=steps, log_every=10, max_images=200,
-                        target_precision=0.9)
+                        target_precision=0.9, html_pages=24)
 
 
 def summary_line(card: dict) -> str:
