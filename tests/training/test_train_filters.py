@@ -109,7 +109,8 @@ def _family_stats(task, family, photos, n=6) -> dict:
 
 
 def test_art_families_have_their_own_look(photos):
-    st = {f: _family_stats("art", f, photos) for f in fd.ART_POSITIVE if f != "render"}
+    # render and html need frames / a Chromium pool: their own tests
+    st = {f: _family_stats("art", f, photos) for f in fd.ART_POSITIVE if f not in ("render", "html")}
     assert st["cartoon"]["colours"] < 0.5 * st["cartoon"]["base_colours"]  # few flat colours
     assert st["clipart"]["colours"] < 0.2 * st["clipart"]["base_colours"]
     assert st["pencil"]["saturation"] < 0.5 * st["pencil"]["base_saturation"] + 1  # grey or faint wash
