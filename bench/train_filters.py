@@ -108,7 +108,7 @@ def bench_filter(task: str, args, images: str, photos_real: dict, non_photos: di
                        gen_px=args.gen_px or 2 * args.input_px, batch_size=args.batch_size, steps=args.steps,
                        lr=args.lr, warmup_steps=max(1, args.steps // 10), val_samples=args.val_samples,
                        loader_workers=args.loader_workers, cpu_threads=args.threads, checkpoint_every=args.steps,
-                       progress=False, max_images=args.max_images)
+                       progress=False, max_images=args.max_images, html_pages=args.html_pages)
     card = train_filter(cfg)
     thr = card["threshold"]["score"]
     stage_cfg = {"weights": str(out), "resources": {"num_cpus": args.threads}}
@@ -149,6 +149,7 @@ def bench_filter(task: str, args, images: str, photos_real: dict, non_photos: di
         "filter": task, "input_px": cfg.input_px, "model": card["architecture"]["kwargs"], "steps": cfg.steps,
         "batch_size": cfg.batch_size, "encoder": card["training"]["encoder"], "random_init": card["training"]["random_init"],
         "train_seconds": card["training"]["train_seconds"], "total_seconds": card["training"]["total_seconds"],
+        "html_screenshots": card["generator"]["html_screenshots"],  # render_seconds: the Chromium pool, once per run
         "threshold": card["threshold"],
         "heldout": {"families": card["generator"]["holdout"], "roc_auc": v["heldout"]["roc_auc"],
                     **{k: v["heldout"]["at_threshold"][k] for k in ("precision", "recall")},
@@ -156,7 +157,7 @@ def bench_filter(task: str, args, images: str, photos_real: dict, non_photos: di
         "seen": {"roc_auc": v["seen"]["roc_auc"], **{k: v["seen"]["at_threshold"][k] for k in ("precision", "recall")}},
         "real": real,
         "stage_images_per_s": ips, "stage_threads": args.threads,
-        "generator_samples_per_s_one_core": gen_rate,
+        "generator_samples_per_s_one_core": gen_rate,  # without the html family (a crop of a rendered page)
         "flops": {"forward_per_image": fwd, "training_total": train_flops,
                   "gpu_estimate_s": {"a100_bf16_40pct_mfu": train_flops / (0.4 * 312e12),
                                      "h100_bf16_40pct_mfu": train_flops / (0.4 * 989e12)},
@@ -181,6 +182,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--val-samples", type=int, default=256)
     ap.add_argument("--max-images", type=int, default=1000)
+    ap.add_argument("--html-pages", type=int, default=32, help="art: HTML pages Chromium renders (0 = none)")
     ap.add_argument("--loader-workers", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2, help="torch threads for training and the stage")
     ap.add_argument("--throughput-images", type=int, default=64)

@@ -37,7 +37,7 @@ def register(sub) -> None:
         description="Makes training data from clean photos: synthetic watermarks (text in the installed fonts, "
                     "copyright lines, URLs, logos; single, corner and tiled layouts) against clean photos and hard "
                     "negatives (signs, borders, frames); or non-photos (cartoon, pencil, painterly, documents, "
-                    "clip art, renders) against photos. One generator family per class is held out for "
+                    "clip art, HTML pages screenshotted by headless Chromium, renders) against photos. One generator family per class is held out for "
                     "validation. Writes OUT/model.pt (a timm VisionTransformer state dict) and OUT/card.json; "
                     "point watermark.weights / art.weights at OUT. Example:\n"
                     "  humanset train-filter watermark --images RUN --encoder PT/encoder.pth --output models/wm\n"

@@ -13,13 +13,14 @@ watermark (label "watermark" vs "clean"):
 art (label "photo" vs the non-photo families):
   non-photo  cartoon (edge mask + colour quantisation), pencil (dodge sketch or edge line drawing),
              painterly (Kuwahara filter + canvas), document (rendered text pages and web-page-like
-             screenshots), clipart (flat vector shapes in the photo's palette), render (frames of a
-             `humanset render` run, when one is given)
+             layouts drawn with Pillow), clipart (flat vector shapes in the photo's palette), html (crops
+             of real HTML pages screenshotted by headless Chromium, training/filter_html.py: a pool
+             rendered once per run, when Chromium is installed), render (frames of a `humanset render`
+             run, when one is given)
   photo      clean
 
 Every sample is JPEG re-encoded after the generator (most of the time), positives and negatives
-alike, so compression is no cue. HTML screenshots through headless Chromium are not made: one
-browser start per image costs seconds on 2 cores; `document` draws web-page-like layouts instead.
+alike, so compression is no cue.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
+from .filter_html import screenshot
 from .filter_styles import cartoon, clipart, document, painterly, pencil, random_view, render_frame
 from .filter_text import FONT_EXTS, find_fonts  # noqa: F401  (re-exported)
 from .filter_watermarks import GeneratorSettings, border, frame, sign, watermark
@@ -38,11 +40,12 @@ log = logging.getLogger(__name__)
 
 WATERMARK_POSITIVE = ("text_single", "text_corner", "text_tiled", "logo_single", "logo_corner", "logo_tiled")
 WATERMARK_NEGATIVE = ("clean", "sign", "border", "frame")
-ART_POSITIVE = ("cartoon", "pencil", "painterly", "document", "clipart", "render")
+ART_POSITIVE = ("cartoon", "pencil", "painterly", "document", "clipart", "html", "render")
 ART_NEGATIVE = ("clean",)
 # the art stage's label of each family (pipeline/stages/art.py prompt groups)
 ART_LABELS = {"clean": "photo", "cartoon": "cartoon", "pencil": "drawing", "painterly": "painting",
-              "document": "text document", "clipart": "clip art", "render": "3d render"}
+              "document": "text document", "clipart": "clip art", "html": "web screenshot",
+              "render": "3d render"}
 # families held out of training by default: validation measures an unseen style
 DEFAULT_HOLDOUT = {"watermark": ("text_corner", "frame"), "art": ("painterly",)}
 
@@ -55,8 +58,10 @@ def jpeg(rgb: np.ndarray, quality: int) -> np.ndarray:
 
 
 def generate(task: str, family: str, base: np.ndarray, rng: np.random.Generator, settings: GeneratorSettings,
-             renders: list[np.ndarray] | None = None, scene_text: list[str] | tuple = ()) -> np.ndarray:
-    """One image of `family` made from a view of the clean photo `base` (already at generator size)."""
+             renders: list[np.ndarray] | None = None, scene_text: list[str] | tuple = (),
+             screenshots: list[np.ndarray] | None = None) -> np.ndarray:
+    """One image of `family` made from a view of the clean photo `base` (already at generator size);
+    `render` needs frames of a render run, `html` the screenshots of an HTML pool."""
     if task == "watermark":
         if family in WATERMARK_POSITIVE:
             return watermark(base, family, rng, settings)
@@ -68,6 +73,10 @@ def generate(task: str, family: str, base: np.ndarray, rng: np.random.Generator,
             if not renders:
                 raise ValueError("art family 'render' needs frames of a render run (--renders)")
             return render_frame(base, rng, renders)
+        if family == "html":
+            if not screenshots:
+                raise ValueError("art family 'html' needs the screenshots of an HTML pool (headless Chromium)")
+            return screenshot(base, rng, screenshots)
         fn = {"clean": lambda b, r: b, "cartoon": cartoon, "pencil": pencil, "painterly": painterly,
               "document": document, "clipart": clipart}.get(family)
     else:
@@ -83,6 +92,7 @@ class FilterSpec:
     task: str
     holdout: tuple = ()
     renders: bool = False  # art: frames of a render run are available
+    html: bool = False  # art: HTML screenshots (headless Chromium) are available
     classes: list = field(init=False)
     keep_class: str = field(init=False)
     positive: tuple = field(init=False)  # families that should be rejected
@@ -92,7 +102,8 @@ class FilterSpec:
         if self.task == "watermark":
             self.positive, self.negative = WATERMARK_POSITIVE, WATERMARK_NEGATIVE
         elif self.task == "art":
-            self.positive = tuple(f for f in ART_POSITIVE if f != "render" or self.renders)
+            available = {"render": self.renders, "html": self.html}
+            self.positive = tuple(f for f in ART_POSITIVE if available.get(f, True))
             self.negative = ART_NEGATIVE
         else:
             raise ValueError(f"filter {self.task!r}: choose watermark or art")
@@ -138,12 +149,14 @@ class FilterSamples:
 
     def __init__(self, spec: FilterSpec, photos: list[np.ndarray], input_px: int, seed: int = 0,
                  settings: GeneratorSettings | None = None, renders: list[np.ndarray] | None = None,
-                 split: str = "train", scene_text: list[str] | tuple = ()):
+                 split: str = "train", scene_text: list[str] | tuple = (),
+                 screenshots: list[np.ndarray] | None = None):
         if not photos:
             raise ValueError("no clean photos to make filter training data from")
         self.spec, self.photos, self.input_px, self.seed = spec, photos, input_px, seed
         self.settings = settings or GeneratorSettings()
         self.renders = renders or []
+        self.screenshots = screenshots or []  # HTML pool pages of this split (training or validation pages)
         self.scene_text = tuple(scene_text)
         self.split = split
         if split == "train":
@@ -173,7 +186,7 @@ class FilterSamples:
         positive = k % 2 == 1
         families = self.pos if positive else self.neg
         family = families[int(rng.integers(len(families)))]
-        img = generate(self.spec.task, family, base, rng, s, self.renders, self.scene_text)
+        img = generate(self.spec.task, family, base, rng, s, self.renders, self.scene_text, self.screenshots)
         if rng.random() < s.jpeg_prob:
             img = jpeg(img, int(rng.integers(s.jpeg_quality[0], s.jpeg_quality[1] + 1)))
         return to_input(img, self.input_px), self.spec.label(family), positive, family
@@ -199,7 +212,7 @@ def split_photos(photos: list, every: int = 5) -> tuple[list, list]:
 
 
 def contact_sheet(spec: FilterSpec, photos: list[np.ndarray], px: int = 128, per_family: int = 4,
-                  seed: int = 0, renders=None) -> Image.Image:
+                  seed: int = 0, renders=None, screenshots=None) -> Image.Image:
     """One row per family: what the generators draw (for eyes and the README)."""
     settings = GeneratorSettings(gen_px=px)
     families = spec.positive + spec.negative
@@ -208,7 +221,7 @@ def contact_sheet(spec: FilterSpec, photos: list[np.ndarray], px: int = 128, per
         for c in range(per_family):
             rng = np.random.default_rng([seed, r, c])
             base = random_view(photos[(r + c) % len(photos)], rng, px, settings.crop_scale)
-            img = generate(spec.task, fam, base, rng, settings, renders)
+            img = generate(spec.task, fam, base, rng, settings, renders, screenshots=screenshots)
             sheet.paste(Image.fromarray(img).resize((px, px)), (c * px, r * px))
     return sheet
 

@@ -6,8 +6,10 @@
 The classifier is the project's ViT encoder (from an MAE encoder export; random initialisation only with
 a loud warning) with a linear head on the cls token. Its training data are made on the fly by
 training/filter_data.py from clean photos of a curation run (its kept samples) or any shards: synthetic
-watermarks against clean photos and hard negatives; stylised non-photos against photos. One generator
-family per class is held out: the card's validation figures on it measure an unseen style.
+watermarks against clean photos and hard negatives; stylised non-photos against photos (among them
+crops of HTML pages that headless Chromium renders once per run into OUT/html_pool/, training/
+filter_html.py). One generator family per class is held out: the card's validation figures on it
+measure an unseen style.
 
 The output loads without humanset: `timm.models.vision_transformer.VisionTransformer(**card
 ["architecture"]["kwargs"])` with `load_state_dict(torch.load(OUT/model.pt, weights_only=True))`;
@@ -39,6 +41,7 @@ from .data import normalize
 from .decode import IMAGENET_MEAN, IMAGENET_STD
 from .engine import Context, RunConfig
 from .filter_data import DEFAULT_HOLDOUT, FilterSamples, FilterSpec, GeneratorSettings, split_photos
+from .filter_html import HtmlPool, html_pool
 from .filter_inputs import WATERMARK_LIKE, read_photos, read_scene_text  # noqa: F401  (re-exported)
 from .filter_metrics import at_threshold, choose_threshold, figures, reject_scores, roc_auc  # noqa: F401
 from .lr import adamw, layer_decay_groups, warmup_linear
@@ -66,6 +69,7 @@ class FilterConfig(RunConfig):
     holdout: list | None = None  # families held out for validation; None = filter_data.DEFAULT_HOLDOUT
     opacity: tuple = (0.1, 0.6)
     max_images: int = 1000  # clean photos read (spread over the shards), at most
+    html_pages: int = 32  # art: HTML pages headless Chromium renders once per run (cached); 0 = no html family
     val_samples: int = 256  # per validation set (seen families, held-out families)
     target_precision: float = 0.95
     batch_size: int = 32  # per worker
@@ -92,6 +96,8 @@ class FilterConfig(RunConfig):
             self.holdout = list(DEFAULT_HOLDOUT[self.filter])
         self.holdout = list(self.holdout)
         self.opacity = tuple(self.opacity)
+        if self.html_pages < 0 or self.html_pages == 1:
+            raise ValueError(f"html_pages {self.html_pages}: 0 (no HTML screenshots) or at least 2")
         if not 0 < self.target_precision <= 1:
             raise ValueError(f"target_precision {self.target_precision}: a fraction in (0, 1]")
         preset(self.model)
@@ -172,14 +178,23 @@ class FilterRecipe(engine.Recipe):
         self.name = f"train-filter {cfg.filter}"
         if photos is None:  # a Ray Train worker reads its own copy (bounded by max_images)
             photos, renders = read_inputs(cfg)
-        self.spec = FilterSpec(cfg.filter, tuple(cfg.holdout), renders=bool(renders))
         self.train_photos, self.val_photos = split_photos(photos)
+        self.html = self.html_screenshots(cfg)
+        self.spec = FilterSpec(cfg.filter, tuple(cfg.holdout), renders=bool(renders), html=self.html.available)
         self.renders = renders or []
         self.scene_text = read_scene_text(cfg.images) if cfg.filter == "watermark" else []
         self.train_set = FilterSamples(self.spec, self.train_photos, cfg.input_px, cfg.seed, cfg.settings(),
-                                       self.renders, "train", self.scene_text)
+                                       self.renders, "train", self.scene_text, self.html.train)
         self.t0 = time.perf_counter()
         self.start = 0
+
+    def html_screenshots(self, cfg: FilterConfig) -> HtmlPool:
+        """art: the pool of HTML screenshots, rendered once into OUT/html_pool/ (a resume or a Ray Train
+        worker finds it there). Kept at most 4 x the generator canvas: crops stay sharp, memory bounded."""
+        if cfg.filter != "art":
+            return HtmlPool(info={"available": False, "reason": "the watermark filter has no html family"})
+        return html_pool(Path(cfg.output) / "html_pool", cfg.html_pages, cfg.seed, self.train_photos,
+                         self.val_photos, max_side=max(512, 4 * cfg.generator_px))
 
     def build_model(self, ctx: Context, resuming: bool) -> FilterModel:
         return build_model(self.cfg, len(self.spec.classes), load_weights=not resuming)
@@ -220,8 +235,13 @@ class FilterRecipe(engine.Recipe):
         n = sum(p.numel() for p in model.parameters())
         return (f"train-filter {cfg.filter}: ViT {model.encoder.width}x{model.encoder.depth} ({n / 1e6:.1f}M "
                 f"params) at {cfg.input_px}px on {ctx.world} x {ctx.device.type}, classes {self.spec.classes}, "
-                f"{len(self.train_photos)} training + {len(self.val_photos)} validation photos, held out "
+                f"{len(self.train_photos)} training + {len(self.val_photos)} validation photos"
+                f"{self._html_note()}, held out "
                 f"{list(self.spec.holdout)}, batch {cfg.batch_size} x {ctx.world}, {cfg.steps} steps from {start}")
+
+    def _html_note(self) -> str:
+        i = self.html.info
+        return f", {i['train_pages']} + {i['validation_pages']} HTML screenshots" if self.html.available else ""
 
     def checkpoint_extras(self, model) -> dict:
         return {"filter": self.cfg.filter, "classes": self.spec.classes, "timm_kwargs": model.timm_kwargs()}
@@ -249,7 +269,7 @@ def predict_scores(model: FilterModel, images: np.ndarray, keep_index: int, batc
 
 def validation_set(recipe: FilterRecipe, split: str, n: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
     data = FilterSamples(recipe.spec, recipe.val_photos, recipe.cfg.input_px, recipe.cfg.seed, recipe.cfg.settings(),
-                         recipe.renders, split, recipe.scene_text)
+                         recipe.renders, split, recipe.scene_text, recipe.html.val)
     items = [data.sample(k) for k in range(n)]
     return np.stack([i[0] for i in items]), np.array([i[2] for i in items], bool), [i[3] for i in items]
 
@@ -286,8 +306,7 @@ def write_card(out: Path, model: FilterModel, recipe: FilterRecipe, validation: 
         "generator": {"settings": cfg.settings().to_dict(), "seed": cfg.seed, "positive_families": list(spec.positive),
                       "negative_families": list(spec.negative), "holdout": list(spec.holdout),
                       "scene_text_strings": len(recipe.scene_text),
-                      "html_screenshots": "not made (headless Chromium: seconds per page on 2 cores); "
-                                          "document draws web-page-like layouts"},
+                      "html_pages": cfg.html_pages, "html_screenshots": recipe.html.info},
         "validation": validation,
         "training": training,
     }
@@ -353,12 +372,13 @@ def _fmt(v) -> str:
 
 
 def demo_config(task: str, images, output, renders="", encoder: str = "", steps: int = 60) -> FilterConfig:
-    """`make demo`: about a minute per filter on 2 cores: tiny preset at 64 px, a raised lr."""
+    """`make demo`: about a minute per filter on 2 cores: tiny preset at 64 px, a raised lr, 24 HTML pages
+    (four Chromium windows) for the art filter."""
     return FilterConfig(filter=task, images=str(images), renders=str(renders or ""), output=str(output),
                         encoder=encoder, model="tiny", input_px=64, gen_px=128, batch_size=16, steps=steps,
                         warmup_steps=max(1, steps // 10), lr=1e-3, layer_decay=0.9, val_samples=96,
                         loader_workers=0, cpu_threads=2, checkpoint_every=steps, log_every=10, max_images=200,
-                        target_precision=0.9)
+                        target_precision=0.9, html_pages=24)
 
 
 def summary_line(card: dict) -> str:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+import re
 from pathlib import Path
 
 import cv2
@@ -19,6 +21,7 @@ from pipeline.demo import shipped_photos
 from pipeline.stages.art import ArtStage
 from pipeline.stages.watermark import WatermarkStage
 from training import filter_data as fd
+from training import filter_html as fh
 from training.filters import FilterConfig, FilterModel, build_model, choose_threshold, roc_auc, train_filter
 
 
@@ -106,7 +109,8 @@ def _family_stats(task, family, photos, n=6) -> dict:
 
 
 def test_art_families_have_their_own_look(photos):
-    st = {f: _family_stats("art", f, photos) for f in fd.ART_POSITIVE if f != "render"}
+    # render and html need frames / a Chromium pool: their own tests
+    st = {f: _family_stats("art", f, photos) for f in fd.ART_POSITIVE if f not in ("render", "html")}
     assert st["cartoon"]["colours"] < 0.5 * st["cartoon"]["base_colours"]  # few flat colours
     assert st["clipart"]["colours"] < 0.2 * st["clipart"]["base_colours"]
     assert st["pencil"]["saturation"] < 0.5 * st["pencil"]["base_saturation"] + 1  # grey or faint wash
@@ -146,9 +150,11 @@ def test_roc_auc_and_threshold():
 
 # --- training, the card, the stages -----------------------------------------------------------------
 def tiny(task, images, out, **kw) -> FilterConfig:
+    # no HTML pool unless a test asks for one: the figures below were measured on the other art families, and
+    # Chromium costs seconds per window; the html family has its own tests (end of file)
     values = dict(filter=task, images=str(images), output=str(out), model="micro", input_px=32, gen_px=64,
                   batch_size=16, steps=40, lr=2e-3, layer_decay=1.0, warmup_steps=3, val_samples=64,
-                  loader_workers=0, checkpoint_every=1000, max_images=50, progress=False)
+                  loader_workers=0, checkpoint_every=1000, max_images=50, progress=False, html_pages=0)
     return FilterConfig(**(values | kw))
 
 
@@ -376,3 +382,110 @@ def test_render_frames_are_read_from_render_shards(tmp_path, photos):
     assert "3d render" in spec.classes
     data = fd.FilterSamples(spec, photos, 32, renders=frames)
     assert any(data.sample(k)[3] == "render" for k in range(1, 40, 2))
+
+
+# --- HTML screenshots (headless Chromium) ---------------------------------------------------------
+def _chromium() -> str:
+    path = fh.find_chromium()
+    if not path:
+        pytest.skip("no chromium on PATH: install Debian's `chromium` (deps/stats.apt.txt) to test the html family")
+    return path
+
+
+def test_html_pages_are_a_pure_function_of_seed_and_index(photos):
+    page, window = fh.page_html(3, 1, photos)
+    assert (page, window) == fh.page_html(3, 1, photos)
+    assert page != fh.page_html(4, 1, photos)[0] and page != fh.page_html(3, 2, photos)[0]
+    assert page != fh.page_html(3, 1, photos[::-1])[0]  # its images are cut from the photos it is given
+    pages = [fh.page_html(0, i, photos) for i in range(16)]
+    html_all = "".join(p for p, _ in pages)
+    for part in ("<nav>", "<h1>", "<h2>", "<p>", "<button", "<table>", "<form>", "class='card'", "<aside>",
+                 "<footer>", "data:image/jpeg;base64,", "font-family:"):
+        assert part in html_all, part
+    assert len({w for _, w in pages}) >= 3 and all(w in fh.WINDOWS for _, w in pages)
+    assert len({p for p, _ in pages}) == 16
+    for p, _ in pages:  # nothing but data: URIs and in-page links: the page cannot reach the network
+        assert fh.CSP in p
+        refs = re.findall(r"""(?:src|href)=["']([^"']*)""", p) + re.findall(r"url\(([^)]*)\)", p)
+        assert refs and all(r.startswith("data:") or r == "#" for r in refs), [r[:40] for r in refs]
+
+
+@pytest.fixture(scope="module")
+def html_pool(photos, tmp_path_factory):
+    _chromium()
+    folder = tmp_path_factory.mktemp("html") / "html_pool"
+    # 6 pages: one Chromium window; pages 0 and 5 are validation pages (validation photos)
+    return folder, fh.render_pool(folder, 6, 0, photos[1:], photos[:1])
+
+
+def test_html_pool_renders_real_screenshots(html_pool, photos, monkeypatch):
+    folder, pool = html_pool
+    assert pool.available and pool.info["failed_pages"] == [] and not pool.info["reused"]
+    assert (len(pool.train), len(pool.val)) == (4, 2)
+    windows = [fh.page_html(0, i, photos[:1] if i % 5 == 0 else photos[1:])[1] for i in (1, 2, 3, 4, 0, 5)]
+    shots = pool.train + pool.val
+    small = []
+    for rgb, (w, h) in zip(shots, windows):
+        assert rgb.shape == (h, w, 3) and rgb.dtype == np.uint8  # the page's own viewport
+        q = (rgb // 8).astype(np.int32)
+        colours = len(np.unique(q[..., 0] << 10 | q[..., 1] << 5 | q[..., 2]))
+        assert rgb.std() > 20 and colours > 20, ("a blank or flat screenshot", rgb.std(), colours)
+        small.append(cv2.resize(rgb, (64, 64), interpolation=cv2.INTER_AREA).astype(int))
+    diffs = [np.abs(a - b).mean() for i, a in enumerate(small) for b in small[i + 1:]]
+    assert min(diffs) > 5, diffs  # six different pages
+    # a second run (a resume, a Ray Train worker) reuses the cache without starting Chromium
+    monkeypatch.setattr(fh, "screenshot_window", lambda *a, **k: pytest.fail("Chromium ran again"))
+    again = fh.render_pool(folder, 6, 0, photos[1:], photos[:1])
+    assert again.info["reused"] and all(np.array_equal(a, b) for a, b in zip(again.train + again.val, shots))
+    assert fh.pool_key([fh.page_html(1, i, photos) for i in range(6)]) != pool.info["cache"].split("/")[-1]
+
+
+def test_html_family_samples_are_a_pure_function_of_seed_and_index(html_pool, photos):
+    _, pool = html_pool
+    spec = fd.FilterSpec("art", fd.DEFAULT_HOLDOUT["art"], html=True)
+    assert "html" in spec.positive and "web screenshot" in spec.classes
+    assert "html" not in fd.FilterSpec("art", fd.DEFAULT_HOLDOUT["art"]).positive
+    make = lambda seed: fd.FilterSamples(spec, photos, 48, seed, fd.GeneratorSettings(gen_px=96),  # noqa: E731
+                                         screenshots=pool.train)
+    a, b, other = make(3), make(3), make(4)
+    html_k = [k for k in range(1, 80, 2) if a.sample(k)[3] == "html"]
+    assert len(html_k) >= 3
+    for k in html_k:
+        x, label, positive, family = a.sample(k)
+        assert np.array_equal(x, b.sample(k)[0]) and x.shape == (3, 48, 48)
+        assert positive and label == spec.classes.index("web screenshot")
+    assert any(not np.array_equal(a.sample(k)[0], other.sample(k)[0]) for k in html_k)
+    base = np.zeros((60, 96, 3), np.uint8)
+    view = fd.generate("art", "html", base, np.random.default_rng(0), fd.GeneratorSettings(), screenshots=pool.val)
+    assert view.shape == base.shape and view.std() > 5
+    with pytest.raises(ValueError, match="needs the screenshots of an HTML pool"):
+        fd.generate("art", "html", base, np.random.default_rng(0), fd.GeneratorSettings())
+
+
+def test_art_training_uses_the_html_pool_and_a_resume_reuses_it(photo_dir, tmp_path, monkeypatch):
+    _chromium()
+    cfg = dict(steps=2, checkpoint_every=1, val_samples=24, html_pages=6)
+    card = train_filter(tiny("art", photo_dir, tmp_path, **cfg))
+    info = card["generator"]["html_screenshots"]
+    assert info["available"] and info["pages"] == 6 and not info["reused"] and card["generator"]["html_pages"] == 6
+    assert "html" in card["generator"]["positive_families"] and "web screenshot" in card["classes"]
+    assert "html" in card["validation"]["seen"]["families"]
+    monkeypatch.setattr(fh, "screenshot_window", lambda *a, **k: pytest.fail("Chromium ran again"))
+    resumed = train_filter(tiny("art", photo_dir, tmp_path, **(cfg | {"steps": 3, "resume": "auto"})))
+    assert resumed["generator"]["html_screenshots"]["reused"]
+    assert resumed["generator"]["html_screenshots"]["cache"] == info["cache"]
+
+
+def test_no_chromium_leaves_the_html_family_out_with_one_warning(photo_dir, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert fh.find_chromium() is None
+    monkeypatch.undo()
+    monkeypatch.setattr(fh, "find_chromium", lambda: None)
+    with caplog.at_level(logging.WARNING):
+        card = train_filter(tiny("art", photo_dir, tmp_path, steps=2, val_samples=8, html_pages=8))
+    said = [r.getMessage() for r in caplog.records if "chromium" in r.getMessage().lower()]
+    assert len(said) == 1 and "LEFT OUT" in said[0] and "apt-get install chromium" in said[0], said
+    info = card["generator"]["html_screenshots"]
+    assert info["available"] is False and "no chromium on PATH" in info["reason"]
+    assert "html" not in card["generator"]["positive_families"] and "web screenshot" not in card["classes"]
+    assert not (tmp_path / "html_pool").exists()
