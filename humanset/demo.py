@@ -165,7 +165,8 @@ def filters_demo(out: Path, crawl: Path, run_dir: Path, renders: Path, encoder: 
     print("\n== curating the crawl again with the trained filters (" + ", ".join(sets[2:]) + ")")
     filtered = out / "run-filters"
     manifest = curate([str(crawl)], str(filtered), demo_config(sets), progress=progress)
-    print_funnel(manifest, catalog.connect(filtered))
+    print_funnel(manifest)  # the reject reasons are the first run's plus the two filters' (humanset stats)
+    print(f"reject reasons: humanset stats {filtered}")
     return filtered
 
 

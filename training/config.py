@@ -38,6 +38,7 @@ COMMON: dict[str, Check] = {
     "checkpoint_every": Check(_INT, low=1),
     "keep_checkpoints": Check(_INT, low=0),  # 0 keeps every checkpoint
     "log_every": Check(_INT, low=1),
+    "progress_every_s": Check(_NUM, low=0),
     "precision": Check(_STR, choices=("auto", "bf16", "fp32")),
     "workers": Check(_INT, low=0),
     "gpus_per_worker": Check(_NUM, low=0),

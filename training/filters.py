@@ -342,7 +342,7 @@ def train_filter(cfg: FilterConfig) -> dict:
                 "torch_threads": torch.get_num_threads()}
     card_path = write_card(Path(cfg.output), model.cpu(), recipe, validation, training)
     h = validation["heldout"]
-    log.info("%s filter: held-out ROC AUC %s, precision %s recall %s at threshold %.3f -> %s", cfg.filter,
+    log.debug("%s filter: held-out ROC AUC %s, precision %s recall %s at threshold %.3f -> %s", cfg.filter,
              _fmt(h["roc_auc"]), _fmt(h["at_threshold"]["precision"]), _fmt(h["at_threshold"]["recall"]),
              validation["threshold"]["score"], card_path)
     return json.loads(card_path.read_text())
