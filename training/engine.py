@@ -327,16 +327,15 @@ def save(model, opt, sched, recipe: Recipe, ctx: Context, step: int):
 
 # --- the run log -----------------------------------------------------------------------------------
 class RunLog:
-    """Every logged step to OUT/log.jsonl; progress as a tqdm bar on a terminal, else as log lines: the
-    first logged step, then at most one line per `interval` seconds (0: every logged step), and the last."""
+    """Every logged step to OUT/log.jsonl; a tqdm bar on a terminal, else lines: the first step, one per
+    `interval` seconds at most (0: every logged step), the last."""
 
     def __init__(self, path: Path, name: str, total: int, start: int, global_batch: int, progress: bool = True,
                  interval: float = 0.0):
         self.fh = open(path, "a")
         self.name, self.total, self.start, self.global_batch = name, total, start, global_batch
         self.t0 = self.t_last = time.perf_counter()
-        self.step_last = start
-        self.interval, self.t_printed = interval, None
+        self.step_last, self.interval, self.t_printed = start, interval, None
         self.bar = None
         if progress and sys.stderr.isatty():
             from tqdm import tqdm

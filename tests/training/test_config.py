@@ -85,7 +85,7 @@ def test_a_bad_flag_value_is_validated_too(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == "humanset pretrain: error: config steps must be >= 1, got -3"
 
 
-def test_effective_config_lands_in_the_run_folder(tmp_path):
+def test_effective_config_lands_in_the_run_folder(tmp_path, capsys):
     from training import checkpoint as ckpt
     from training.testing import skimage_samples, write_curated_shards
 
@@ -95,13 +95,19 @@ def test_effective_config_lands_in_the_run_folder(tmp_path):
     f.write_text("weight_decay: 0.01\nbatch_size: 3\nloader_workers: 0\n")
     out = tmp_path / "run"
     assert main(["pretrain", "--data", str(shards), "--output", str(out), "--model", "micro", "--image-size", "32",
-                 "--steps", "2", "--config", str(f), "--set", "base_lr=2e-3", "--set", "batch_size=4",
-                 "--set", "progress=false", "--set", "cpu_threads=1", "--batch-size", "2"]) == 0
+                 "--steps", "6", "--config", str(f), "--set", "base_lr=2e-3", "--set", "batch_size=4",
+                 "--set", "progress=false", "--set", "cpu_threads=1", "--set", "log_every=1",
+                 "--set", "progress_every_s=600", "--batch-size", "2"]) == 0
     saved = json.loads((out / "config.json").read_text())
     assert saved == json.loads(json.dumps(load_config("pretrain", f, [
-        "base_lr=2e-3", "batch_size=4", "progress=false", "cpu_threads=1"], {
+        "base_lr=2e-3", "batch_size=4", "progress=false", "cpu_threads=1", "log_every=1", "progress_every_s=600"], {
         "data": str(shards.resolve()), "output": str(out.resolve()), "model": "micro", "image_size": 32,
-        "steps": 2, "batch_size": 2}).to_dict()))
-    assert (saved["weight_decay"], saved["base_lr"], saved["batch_size"], saved["steps"]) == (0.01, 2e-3, 2, 2)
-    in_checkpoint = ckpt.load_checkpoint(out / "checkpoints" / "step-00000002.pt")["config"]
+        "steps": 6, "batch_size": 2}).to_dict()))
+    assert (saved["weight_decay"], saved["base_lr"], saved["batch_size"], saved["steps"]) == (0.01, 2e-3, 2, 6)
+    in_checkpoint = ckpt.load_checkpoint(out / "checkpoints" / "step-00000006.pt")["config"]
     assert json.loads(json.dumps(in_checkpoint)) == saved
+    # a quiet console: every step is in log.jsonl, but without a terminal only the first and the last
+    # step print (the next line would wait progress_every_s)
+    assert len((out / "log.jsonl").read_text().splitlines()) == 6
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pretrain step")]
+    assert [line.split()[2] for line in printed] == ["1/6", "6/6"]
