@@ -4,7 +4,8 @@ validation, then the room's typed object.
     cfg = load(defaults, path, sets, checks)     # a validated, JSON-able dict (saved in manifests)
 
 Each room owns its defaults and turns the validated dict into its typed object: pipeline builds its
-stages from it (pipeline/config.py, pipeline/default.yaml), render its RenderConfig dataclasses.
+stages from it (pipeline/config.py, pipeline/default.yaml), render its RenderConfig dataclasses,
+training its run configs (training/config.py, training/pretrain.yaml, finetune.yaml, train_filter.yaml).
 Validation covers every leaf: an explicit `Check` for a dotted key (the rules' thresholds come from
 catalog/rules.py), else one inferred from the default's type (a number default wants a finite
 number, a string a string, ...). Errors are ConfigError (a ValueError) in one line naming the key
