@@ -357,7 +357,8 @@ def demo_config(task: str, images, output, renders="", encoder: str = "", steps:
     return FilterConfig(filter=task, images=str(images), renders=str(renders or ""), output=str(output),
                         encoder=encoder, model="tiny", input_px=64, gen_px=128, batch_size=16, steps=steps,
                         warmup_steps=max(1, steps // 10), lr=1e-3, layer_decay=0.9, val_samples=96,
-                        loader_workers=0, cpu_threads=2, checkpoint_every=steps, log_every=10, max_images=200,
+                        loader_workers=0, cpu_threads=2, checkpoint_every=steps, max_images=200,
+                        log_every=max(1, steps // 6),  # at most 7 progress lines, however slow the machine
                         target_precision=0.9)
 
 
