@@ -73,7 +73,7 @@ def pretrain_demo_config(data, output, steps: int = 40):
 
     return PretrainConfig(data=str(data), output=str(output), model="tiny", image_size=64, batch_size=16,
                           steps=steps, warmup_steps=max(1, steps // 10), base_lr=0.02, loader_workers=1,
-                          cpu_threads=1, checkpoint_every=max(1, steps // 2), log_every=5)
+                          cpu_threads=1, checkpoint_every=steps, log_every=5)
 
 
 def pretrain_demo(data, output, steps: int = 40) -> dict:

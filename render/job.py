@@ -407,19 +407,16 @@ def run_local(spec: RunSpec, progress: bool = True) -> list[dict]:
     """Render every missing shard in this process with one warm Blender. A bar on a terminal; otherwise
     the one log line per shard is the progress."""
     from tqdm import tqdm
-
-    from .console import native_noise_filtered
     todo = shards_todo(spec)
     log.info("%s: %d frames in %d shards, %d to render", spec.out, spec.frames, spec.n_shards, len(todo))
+    worker = ShardRenderer(spec)
     stats, bar = [], progress and sys.stderr.isatty()
-    with native_noise_filtered():
-        worker = ShardRenderer(spec)
-        try:
-            for s in tqdm(todo, desc="render shards", unit="shard", disable=not bar):
-                stats.append(worker.render_shard(s))
-                log.info("%s: %d rendered, %d failed", stats[-1]["shard"], stats[-1]["rendered"], stats[-1]["failed"])
-        finally:
-            reject_crashed_scans(spec)
+    try:
+        for s in tqdm(todo, desc="render shards", unit="shard", disable=not bar):
+            stats.append(worker.render_shard(s))
+            log.info("%s: %d rendered, %d failed", stats[-1]["shard"], stats[-1]["rendered"], stats[-1]["failed"])
+    finally:
+        reject_crashed_scans(spec)
     return stats
 
 

@@ -1,14 +1,20 @@
-"""What a render prints: our progress and warnings, not the native libraries' chatter.
+"""What a `humanset` command prints: our progress, warnings and summaries, not library internals.
 
-Blender's libpng and Warp (anny's skinning kernels) write some lines straight to file descriptor 2,
-past Python's logging: a libpng notice for every PNG Blender writes with a duplicate eXIf chunk, and
-Warp's note that there is no CUDA driver (anny skins on the CPU here; Cycles' own device is logged by
-render/blender.py). `native_noise_filtered()` drops exactly those lines while a render runs; every
-other byte written to stderr (our logs, tracebacks, Blender's real errors) passes through unchanged.
+- `Compact`: log lines as `12:01:02 message` (warnings and errors keep their level); `humanset -v`
+  shows the logger names and debug lines too.
+- `native_noise_filtered()`: some native libraries write straight to file descriptor 2, past Python's
+  logging. Exactly these known lines are dropped while a command runs; every other byte written to
+  stderr (our logs, tracebacks, real errors) passes through unchanged:
+  - libpng's notice for every PNG Blender writes with a duplicate eXIf chunk (render);
+  - Warp's note that there is no CUDA driver (anny skins on the CPU; Cycles logs its own device);
+  - Ray's core-worker notice that an actor with constructor arguments in the object store may fail to
+    restart (Ray Data passes every actor pool its map function that way; the driver holds it for the
+    whole run, and a unit whose actors fail is re-run sample by sample, pipeline/isolate.py).
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import threading
@@ -16,7 +22,32 @@ import threading
 NATIVE_NOISE = (
     b"libpng warning: eXIf: duplicate",
     b"Warp CUDA warning: Could not find or load the NVIDIA CUDA driver",
+    b"has constructor arguments in the object store and max_restarts > 0",
 )
+
+
+class Compact(logging.Formatter):
+    """`12:01:02 message` for info, `12:01:02 WARNING message` for warnings and errors."""
+
+    def __init__(self):
+        super().__init__("%(asctime)s %(message)s", datefmt="%H:%M:%S")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if record.levelno >= logging.WARNING:
+            stamp, _, rest = text.partition(" ")
+            text = f"{stamp} {record.levelname} {rest}"
+        return text
+
+
+def setup_logging(verbose: bool = False) -> None:
+    if verbose:
+        logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                            datefmt="%H:%M:%S")
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(Compact())
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
 
 
 def _keep(line: bytes, noise: tuple[bytes, ...]) -> bytes:
@@ -68,4 +99,4 @@ def native_noise_filtered(noise: tuple[bytes, ...] = NATIVE_NOISE):
         sys.stderr.flush()
         os.dup2(restore, stderr_fd)  # the pipe's last write end closes: the pump reads to the end and stops
         os.close(restore)
-        pump.join(timeout=10)  # a child process still holding the pipe keeps the pump (not us) waiting
+        pump.join(timeout=2)  # a child process still holding the pipe keeps the pump (not us) waiting
