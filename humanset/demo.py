@@ -61,7 +61,6 @@ def run(output: str = "runs/demo", progress: bool = True, pretrain_steps: int = 
                             steps=filter_steps)
     print(f"\ndemo outputs in {out}/: crawl/, run/ (catalog, shards, stats), report.html, render/, "
           f"pretrain/, finetune/, filters/, {filtered.name}/ (curated with the trained filters)")
-    print(f"report: {report.resolve()}")
     return 0
 
 

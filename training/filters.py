@@ -220,7 +220,8 @@ class FilterRecipe(engine.Recipe):
         n = sum(p.numel() for p in model.parameters())
         return (f"train-filter {cfg.filter}: ViT {model.encoder.width}x{model.encoder.depth} ({n / 1e6:.1f}M "
                 f"params) at {cfg.input_px}px on {ctx.world} x {ctx.device.type}, classes {self.spec.classes}, "
-                f"{len(self.train_photos)} training + {len(self.val_photos)} validation photos, held out "
+                f"{len(self.train_photos)} training + {len(self.val_photos)} validation photos"
+                f"{f', {len(self.renders)} render frames' if self.renders else ''}, held out "
                 f"{list(self.spec.holdout)}, batch {cfg.batch_size} x {ctx.world}, {cfg.steps} steps from {start}")
 
     def checkpoint_extras(self, model) -> dict:
@@ -318,7 +319,7 @@ def train_filter(cfg: FilterConfig) -> dict:
     photos, renders = read_inputs(cfg)
     if cfg.filter == "art" and not renders:
         log.info("art: no --renders given: the '3d render' family is left out")
-    log.info("train-filter %s: %d clean photos from %s%s", cfg.filter, len(photos), cfg.images,
+    log.debug("train-filter %s: %d clean photos from %s%s", cfg.filter, len(photos), cfg.images,
              f", {len(renders)} render frames" if renders else "")
     recipe = FilterRecipe(cfg, photos, renders)
     if cfg.workers:
@@ -358,7 +359,7 @@ def demo_config(task: str, images, output, renders="", encoder: str = "", steps:
                         encoder=encoder, model="tiny", input_px=64, gen_px=128, batch_size=16, steps=steps,
                         warmup_steps=max(1, steps // 10), lr=1e-3, layer_decay=0.9, val_samples=96,
                         loader_workers=0, cpu_threads=2, checkpoint_every=steps, max_images=200,
-                        log_every=max(1, steps // 6),  # at most 7 progress lines, however slow the machine
+                        log_every=max(1, steps // 3),  # at most 4 progress lines, however slow the machine
                         target_precision=0.9)
 
 
