@@ -4,7 +4,8 @@ validation, then the room's typed object.
     cfg = load(defaults, path, sets, checks)     # a validated, JSON-able dict (saved in manifests)
 
 Each room owns its defaults and turns the validated dict into its typed object: pipeline builds its
-stages from it (pipeline/config.py, pipeline/default.yaml), render its RenderConfig dataclasses.
+stages from it (pipeline/config.py, pipeline/default.yaml), render its RenderConfig dataclasses,
+training its run configs (training/config.py, training/pretrain.yaml, finetune.yaml, train_filter.yaml).
 Validation covers every leaf: an explicit `Check` for a dotted key (the rules' thresholds come from
 catalog/rules.py), else one inferred from the default's type (a number default wants a finite
 number, a string a string, ...). Errors are ConfigError (a ValueError) in one line naming the key
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,12 +103,25 @@ def inferred(default) -> Check | None:
 
 
 # --- the steps ------------------------------------------------------------------------------------
+class _Loader(yaml.SafeLoader):
+    """yaml.safe_load, but `1e-4` is a number (YAML 1.2), not the string PyYAML's 1.1 rules make it."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*\.?[0-9_]*|\.[0-9_]+)[eE][-+]?[0-9]+$"), list("-+0123456789."))
+
+
+def safe_load(text: str):
+    return yaml.load(text, Loader=_Loader)
+
+
 def read_yaml(path, what: str = "--config") -> dict:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{what} {p}: no such file")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = safe_load(p.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(f"{what} {p}: not valid YAML ({str(e).splitlines()[0]})") from e
     if data is not None and not isinstance(data, dict):
@@ -135,7 +150,7 @@ def parse_set(item: str) -> tuple[list[str], object]:
         raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set person.min_score=0.95")
     key, value = item.split("=", 1)
     try:
-        parsed = yaml.safe_load(value)
+        parsed = safe_load(value)
     except yaml.YAMLError as e:
         raise ConfigError(f"--set {item!r}: the value is not valid YAML ({str(e).splitlines()[0]})") from e
     return key.strip().split("."), parsed

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 
 # rooms and their modules exposing register(subparsers); each adds its commands with
@@ -48,12 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    from .console import native_noise_filtered, setup_logging
+
+    setup_logging(args.verbose)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    with native_noise_filtered():
+        return int(args.func(args) or 0)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,6 @@ def run(output: str = "runs/demo", progress: bool = True, pretrain_steps: int = 
                             steps=filter_steps)
     print(f"\ndemo outputs in {out}/: crawl/, run/ (catalog, shards, stats), report.html, render/, "
           f"pretrain/, finetune/, filters/, {filtered.name}/ (curated with the trained filters)")
-    print(f"report: {report.resolve()}")
     return 0
 
 
@@ -73,7 +72,7 @@ def pretrain_demo_config(data, output, steps: int = 40):
 
     return PretrainConfig(data=str(data), output=str(output), model="tiny", image_size=64, batch_size=16,
                           steps=steps, warmup_steps=max(1, steps // 10), base_lr=0.02, loader_workers=1,
-                          cpu_threads=1, checkpoint_every=max(1, steps // 2), log_every=5)
+                          cpu_threads=1, checkpoint_every=steps, log_every=5)
 
 
 def pretrain_demo(data, output, steps: int = 40) -> dict:
@@ -165,7 +164,8 @@ def filters_demo(out: Path, crawl: Path, run_dir: Path, renders: Path, encoder: 
     print("\n== curating the crawl again with the trained filters (" + ", ".join(sets[2:]) + ")")
     filtered = out / "run-filters"
     manifest = curate([str(crawl)], str(filtered), demo_config(sets), progress=progress)
-    print_funnel(manifest, catalog.connect(filtered))
+    print_funnel(manifest)  # the reject reasons are the first run's plus the two filters' (humanset stats)
+    print(f"reject reasons: humanset stats {filtered}")
     return filtered
 
 

@@ -64,15 +64,17 @@ def token_auth_notice() -> None:
 
 
 class _Lines:
-    """A file for tqdm that turns each refresh into one line (no carriage returns in a log)."""
+    """A file for tqdm that turns each refresh into one line (no carriage returns in a log). The bar's
+    first display, before any progress, is left out: the log line before the phase announces it."""
 
     def __init__(self, out):
-        self.out = out
+        self.out, self.started = out, False
 
     def write(self, s: str) -> None:
         s = s.replace("\r", "").strip()
-        if s:
+        if s and self.started:
             self.out.write(s + "\n")
+        self.started = self.started or bool(s)
 
     def flush(self) -> None:
         self.out.flush()

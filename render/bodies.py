@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import colorsys
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -67,7 +68,10 @@ def anny_model():
     """The anny body model, loaded once per process (kept warm by the render worker)."""
     try:
         import warp
-        warp.config.quiet = True  # anny's skinning kernels; its banner would go to stdout
+        # anny's skinning kernels: Warp's banner and per-module load lines would go to stdout
+        warp.config.quiet = True  # Warp < 1.10
+        warp.config.log_level = getattr(warp, "LOG_WARNING", 30)  # Warp >= 1.10 (quiet is gone)
+        logging.getLogger("anny").setLevel(logging.WARNING)  # "Loading cached model data" on every load
         import anny
         import torch
     except ImportError as e:

@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -403,14 +404,15 @@ def pack_shard(spec: RunSpec, shard: int) -> dict:
 
 # --- running ---------------------------------------------------------------------------------------
 def run_local(spec: RunSpec, progress: bool = True) -> list[dict]:
-    """Render every missing shard in this process with one warm Blender."""
+    """Render every missing shard in this process with one warm Blender. A bar on a terminal; otherwise
+    the one log line per shard is the progress."""
     from tqdm import tqdm
     todo = shards_todo(spec)
     log.info("%s: %d frames in %d shards, %d to render", spec.out, spec.frames, spec.n_shards, len(todo))
     worker = ShardRenderer(spec)
-    stats = []
+    stats, bar = [], progress and sys.stderr.isatty()
     try:
-        for s in tqdm(todo, desc="render shards", unit="shard", disable=not progress):
+        for s in tqdm(todo, desc="render shards", unit="shard", disable=not bar):
             stats.append(worker.render_shard(s))
             log.info("%s: %d rendered, %d failed", stats[-1]["shard"], stats[-1]["rendered"], stats[-1]["failed"])
     finally:

@@ -3,12 +3,10 @@ commands (one line on stderr, exit status 2; `humanset -v` shows the traceback).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
 import logging
 import sys
-from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -18,56 +16,37 @@ PRESET_HELP = "sapiens-0.3b, sapiens-0.6b, sapiens-1b, sapiens-2b, base, small, 
 def add_pretrain_args(p: argparse.ArgumentParser, required: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--data", required=required, help="folder of curated shards (a curation run's RUN/shards)")
     p.add_argument("--output", required=required, help="run folder: checkpoints/, log.jsonl, encoder.pth")
-    p.add_argument("--model", default="sapiens-0.3b", help=f"encoder preset: {PRESET_HELP} (default %(default)s)")
+    p.add_argument("--model", help=f"encoder preset: {PRESET_HELP} (default sapiens-0.3b)")
     p.add_argument("--image-size", type=int, help="square input side in px, multiple of 16 (default 1024)")
     p.add_argument("--batch-size", type=int, help="images per worker per step (default 32)")
     p.add_argument("--steps", type=int, help="optimiser steps (default 1000)")
-    p.add_argument("--workers", type=int, default=0,
-                   help="run under Ray Train with N workers (DDP); 0 = this process (default)")
-    p.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs per Ray Train worker (0 = CPU, gloo)")
+    p.add_argument("--workers", type=int, help="run under Ray Train with N workers (DDP); 0 = this process (default)")
+    p.add_argument("--gpus-per-worker", type=float, help="GPUs per Ray Train worker (default 0 = CPU, gloo)")
     p.add_argument("--fsdp", action="store_true",
                    help="shard parameters and optimiser state across workers (FSDP2), for sapiens-1b / 2b")
     p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
                    help="continue from CKPT, or without a value from the newest checkpoint in --output")
-    p.add_argument("--config", help="YAML file of settings (names as in --set)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any setting, e.g. --set base_lr=1e-4 --set checkpoint_every=500 "
-                        "--set grad_checkpointing=true (repeatable; see training/pretrain.py PretrainConfig)")
+    add_config_args(p, "pretrain.yaml", "--set base_lr=1e-4 --set checkpoint_every=500 --set grad_checkpointing=true")
     return p
 
 
-def read_settings(config: str | None, sets: list[str], config_cls) -> dict:
-    """Settings from --config YAML then --set KEY=VALUE, checked against the config dataclass."""
-    import yaml
-
-    values: dict = {}
-    if config:
-        path = Path(config)
-        if not path.is_file():
-            raise FileNotFoundError(f"--config {path}: no such file")
-        values.update(yaml.safe_load(path.read_text()) or {})
-    for item in sets:
-        if "=" not in item:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set steps=100")
-        key, value = item.split("=", 1)
-        values[key.strip()] = yaml.safe_load(value)
-    known = {f.name for f in dataclasses.fields(config_cls)}
-    bad = sorted(set(values) - known)
-    if bad:
-        raise KeyError(f"unknown settings {bad}; known: {', '.join(sorted(known))}")
-    return values
+def add_config_args(p: argparse.ArgumentParser, yaml_name: str, example: str) -> None:
+    p.add_argument("--config", metavar="FILE",
+                   help=f"YAML file of settings, keys as in training/{yaml_name} (every setting and its default)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"one setting of training/{yaml_name}, e.g. {example} (repeatable). Order: the YAML "
+                        "defaults, then --config, then --set, then the flags above")
 
 
 def config_from_args(args):
-    from .pretrain import PretrainConfig, config_from
+    """training/pretrain.yaml, then --config, then --set, then the flags given (training/config.py)."""
+    from .config import load_config
 
-    values = read_settings(args.config, args.set, PretrainConfig)
     flags = {"data": args.data, "output": args.output, "model": args.model, "image_size": args.image_size,
              "batch_size": args.batch_size, "steps": args.steps, "workers": args.workers,
              "gpus_per_worker": args.gpus_per_worker, "resume": args.resume,
              "strategy": "fsdp" if args.fsdp else None}
-    values.update({k: v for k, v in flags.items() if v is not None})
-    return config_from(values)
+    return load_config("pretrain", args.config, args.set, flags)
 
 
 def user_errors(fn):

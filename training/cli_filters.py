@@ -4,20 +4,18 @@ from __future__ import annotations
 import argparse
 import json
 
-from .cli import user_errors
+from .cli import add_config_args, user_errors
 
 
 def config_from_args(args):
-    from .cli import read_settings
-    from .filters import FilterConfig, config_from
+    """training/train_filter.yaml, then --config, then --set, then the flags given (training/config.py)."""
+    from .config import load_config
 
-    values = read_settings(args.config, args.set, FilterConfig)
     flags = {"filter": args.filter, "images": args.images, "renders": args.renders, "output": args.output,
              "encoder": args.encoder, "model": args.model, "input_px": args.input_px, "batch_size": args.batch_size,
              "steps": args.steps, "lr": args.lr, "resume": args.resume,
              "holdout": args.holdout.split(",") if args.holdout else None}
-    values.update({k: v for k, v in flags.items() if v is not None})
-    return config_from(values)
+    return load_config("train-filter", args.config, args.set, flags)
 
 
 @user_errors
@@ -60,8 +58,5 @@ def register(sub) -> None:
     p.add_argument("--lr", type=float, help="peak learning rate of the head (default 5e-4)")
     p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
                    help="continue from CKPT, or without a value from the newest checkpoint in --output")
-    p.add_argument("--config", help="YAML file of settings (names as in --set)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any setting of FilterConfig (training/filters.py), e.g. --set target_precision=0.98 "
-                        "--set max_images=5000 (repeatable)")
+    add_config_args(p, "train_filter.yaml", "--set target_precision=0.98 --set max_images=5000")
     p.set_defaults(func=cmd_train_filter)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .cli import user_errors
+from .cli import add_config_args, user_errors
 
 TASK_HELP = "pose (keypoint heatmaps), seg (body-part classes), depth (relative depth), normal (surface normals)"
 
@@ -18,8 +18,8 @@ def add_finetune_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help="run folder: checkpoints/, log.jsonl, config.json")
     p.add_argument("--encoder", help="pretrained encoder: humanset MAE checkpoint, OUT/encoder.pth or a timm "
                                      "ViT state dict (without it the encoder starts random: smoke tests only)")
-    p.add_argument("--model", default="sapiens-0.3b", help="encoder preset the weights were trained with "
-                                                          "(sapiens-0.3b ... 2b, base, small, tiny, micro)")
+    p.add_argument("--model", help="encoder preset the weights were trained with "
+                                   "(sapiens-0.3b (default) ... 2b, base, small, tiny, micro)")
     p.add_argument("--image-size", help="input HxW, multiples of 16 (default 1024x768)")
     p.add_argument("--vocab", help="pose: coco17 (default), coco_wholebody133, sapiens308 or a JSON; "
                                    "seg: sapiens28 (default), lip20 or a JSON")
@@ -28,34 +28,29 @@ def add_finetune_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, help="images per worker per step (default 8)")
     p.add_argument("--steps", type=int, help="optimiser steps (default 1000)")
     p.add_argument("--lr", type=float, help="peak learning rate of the decoder (default 5e-4)")
-    p.add_argument("--workers", type=int, default=0, help="Ray Train workers (DDP); 0 = this process (default)")
+    p.add_argument("--workers", type=int, help="Ray Train workers (DDP); 0 = this process (default)")
     p.add_argument("--fsdp", action="store_true",
                    help="shard encoder, head and optimiser state across the workers (FSDP2), for sapiens-1b / 2b")
     p.add_argument("--loader", choices=["torch", "ray"],
                    help="torch: DataLoader in each worker, exact resume (default); ray: Ray Data streams "
                         "decoded, augmented samples to the workers (needs --workers)")
-    p.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs per Ray Train worker (0 = CPU)")
+    p.add_argument("--gpus-per-worker", type=float, help="GPUs per Ray Train worker (default 0 = CPU)")
     p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
                    help="continue from CKPT, or without a value from the newest checkpoint in --output")
-    p.add_argument("--config", help="YAML file of settings (names as in --set)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any setting of FinetuneConfig (training/finetune.py), e.g. --set head_width=256 "
-                        "--set layer_decay=0.9 --set checkpoint_every=500 (repeatable)")
+    add_config_args(p, "finetune.yaml", "--set head_width=256 --set layer_decay=0.9 --set checkpoint_every=500")
     return p
 
 
 def config_from_args(args):
-    from .cli import read_settings
-    from .finetune import FinetuneConfig, config_from
+    """training/finetune.yaml, then --config, then --set, then the flags given (training/config.py)."""
+    from .config import load_config
 
-    values = read_settings(args.config, args.set, FinetuneConfig)
     flags = {"task": args.task, "data": args.data, "images": args.images, "output": args.output,
              "encoder": args.encoder, "model": args.model, "image_size": args.image_size, "vocab": args.vocab,
              "backgrounds": args.backgrounds, "batch_size": args.batch_size, "steps": args.steps, "lr": args.lr,
              "workers": args.workers, "gpus_per_worker": args.gpus_per_worker, "resume": args.resume,
              "strategy": "fsdp" if args.fsdp else None, "loader": args.loader}
-    values.update({k: v for k, v in flags.items() if v is not None})
-    return config_from(values)
+    return load_config("finetune", args.config, args.set, flags)
 
 
 @user_errors

@@ -54,6 +54,7 @@ class RunConfig:
     strategy: str = "ddp"  # ddp | fsdp (shards parameters and optimiser state: for sapiens-1b / 2b)
     resume: str | None = None  # 'auto' = newest checkpoint in output, or a checkpoint path
     progress: bool = True  # a progress bar on a terminal (log lines otherwise)
+    progress_every_s: float = 30.0  # without a terminal: a progress line at most this often (0 = each logged step)
 
     def __post_init__(self):
         if self.strategy not in ("ddp", "fsdp"):
@@ -268,8 +269,8 @@ def train(recipe: Recipe) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         catalog.write_json(out / "config.json", cfg.to_dict())
         log.info("%s", recipe.describe(unwrap(model), ctx, start))
-    logger = RunLog(out / "log.jsonl", recipe.name, cfg.steps, start, global_batch, cfg.progress) \
-        if ctx.main else None
+    logger = RunLog(out / "log.jsonl", recipe.name, cfg.steps, start, global_batch, cfg.progress,
+                    cfg.progress_every_s) if ctx.main else None
     autocast = torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=use_bf16(cfg, ctx))
     model.train()
     loss_value = float("nan")
@@ -326,13 +327,15 @@ def save(model, opt, sched, recipe: Recipe, ctx: Context, step: int):
 
 # --- the run log -----------------------------------------------------------------------------------
 class RunLog:
-    """Every logged step to OUT/log.jsonl; progress as a tqdm bar on a terminal, else as log lines."""
+    """Every logged step to OUT/log.jsonl; a tqdm bar on a terminal, else lines: the first step, one per
+    `interval` seconds at most (0: every logged step), the last."""
 
-    def __init__(self, path: Path, name: str, total: int, start: int, global_batch: int, progress: bool = True):
+    def __init__(self, path: Path, name: str, total: int, start: int, global_batch: int, progress: bool = True,
+                 interval: float = 0.0):
         self.fh = open(path, "a")
         self.name, self.total, self.start, self.global_batch = name, total, start, global_batch
         self.t0 = self.t_last = time.perf_counter()
-        self.step_last = start
+        self.step_last, self.interval, self.t_printed = start, interval, None
         self.bar = None
         if progress and sys.stderr.isatty():
             from tqdm import tqdm
@@ -350,8 +353,9 @@ class RunLog:
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", ips=f"{ips:.1f}")
-        else:
-            # stdout, one line per logged step: it reaches the driver from Ray workers too
+        elif self.t_printed is None or step >= self.total or now - self.t_printed >= self.interval:
+            # stdout: it reaches the driver from Ray workers too
+            self.t_printed = now
             more = "".join(f" {k.replace('_', ' ')} {v}" for k, v in (extra or {}).items())
             print(f"{self.name} step {step}/{self.total} loss {loss:.4f} lr {lr:.3e} grad {grad_norm:.2f} "
                   f"{ips:.1f} img/s eta {fmt_eta(eta)}{more}", flush=True)

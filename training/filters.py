@@ -236,7 +236,7 @@ class FilterRecipe(engine.Recipe):
         return (f"train-filter {cfg.filter}: ViT {model.encoder.width}x{model.encoder.depth} ({n / 1e6:.1f}M "
                 f"params) at {cfg.input_px}px on {ctx.world} x {ctx.device.type}, classes {self.spec.classes}, "
                 f"{len(self.train_photos)} training + {len(self.val_photos)} validation photos"
-                f"{self._html_note()}, held out "
+                f"{f', {len(self.renders)} render frames' if self.renders else ''}{self._html_note()}, held out "
                 f"{list(self.spec.holdout)}, batch {cfg.batch_size} x {ctx.world}, {cfg.steps} steps from {start}")
 
     def _html_note(self) -> str:
@@ -337,7 +337,7 @@ def train_filter(cfg: FilterConfig) -> dict:
     photos, renders = read_inputs(cfg)
     if cfg.filter == "art" and not renders:
         log.info("art: no --renders given: the '3d render' family is left out")
-    log.info("train-filter %s: %d clean photos from %s%s", cfg.filter, len(photos), cfg.images,
+    log.debug("train-filter %s: %d clean photos from %s%s", cfg.filter, len(photos), cfg.images,
              f", {len(renders)} render frames" if renders else "")
     recipe = FilterRecipe(cfg, photos, renders)
     if cfg.workers:
@@ -361,7 +361,7 @@ def train_filter(cfg: FilterConfig) -> dict:
                 "torch_threads": torch.get_num_threads()}
     card_path = write_card(Path(cfg.output), model.cpu(), recipe, validation, training)
     h = validation["heldout"]
-    log.info("%s filter: held-out ROC AUC %s, precision %s recall %s at threshold %.3f -> %s", cfg.filter,
+    log.debug("%s filter: held-out ROC AUC %s, precision %s recall %s at threshold %.3f -> %s", cfg.filter,
              _fmt(h["roc_auc"]), _fmt(h["at_threshold"]["precision"]), _fmt(h["at_threshold"]["recall"]),
              validation["threshold"]["score"], card_path)
     return json.loads(card_path.read_text())
@@ -377,7 +377,8 @@ def demo_config(task: str, images, output, renders="", encoder: str = "", steps:
     return FilterConfig(filter=task, images=str(images), renders=str(renders or ""), output=str(output),
                         encoder=encoder, model="tiny", input_px=64, gen_px=128, batch_size=16, steps=steps,
                         warmup_steps=max(1, steps // 10), lr=1e-3, layer_decay=0.9, val_samples=96,
-                        loader_workers=0, cpu_threads=2, checkpoint_every=steps, log_every=10, max_images=200,
+                        loader_workers=0, cpu_threads=2, checkpoint_every=steps, max_images=200,
+                        log_every=max(1, steps // 3),  # at most 4 progress lines, however slow the machine
                         target_precision=0.9, html_pages=24)
 
 

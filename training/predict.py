@@ -138,5 +138,5 @@ def predict(task: str, checkpoint, images, out_dir, masks=None) -> list[Path]:
         fig = Path(f"{stem}.png")
         side_by_side(img, picture).save(fig)
         written.append(fig)
-        log.info("%s -> %s", path, fig)
+        log.debug("%s -> %s", path, fig)  # the callers print the paths returned
     return written

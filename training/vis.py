@@ -74,5 +74,5 @@ def pretrain_vis(checkpoint, image_path, out_path, mask_ratio: float = 0.75, see
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     figure(list(panels), ["original", f"masked {mask_ratio:.0%}", "reconstruction"]).save(out_path)
-    log.info("reconstruction figure -> %s", out_path)
+    log.debug("reconstruction figure -> %s", out_path)  # the callers print the path returned
     return out_path

@@ -32,3 +32,15 @@ def test_run_log_shows_a_bar_on_a_terminal_and_lines_otherwise(tty, tmp_path, mo
 
 def test_eta_format():
     assert fmt_eta(3725) == "1:02:05" and fmt_eta(float("nan")) == "?"
+
+
+def test_run_log_without_a_terminal_prints_at_most_one_line_per_interval(tmp_path, monkeypatch, capsys):
+    clock = iter([0.0, 0.0, 1.0, 2.0, 31.0, 32.0, 33.0])  # t0, then one reading per write
+    monkeypatch.setattr("training.engine.time.perf_counter", lambda: next(clock))
+    logger = RunLog(tmp_path / "log.jsonl", "finetune", total=6, start=0, global_batch=8, interval=30.0)
+    for step in range(1, 7):
+        logger.write(step, 0.5, 1e-3, 1.0)
+    logger.close()
+    printed = [int(line.split()[2].split("/")[0]) for line in capsys.readouterr().out.splitlines()]
+    assert printed == [1, 4, 6]  # the first, the first after 30 s, the last
+    assert len((tmp_path / "log.jsonl").read_text().splitlines()) == 6  # the JSONL keeps every step
