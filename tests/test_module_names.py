@@ -41,3 +41,10 @@ def test_no_module_in_a_script_folder_shadows_another():
 def test_the_check_finds_a_clash():
     found = _clashes(["select", "numpy", "no_such_module_here"])
     assert [f.split()[0] for f in found] == ["select", "numpy"]
+
+
+def test_test_files_have_unique_basenames():
+    # tests/<room>/ folders have no __init__.py: pytest imports each test file by its basename, so two files
+    # with one name in different rooms stop the whole collection ("import file mismatch")
+    names = [p.name for p in (ROOT / "tests").rglob("*.py") if p.name != "conftest.py"]
+    assert len(names) == len(set(names)), sorted(n for n in set(names) if names.count(n) > 1)

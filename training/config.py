@@ -12,7 +12,7 @@ finetune.yaml, train_filter.yaml. A run's settings are built in this order, each
 
 The errors are catalog.config's, the same as curate's and render's. The effective settings are saved
 in the run folder as OUT/config.json (and in every checkpoint). The dataclasses keep their defaults
-for code that builds a config directly; tests/training/test_config.py checks they equal the YAMLs.
+for code that builds a config directly; tests/training/test_settings.py checks they equal the YAMLs.
 """
 from __future__ import annotations
 
@@ -79,6 +79,7 @@ CHECKS: dict[str, dict[str, Check]] = {
         "holdout": Check(("list",), nullable=True, items="str"),
         "opacity": Check(("list",), items="number"),
         "max_images": Check(_INT, low=1),
+        "html_pages": Check(_INT, low=0),  # FilterConfig also refuses 1 (a pool of one page)
         "val_samples": Check(_INT, low=1),
         "target_precision": Check(_NUM, low=0, high=1),
         "lr": Check(_NUM, low=0),
