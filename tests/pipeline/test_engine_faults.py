@@ -51,21 +51,28 @@ def test_clean_tmp_removes_only_our_writers_temp_files(tmp_path):
     assert not ours.exists() and all(p.exists() for p in keep)
 
 
-def test_changed_source_is_rejected_and_never_written(tmp_path):
-    """Phase 1 and phase 3 run here in-process (no Ray); the file changes in between."""
+def _measured(source, run):
+    """Phases 1 and 2 of the cheap path on one unit, in-process (no Ray): (unit, cfg)."""
     from pipeline import dedup, engine
-    from pipeline.demo import photo_like
     from pipeline.sources import list_units
     from pipeline.stages import build_stages
-    folder = _photos(tmp_path / "in", 3)
     cfg = load_config(sets=CHEAP)
-    (unit,), _ = list_units([str(folder)])
-    run = tmp_path / "run"
+    (unit,), _ = list_units([str(source)])
     table = engine.read_for_measure(unit, engine._limits(cfg))
     for s in build_stages(cfg):
         table = engine.run_on_unit(s, table, False)
     engine.finish_measure(run, table)
     dedup.run_dedup(run, [unit.unit_id], cfg)
+    return unit, cfg
+
+
+def test_changed_source_is_rejected_and_never_written(tmp_path):
+    """Phase 1 and phase 3 run here in-process (no Ray); the file changes in between."""
+    from pipeline import engine
+    from pipeline.demo import photo_like
+    folder = _photos(tmp_path / "in", 3)
+    run = tmp_path / "run"
+    unit, cfg = _measured(folder, run)
     new = photo_like(400, 320, 999)
     (folder / "001.jpg").write_bytes(new)  # same name, other bytes
     table = engine.read_for_score(run, unit, engine._limits(cfg), False)
@@ -87,10 +94,8 @@ def test_second_read_of_a_tar_seeks_to_its_members_and_a_rewritten_tar_is_parsed
     import shutil
     import tarfile
 
-    from pipeline import dedup, engine
+    from pipeline import engine
     from pipeline.demo import photo_like
-    from pipeline.sources import list_units
-    from pipeline.stages import build_stages
 
     def shard(path, images):
         with tarfile.open(path, "w") as tf:
@@ -103,14 +108,8 @@ def test_second_read_of_a_tar_seeks_to_its_members_and_a_rewritten_tar_is_parsed
     tar = tmp_path / "in" / "s.tar"
     tar.parent.mkdir()
     shard(tar, images)
-    cfg = load_config(sets=CHEAP)
-    (unit,), _ = list_units([str(tar)])
     run = tmp_path / "run"
-    table = engine.read_for_measure(unit, engine._limits(cfg))
-    for s in build_stages(cfg):
-        table = engine.run_on_unit(s, table, False)
-    engine.finish_measure(run, table)
-    dedup.run_dedup(run, [unit.unit_id], cfg)
+    unit, cfg = _measured(tar, run)
     shutil.copytree(run, tmp_path / "run2")
 
     def no_parse(*a, **k):
