@@ -46,6 +46,11 @@ def write_curated_shards(folder, samples: list[tuple[str, bytes]], prefix: str =
     return writer.written
 
 
+def logged_losses(out) -> dict[int, float]:
+    """step -> loss of a training run, from its OUT/log.jsonl."""
+    return {r["step"]: r["loss"] for r in map(json.loads, (Path(out) / "log.jsonl").read_text().splitlines())}
+
+
 def encode(array, fmt: str, **kw) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(array).save(buf, fmt, **kw)

@@ -1,12 +1,11 @@
 """Fine-tuning on 2 CPU Ray Train workers with FSDP2 (encoder blocks and head sharded), and Ray Data streaming."""
-import json
 from pathlib import Path
 
 import pytest
 
 from training import checkpoint as ckpt
 from training.finetune import FinetuneConfig, build_model, finetune
-from training.testing import write_sphere_renders
+from training.testing import logged_losses, write_sphere_renders
 
 
 @pytest.fixture(scope="module")
@@ -23,17 +22,13 @@ def small(data, out, **kw) -> FinetuneConfig:
     return FinetuneConfig(**{**base, **kw})
 
 
-def losses(out):
-    return {r["step"]: r["loss"] for r in map(json.loads, (Path(out) / "log.jsonl").read_text().splitlines())}
-
-
 def test_fsdp_matches_one_process_and_resumes_exactly(renders, tmp_path, ray_local):
     one = tmp_path / "one"
     finetune(small(renders, one))
     # 2 workers x batch 2 read the same 4 samples per step as one process with batch 4
     full, resumed = tmp_path / "fsdp", tmp_path / "fsdp-resumed"
     finetune(small(renders, full, workers=2, batch_size=2, strategy="fsdp"))
-    a, b = losses(one), losses(full)
+    a, b = logged_losses(one), logged_losses(full)
     assert sorted(b) == [1, 2, 3]
     assert b[1] == pytest.approx(a[1], rel=1e-4)  # same weights, same samples
     assert [b[s] for s in (2, 3)] == pytest.approx([a[s] for s in (2, 3)], rel=2e-2)  # gradients all-reduced
@@ -43,11 +38,11 @@ def test_fsdp_matches_one_process_and_resumes_exactly(renders, tmp_path, ray_loc
 
     finetune(small(renders, resumed, workers=2, batch_size=2, strategy="fsdp",
                    resume=str(full / "checkpoints" / "step-00000002.pt")))
-    c = losses(resumed)
+    c = logged_losses(resumed)
     assert sorted(c) == [3] and c[3] == pytest.approx(b[3], rel=1e-5)
 
 
 def test_ray_data_loader_streams_the_frames(renders, tmp_path, ray_local):
     summary = finetune(small(renders, tmp_path, workers=2, batch_size=2, steps=2, loader="ray"))
-    assert sorted(losses(tmp_path)) == [1, 2]
+    assert sorted(logged_losses(tmp_path)) == [1, 2]
     assert Path(summary["checkpoint"]).name == "step-00000002.pt"

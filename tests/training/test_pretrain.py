@@ -9,18 +9,7 @@ from humanset.cli import main as humanset_main
 from training import checkpoint as ckpt
 from humanset.demo import pretrain_demo as demo
 from training.pretrain import PretrainConfig, pretrain
-from training.testing import skimage_samples, write_curated_shards
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("shards")
-    write_curated_shards(folder, skimage_samples(), per_shard=5)
-    return folder
-
-
-def losses(out):
-    return {r["step"]: r["loss"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines())}
+from training.testing import logged_losses, skimage_samples
 
 
 def small(shards, out, **kw):
@@ -32,7 +21,7 @@ def small(shards, out, **kw):
 
 def test_demo_tiny_preset_learns(shards, tmp_path):
     summary = demo(shards, tmp_path, steps=30)  # the `make demo` entry point
-    curve = losses(tmp_path)
+    curve = logged_losses(tmp_path)
     first = curve[1]
     last = sum(curve[s] for s in (20, 25, 30)) / 3
     assert last < first - 0.05, curve
@@ -51,7 +40,7 @@ def test_resume_matches_an_uninterrupted_run(shards, tmp_path):
     (resumed / "checkpoints").mkdir(parents=True)
     (resumed / "checkpoints" / "step-00000005.pt").write_bytes((full / "checkpoints" / "step-00000005.pt").read_bytes())
     pretrain(small(shards, resumed, resume="auto"))
-    a, b = losses(full), losses(resumed)
+    a, b = logged_losses(full), logged_losses(resumed)
     assert sorted(b) == list(range(6, 13))
     for step in b:
         assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-6), (step, a[step], b[step])

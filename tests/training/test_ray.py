@@ -9,20 +9,9 @@ import torch
 from training import checkpoint as ckpt
 from training.mae import MaskedAutoencoder
 from training.pretrain import PretrainConfig, pretrain_ray
-from training.testing import skimage_samples, write_curated_shards
+from training.testing import logged_losses
 
 JOB = Path(__file__).resolve().parents[2] / "training" / "pretrain_job.py"
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("shards")
-    write_curated_shards(folder, skimage_samples(), per_shard=5)
-    return folder
-
-
-def losses(out):
-    return {r["step"]: r["loss"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines())}
 
 
 def steps_logged(out):
@@ -59,5 +48,5 @@ def test_pretrain_job_script_fsdp_two_cpu_workers_and_resume(ray_local, shards, 
 
     # resume the sharded run from step 2: step 3 must repeat exactly
     assert job.main(args + ["--output", str(resumed), "--resume", str(full / "checkpoints" / "step-00000002.pt")]) == 0
-    a, b = losses(full), losses(resumed)
+    a, b = logged_losses(full), logged_losses(resumed)
     assert sorted(b) == [3] and b[3] == pytest.approx(a[3], rel=1e-5)
