@@ -103,13 +103,13 @@ def plain_loop(tars: list[Path], out: Path, min_side: int = 300) -> dict:
     return {"images": n, "kept": kept, "seconds": round(s, 2), "images_per_s": round(n / s, 1)}
 
 
-def driver(crawl: str, run: str, num_cpus: int, min_side: int = 300) -> None:
+def driver(crawl: str, run: str, num_cpus: int, min_side: int = 300, sets: list[str] = ()) -> None:
     """The engine's driver, in its own process so that VmHWM is the driver's alone."""
     import logging
     logging.basicConfig(level=logging.WARNING)
     from pipeline.config import load_config
     from pipeline.engine import curate, init_ray
-    cfg = load_config(sets=["stages=[decode,size,dedup]", f"ray.num_cpus={num_cpus}", f"size.min_short_side={min_side}"])
+    cfg = load_config(sets=["stages=[decode,size,dedup]", f"ray.num_cpus={num_cpus}", f"size.min_short_side={min_side}", *sets])
     init_ray(cfg)
     t0 = time.perf_counter()
     manifest = curate([crawl], run, cfg, progress=False)
@@ -143,10 +143,12 @@ def main() -> int:
     ap.add_argument("--side", type=int, default=SIDE,
                     help=f"image side in px (default {SIDE}); the size rule follows (min side = min(300, side)), "
                          "so every image is kept and written as at the default")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for the engine run, as `humanset curate --set` (repeatable)")
     ap.add_argument("--driver", nargs=2, metavar=("CRAWL", "RUN"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.driver:
-        driver(*args.driver, args.num_cpus, min(300, args.side))
+        driver(*args.driver, args.num_cpus, min(300, args.side), args.set)
         return 0
     work = Path(args.workdir or tempfile.mkdtemp(prefix="humanset-scale-"))
     crawl = work / (f"crawl-{args.n}" + ("" if args.noise == NOISE else f"-noise{args.noise:g}")
@@ -159,14 +161,15 @@ def main() -> int:
         shutil.rmtree(run, ignore_errors=True)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
         p = subprocess.run([sys.executable, __file__, "--driver", str(crawl), str(run), "--num-cpus",
-                            str(args.num_cpus), "--side", str(args.side)], env=env, capture_output=True, text=True)
+                            str(args.num_cpus), "--side", str(args.side),
+                            *(a for kv in args.set for a in ("--set", kv))], env=env, capture_output=True, text=True)
         if p.returncode:
             print(p.stderr[-4000:], file=sys.stderr)
             return p.returncode
         engine = json.loads(p.stdout.strip().splitlines()[-1])
         result = {"n": args.n, "shards": len(tars), "image_px": f"{args.side}x{args.side}", "noise": args.noise,
                   "crawl_mb": round(sum(t.stat().st_size for t in tars) / 2**20, 1), "num_cpus": args.num_cpus,
-                  "generate_seconds": round(gen_s, 1), "engine": engine,
+                  "generate_seconds": round(gen_s, 1), "sets": args.set, "engine": engine,
                   "engine_us_per_image": round(1e6 * engine["seconds"] / engine["images"], 1)}
         if not args.skip_plain:
             plain = plain_loop(tars, work / "plain.tar", min(300, args.side))

@@ -70,8 +70,9 @@ def probe(data: bytes, max_pixels: int | None = None, verify: bool = True) -> di
             "exif_orientation": orientation, "n_frames": int(getattr(im, "n_frames", 1) or 1)}
     if verify:
         try:
-            if im.format == "JPEG":
-                im.draft(im.mode if im.mode in ("RGB", "L") else None, (THUMB_DRAFT, THUMB_DRAFT))
+            if im.format == "JPEG":  # grey straight from libjpeg (its Y channel): no colour conversion,
+                # no chroma upsampling; every entropy-coded byte is still decoded
+                im.draft("L" if im.mode in ("RGB", "L") else None, (THUMB_DRAFT, THUMB_DRAFT))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 Image.LOAD_TRUNCATED_IMAGES = False
@@ -79,7 +80,8 @@ def probe(data: bytes, max_pixels: int | None = None, verify: bool = True) -> di
         except (OSError, ValueError, SyntaxError, EOFError) as e:
             raise ImageError(f"truncated or corrupt pixel data: {e}") from e
         small = ImageOps.exif_transpose(im) if orientation != 1 else im
-        info["thumb"] = to_rgb(small).convert("L").resize((THUMB, THUMB), Image.LANCZOS).tobytes()
+        grey = small if small.mode == "L" else to_rgb(small).convert("L")
+        info["thumb"] = grey.resize((THUMB, THUMB), Image.LANCZOS).tobytes()
     return info
 
 

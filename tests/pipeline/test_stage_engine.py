@@ -142,3 +142,20 @@ def test_model_actors_load_while_phase_3_waits_and_a_stopped_run_frees_them(ray_
     assert not early._thread.is_alive()
     assert not (tmp_path / "run").exists()  # no unit passed the gate
     wait_for(lambda: free() >= before, "the text actor kept its CPU after the run stopped", 120)
+
+
+def test_task_poll_sets_how_soon_ray_data_sees_a_finished_unit():
+    """engine.task_poll_s reaches Ray Data's scheduling loop (its wait for finished tasks); if a Ray
+    upgrade renames that constant this test fails, instead of the engine silently losing a core."""
+    from ray.data._internal.execution import streaming_executor_state as state
+
+    from pipeline.config import load_config
+    from pipeline.engine import task_poll
+    old = state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S
+    try:
+        task_poll(float(load_config()["engine"]["task_poll_s"]))
+        assert state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S == 0.01
+        task_poll(0.05)
+        assert state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S == 0.05
+    finally:
+        state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S = old
