@@ -36,6 +36,15 @@ def glob_escape(path: str) -> str:
     return "".join(f"[{c}]" if c in "[*?" else c for c in str(path))
 
 
+def parts_sql(run_dir, view: str) -> str:
+    """`read_parquet(...)` over one view's files, for a query that scans a whole run (the engine's
+    final counts). The views unify the parts' schemas by name, which reads every file's footer when
+    the view is made: 135 MB more at 1,000 parts, so O(parts) on one process. The parts of one view
+    of one run come from one writer with one schema, so this reads them as they are."""
+    glob = f"{glob_escape(Path(run_dir))}/{VIEWS[view]}".replace("'", "''")
+    return f"read_parquet('{glob}')"
+
+
 def connect(run_dir, database: str = ":memory:", prefix: str = "") -> duckdb.DuckDBPyConnection:
     """Open DuckDB with the run's Parquet files registered as views.
 

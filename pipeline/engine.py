@@ -11,7 +11,7 @@ schema metadata, never in rows.
 A run has three phases, each resumable:
   1. measure (per unit): read -> decode -> size -> pHash; the worker writes
      RUN/work/measure/{unit}.parquet (no bytes) after {unit}.json (its counters).
-  2. dedup (whole run, once every unit is measured): pipeline/dedup.run_dedup ->
+  2. dedup (whole run, once every unit is measured): pipeline/dedup.run_dedup, in a Ray task ->
      RUN/work/dedup/{unit}.parquet verdicts (a pure function of phase 1, so reruns agree).
   3. score + write (per unit): the second and last read of the source (a tar's images at their
      measured offsets, no second parse); bytes whose sha256 differs from phase 1's are rejected as
@@ -686,6 +686,20 @@ class _EarlyScore:
         self._thread.join(timeout=60)
 
 
+def _run_dedup(run: Path, unit_ids: list[str], cfg: dict) -> dict:
+    """Phase 2 in one Ray task on a worker, which starts the near-search tables as tasks of its own:
+    its per-sample arrays (sample ids, hashes, areas, the union-find; see pipeline/dedup.py) never
+    enter the driver, which holds the unit ids and gets the counts back. The task resumes from
+    the files a crashed attempt left (per table, then the verdicts), so it is retried like a unit."""
+    import ray
+    task = ray.remote(num_cpus=1, max_retries=_retries(cfg))(_dedup_task)
+    return ray.get(task.remote(str(run), unit_ids, cfg))
+
+
+def _dedup_task(run: str, unit_ids: list[str], cfg: dict) -> dict:
+    return dedup_mod.run_dedup(Path(run), unit_ids, cfg)
+
+
 def _start_actors_early(cfg: dict, stages: list[Stage]) -> bool:
     return bool(cfg.get("engine", {}).get("start_actors_early", True)) and any(s.stateful for s in stages)
 
@@ -889,7 +903,7 @@ def _curate_locked(run: Path, inputs: list[str], cfg: dict, score_all: bool, pro
             timeline["measured"] = round(time.time(), 3)
             if not dedup_mod.is_done(run):
                 t0 = time.perf_counter()
-                st = dedup_mod.run_dedup(run, [u.unit_id for u in units], cfg_active)  # its tables are Ray tasks
+                st = _run_dedup(run, [u.unit_id for u in units], cfg_active)
                 seconds["dedup"] = round(time.perf_counter() - t0, 2)
                 log.info("dedup: %d of %d candidates are duplicates (%.2f s)", st["duplicates"], st["candidates"],
                          seconds["dedup"])
@@ -917,9 +931,11 @@ def _curate_locked(run: Path, inputs: list[str], cfg: dict, score_all: bool, pro
 
 def _reason_counts(run: Path) -> tuple[dict[str, int], int, int]:
     """Rejections per stage (first reason), inputs and kept, by DuckDB over the catalog."""
-    con = catalog.connect(run)
-    rows = con.execute("SELECT split_part(reject_reason, ':', 1) AS stage, count(*) FROM samples "
-                       "GROUP BY 1").fetchall()
+    import duckdb
+    from catalog.duck import parts_sql
+    con = duckdb.connect()
+    rows = con.execute(f"SELECT split_part(reject_reason, ':', 1) AS stage, count(*) FROM "
+                       f"{parts_sql(run, 'samples')} GROUP BY 1").fetchall()
     counts = {stage: n for stage, n in rows if stage is not None}
     n_inputs = sum(n for _, n in rows)
     return counts, n_inputs, sum(n for stage, n in rows if stage is None)

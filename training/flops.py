@@ -21,12 +21,12 @@ def encoder_linear_macs(name: str, image_size: int, patch: int = 16) -> int:
 
 
 def mae_forward_flops(name: str, image_size: int, mask_ratio: float = 0.75, patch: int = 16) -> int:
-    """FLOPs of one MAE forward pass for one image: patch embedding of all patches, the encoder on
-    the visible tokens + cls, the decoder on all tokens + cls."""
+    """FLOPs of one MAE forward pass for one image: patch embedding of the visible patches, the encoder
+    on the visible tokens + cls, the decoder on all tokens + cls."""
     p = preset(name)
     n = (image_size // patch) ** 2
     visible = int(n * (1 - mask_ratio)) + 1
-    macs = n * 3 * patch * patch * p.width  # patch embedding runs before masking
+    macs = (visible - 1) * 3 * patch * patch * p.width  # patch embedding of the kept patches only
     macs += p.depth * _block_macs(visible, p.width, p.mlp)
     macs += visible * p.width * p.decoder_width  # decoder_embed
     macs += p.decoder_depth * _block_macs(n + 1, p.decoder_width, 4 * p.decoder_width)

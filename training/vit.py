@@ -91,6 +91,15 @@ class PatchEmbed(nn.Module):
     def forward(self, x):  # (B, C, H, W) -> (B, N, D)
         return self.proj(x).flatten(2).transpose(1, 2)
 
+    def patches(self, x):  # (B, C, H, W) -> (B, N, C * p * p), each patch in the projection weight's order
+        b, c, h, w = x.shape
+        p = self.patch
+        x = x.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
+        return x.reshape(b, (h // p) * (w // p), c * p * p)
+
+    def embed(self, patches):  # (B, n, C * p * p) -> (B, n, D): forward()'s convolution, on these patches only
+        return F.linear(patches, self.proj.weight.flatten(1), self.proj.bias)
+
 
 class Attention(nn.Module):
     def __init__(self, width: int, heads: int):
@@ -190,6 +199,13 @@ class VisionTransformer(nn.Module):
     def tokens(self, images: torch.Tensor) -> torch.Tensor:
         """Patch tokens with positions added, no cls token: (B, N, D)."""
         return self.patch_embed(images) + self.pos_embed[:, 1:, :]
+
+    def tokens_at(self, images: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """tokens(images) at patch indices `ids` (B, n) only: (B, n, D). The patch projection runs on
+        those patches alone (MAE's encoder sees a quarter of them), the same maths as tokens() then a gather."""
+        patches = self.patch_embed.patches(images)
+        patches = torch.gather(patches, 1, ids.unsqueeze(-1).expand(-1, -1, patches.shape[-1]))
+        return self.patch_embed.embed(patches) + self.pos_embed[0, 1:, :][ids]
 
     def forward_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """Prepend the cls token to (B, n, D) tokens, run the blocks and the final norm."""

@@ -55,6 +55,33 @@ def test_patchify_roundtrip_and_masking():
     assert not torch.equal(mask[0], mask[1])  # per-sample masks
 
 
+def test_encoder_embeds_only_the_kept_patches_with_the_same_maths():
+    """forward_encoder projects the kept patches alone: the same tokens, loss and gradients as embedding
+    every patch and gathering the kept ones (random_masking(tokens(images))), to 1e-5."""
+    torch.manual_seed(0)
+    model = micro(img=64)
+    x = torch.randn(3, 3, 64, 64)
+
+    def full_then_gather(images, mask_ratio, generator=None):  # the encoder as it was
+        kept, mask, restore = model.random_masking(model.encoder.tokens(images), mask_ratio, generator)
+        return model.encoder.forward_tokens(kept), mask, restore
+
+    def step(encoder_fn):
+        model.zero_grad(set_to_none=True)
+        gen = torch.Generator().manual_seed(3)
+        latent, mask, restore = encoder_fn(x, 0.75, gen)
+        pred = model.forward_decoder(latent, restore)
+        loss = model.forward_loss(x, pred, mask)
+        loss.backward()
+        return latent.detach(), mask, loss.item(), model.encoder.patch_embed.proj.weight.grad.clone()
+
+    new, old = step(model.forward_encoder), step(full_then_gather)
+    torch.testing.assert_close(new[0], old[0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(new[1], old[1])
+    assert new[2] == pytest.approx(old[2], rel=1e-5)
+    torch.testing.assert_close(new[3], old[3], rtol=1e-4, atol=1e-6)
+
+
 def test_loss_counts_masked_patches_only():
     model = micro()
     x = torch.randn(2, 3, 64, 64)
