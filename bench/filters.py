@@ -27,7 +27,8 @@ without people, photo-like textures, flat graphics).
 
 usage: python bench/filters.py [--n 96] [--skip-art] [--files-per-unit 16] [--out bench.json]
                                [--set KEY=VALUE ...]
-       (--set engine.start_actors_early=false: model actors start after dedup, for comparison)
+       (--set engine.start_actors_early=true/false: model actors start with the run / after dedup;
+       the default, auto, starts them early from engine.early_min_units units to measure)
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ A run has three phases, each resumable:
      source_changed and never written. Model stages see only
      survivors (all with --score-all); then the worker writes RUN/catalog/samples/{unit}.parquet,
      the curated shards RUN/shards/{unit}-NNNNN.tar|.parquet and last RUN/stats/{unit}.json,
-     the unit's completion marker. With engine.start_actors_early (default) this pipeline starts
+     the unit's completion marker. With engine.start_actors_early (auto: large runs) this pipeline starts
      executing with the run, its units held at a gate the driver opens after dedup: the model
      stages' actors start and load their models while phases 1 and 2 run, which leave them their CPUs.
 The unit listing is streamed into RUN/units.jsonl on the first run (the driver keeps each unit's
@@ -700,8 +700,14 @@ def _dedup_task(run: str, unit_ids: list[str], cfg: dict) -> dict:
     return dedup_mod.run_dedup(Path(run), unit_ids, cfg)
 
 
-def _start_actors_early(cfg: dict, stages: list[Stage]) -> bool:
-    return bool(cfg.get("engine", {}).get("start_actors_early", True)) and any(s.stateful for s in stages)
+def _start_actors_early(cfg: dict, stages: list[Stage], units_to_measure: int) -> bool:
+    """engine.start_actors_early: true, false, or auto (early when measure has at least
+    engine.early_min_units units, enough work for the actors' set-up to hide behind)."""
+    eng = cfg.get("engine", {})
+    mode = eng.get("start_actors_early", "auto")
+    if mode == "auto":
+        mode = units_to_measure >= int(eng.get("early_min_units", 16))
+    return bool(mode) and any(s.stateful for s in stages)
 
 
 def _isolate(run: Path, units: list[Unit], phase: str, cfg: dict, score_all: bool, progress: bool):
@@ -893,7 +899,7 @@ def _curate_locked(run: Path, inputs: list[str], cfg: dict, score_all: bool, pro
         timeline = manifest["timeline"] = {"start": round(t_start, 3)}
         # model actors load while phases 1 and 2 run (engine.start_actors_early)
         early = (_EarlyScore(run, todo, score_stages, cfg_active, score_all)
-                 if _start_actors_early(cfg, score_stages) else None)
+                 if _start_actors_early(cfg, score_stages, len(to_measure)) else None)
         try:
             if to_measure:  # with early actors, measure leaves their CPUs to them
                 t0 = time.perf_counter()

@@ -159,3 +159,19 @@ def test_task_poll_sets_how_soon_ray_data_sees_a_finished_unit():
         assert state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S == 0.05
     finally:
         state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S = old
+
+
+def test_actors_start_early_on_large_runs_only_by_default():
+    from pipeline.config import load_config
+    from pipeline.engine import _start_actors_early
+    from pipeline.stages.text import TextStage
+    from pipeline.stages.size import SizeStage
+    cfg = load_config(sets=["stages=[decode,size,dedup,text]"])
+    models, cheap = [TextStage(cfg["text"])], [SizeStage(cfg["size"])]
+    assert cfg["engine"]["start_actors_early"] == "auto"
+    n = cfg["engine"]["early_min_units"]
+    assert not _start_actors_early(cfg, models, n - 1) and _start_actors_early(cfg, models, n)
+    assert not _start_actors_early(cfg, cheap, 10 * n)  # no actors to start
+    on = load_config(sets=["stages=[decode,size,dedup,text]", "engine.start_actors_early=true"])
+    off = load_config(sets=["stages=[decode,size,dedup,text]", "engine.start_actors_early=false"])
+    assert _start_actors_early(on, models, 1) and not _start_actors_early(off, models, 10 * n)

@@ -340,7 +340,8 @@ def test_cascade_through_the_engine(tmp_path, ray_local):
     (crawl / "caption.jpg").write_bytes(_jpeg(with_caption(Image.open(SKIMAGE / "astronaut.png"))))
     (crawl / "graphic.png").write_bytes(_jpeg(flat_graphic(800, 600, seed=3)))
     cfg = load_config(sets=["stages=[decode, size, dedup, person, text, watermark, art]",
-                            "person.min_score=0.8"])  # the nano model scores these people 0.88-0.93
+                            "person.min_score=0.8",  # the nano model scores these people 0.88-0.93
+                            "engine.start_actors_early=true"])  # auto would wait: one unit is a small run
     manifest = curate([str(crawl)], str(tmp_path / "run"), cfg, progress=False)
     assert set(manifest["skipped_stages"]) == {"watermark", "art"}
     con = catalog.connect(tmp_path / "run")
