@@ -18,8 +18,8 @@
    keeps one canonical sample: largest area, then smallest sample_id. When the near pairs would
    need more than `dedup.components_memory` in this process (PAIR_BYTES each), run_dedup first
    reduces them on Ray to one link per distinct hash (`ray_components`: large-star / small-star
-   rounds over partitions of the pair files), so the driver never holds the pairs; the clusters
-   are the same.
+   rounds over partitions of the pair files), so the process running it (the engine's dedup task)
+   never holds the pairs; the clusters are the same.
 
 Everything is a pure function of the inputs, so a resumed run gets the same clusters as a clean one.
 
@@ -56,7 +56,7 @@ WINDOW = 256  # buckets up to this size: compared as matrices of same-size bucke
 DEFAULT_BUCKET_CAP = 20_000  # buckets larger than this are skipped (and counted): O(size^2) each
 MAX_TABLES = 500  # choose_blocks never picks more tables than this (unless k needs it)
 MAX_DISTANCE = 32  # beyond half the bits a "near" pHash pair is no longer a duplicate
-RAY_MIN_HASHES = 100_000  # fewer distinct hashes: the tables run in the driver (a task costs more)
+RAY_MIN_HASHES = 100_000  # fewer distinct hashes: the tables run in this process (a task costs more)
 _SCAN_CELLS = 1 << 22  # cells per step of a bucket matrix or of the blocked scan (memory: 8 bytes each)
 _EXACT_SIZES = 32  # buckets up to this size are compared in classes of one size; larger ones padded
 _STEP = 1 << 22  # positions per step of a table's scan for equal keys (bounds its temporaries to ~100 MB)
@@ -600,7 +600,7 @@ def cluster_stats(samples: pa.Table, max_distance: int = 4, exact: bool = True, 
 
 
 # --------------------------------------------------------------------------------------------
-# Components of the near pairs on Ray, when they would not fit the driver (dedup.components_memory)
+# Components of the near pairs on Ray, when they would not fit this process (dedup.components_memory)
 #
 # Vertices are positions in the sorted distinct-hash array; an edge record is one uint64,
 # key << 32 | value (so at most 2^32 distinct hashes), kept in Ray's object store in `parts`
@@ -609,12 +609,12 @@ def cluster_stats(samples: pa.Table, max_distance: int = 4, exact: bool = True, 
 # smallest of its neighbourhood) and small-star (every vertex links its smaller neighbours and
 # itself to the smallest of them) until a large-star and the small-star after it change no edge;
 # the graph is then one star per component around its smallest vertex. O(log n) rounds in
-# practice (chains included), each a shuffle of the edges; the driver holds per round only the
+# practice (chains included), each a shuffle of the edges; this process holds per round only the
 # partitions' object references and counts. The result comes back as one edge per non-centre
-# vertex (vertex, centre): at most one per distinct hash, which the driver's union-find over
+# vertex (vertex, centre): at most one per distinct hash, which the union-find over
 # samples takes like any other link, so the clusters equal those of the union-find over all pairs.
 
-PAIR_BYTES = 48  # driver memory per near pair in the in-process union-find at its peak (measured 21-42)
+PAIR_BYTES = 48  # memory per near pair in the in-process union-find at its peak (measured 21-42)
 DEFAULT_COMPONENTS_MEMORY = 4 << 30  # dedup.components_memory: more pairs than this holds -> on Ray
 MAX_PARTS = 256  # partitions of the edges on Ray (each a reduce task per round)
 _LOW = np.uint64(0xFFFFFFFF)
@@ -689,7 +689,7 @@ def _cc_labels(*inputs) -> tuple[np.ndarray, np.ndarray]:
 def ray_components(files: list, distinct: np.ndarray, parts: int) -> tuple[np.ndarray, np.ndarray, dict]:
     """Near pairs (pair files of hash values) -> one (hash, component's smallest hash) per other hash.
 
-    Iterative on Ray: the driver holds object references and per-round counts, never the pairs.
+    Iterative on Ray: this process holds object references and per-round counts, never the pairs.
     """
     import ray
     if len(distinct) >= 1 << 32:

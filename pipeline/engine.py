@@ -162,6 +162,9 @@ def _task_fn(batch: pa.Table, name: str, cfg: dict, score_all: bool) -> pa.Table
     return run_on_unit(_TASK_STAGES[key], batch, score_all)
 
 
+ACTOR_NICE = 10  # model actors' CPU priority below the engine's tasks (nice +10; GPUs are not affected)
+
+
 class _ActorFn:
     """Ray Data actor: stateful stages load their model once per actor.
 
@@ -170,6 +173,10 @@ class _ActorFn:
 
     def __init__(self, name: str, cfg: dict, score_all: bool):
         t0 = time.time()
+        try:  # the tasks that feed the models (measure, read, write) keep the cores first: actors
+            os.nice(ACTOR_NICE)  # started early load their models in the CPU measure leaves idle
+        except OSError:
+            pass
         from .stages import stage_class
         self.stage = stage_class(name)(cfg)
         self.stage.setup()
