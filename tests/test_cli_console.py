@@ -15,6 +15,9 @@ with native_noise_filtered():
     os.write(2, b"libpng warning: eXIf: duplicate\n")
     os.write(2, b"Warp CUDA warning: Could not find or load the NVIDIA CUDA driver. GPU execution will not be")
     os.write(2, b" available.\nError: a real Blender error\n")
+    os.write(2, b"\x1b[36m(pid=gcs_server)\x1b[0m [2026-11-30 15:29:27,019 E 21170 21170] (gcs_server) "
+                b"gcs_actor_scheduler.cc:538: Failed to kill actor c6bf, return status: Invalid: KillActor RPC "
+                b"failed for actor c6bf: RpcError: RPC error: Socket closed rpc_code: 14\n")
     logging.getLogger("render.job").warning("our warning")
     sys.stderr.write("bar 1/2\rbar 2/2\r")
     sys.stderr.flush()
