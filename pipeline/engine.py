@@ -699,12 +699,8 @@ def _run_dedup(run: Path, unit_ids: list[str], cfg: dict) -> dict:
     enter the driver, which holds the unit ids and gets the counts back. The task resumes from
     the files a crashed attempt left (per table, then the verdicts), so it is retried like a unit."""
     import ray
-    task = ray.remote(num_cpus=1, max_retries=_retries(cfg))(_dedup_task)
+    task = ray.remote(num_cpus=1, max_retries=_retries(cfg))(dedup_mod.run_dedup)
     return ray.get(task.remote(str(run), unit_ids, cfg))
-
-
-def _dedup_task(run: str, unit_ids: list[str], cfg: dict) -> dict:
-    return dedup_mod.run_dedup(Path(run), unit_ids, cfg)
 
 
 def _start_actors_early(cfg: dict, stages: list[Stage], units_to_measure: int) -> bool:
