@@ -148,7 +148,8 @@ def bench_model(args, device) -> dict:
     times = [step() for _ in range(args.steps)]
     seconds = sum(a + b for a, b, _ in times) / args.steps
     ips = args.batch_size / seconds
-    train_flops = mae_train_flops(args.model, args.image_size, args.mask_ratio, args.grad_checkpointing)
+    train_flops = mae_train_flops(args.model, args.image_size, args.mask_ratio, args.grad_checkpointing,
+                                  batch_size=args.batch_size)
     out = {
         "model": args.model, "image_size": args.image_size, "batch_size": args.batch_size,
         "mask_ratio": args.mask_ratio, "params": count_params(model), "device": device_name(device),
@@ -157,7 +158,7 @@ def bench_model(args, device) -> dict:
         "torch_threads": torch.get_num_threads() if device.type == "cpu" else None,
         "steps_timed": args.steps, "step_time_s": round(seconds, 4), "images_per_s": round(ips, 3),
         "train_flops_per_image": train_flops, "forward_flops_per_image": mae_forward_flops(
-            args.model, args.image_size, args.mask_ratio),
+            args.model, args.image_size, args.mask_ratio, batch_size=args.batch_size),
         "encoder_linear_macs_full_image": encoder_linear_macs(args.model, args.image_size),
         "achieved_tflops": round(train_flops * ips / 1e12, 4), "final_loss": times[-1][2],
     }

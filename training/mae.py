@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .vit import Block, VisionTransformer, init_linear_and_norm, preset, run_blocks, sincos_pos_embed
+from .vit import Block, VisionTransformer, init_linear_and_norm, preset, rows, run_block, sincos_pos_embed
 
 
 class MaskedAutoencoder(nn.Module):
@@ -92,16 +92,47 @@ class MaskedAutoencoder(nn.Module):
         x = self.encoder.tokens_at(images, ids_keep)
         return self.encoder.forward_tokens(x), mask, ids_restore
 
-    def forward_decoder(self, latent: torch.Tensor, ids_restore: torch.Tensor) -> torch.Tensor:
+    def forward_decoder(self, latent: torch.Tensor, ids_restore: torch.Tensor,
+                        grad_masked_only: bool = False) -> torch.Tensor:
+        """Predicted pixels (B, N, p*p*3) of every patch, from the encoder's tokens (cls first).
+
+        The kept tokens and mask tokens are put back in image order with their positions. Two exact short
+        cuts skip work whose result is known:
+        - A mask token plus its position is the same row in every image, so the first block's norm and qkv
+          projection run once per position for the whole batch (N rows, not B * N * mask_ratio).
+        - With `grad_masked_only` (the training forward: its loss reads the masked patches only), the last
+          block, the norm and the head keep autograd for the masked patches alone. The kept patches'
+          predictions are computed without it, so they carry no gradient.
+        """
         x = self.decoder_embed(latent)
         b, n = ids_restore.shape
-        # mask tokens fill the removed positions, then everything is put back in image order
-        mask_tokens = self.mask_token.expand(b, n + 1 - x.shape[1], -1)
-        patches = torch.cat([x[:, 1:, :], mask_tokens], dim=1)
-        patches = torch.gather(patches, 1, ids_restore.unsqueeze(-1).expand(-1, -1, x.shape[2]))
-        x = torch.cat([x[:, :1, :], patches], dim=1) + self.decoder_pos_embed
-        x = run_blocks(self.decoder_blocks, x, self.encoder.grad_checkpointing)
-        return self.decoder_pred(self.decoder_norm(x)[:, 1:, :])  # the cls token is not predicted
+        n_keep = x.shape[1] - 1
+        pos = self.decoder_pos_embed[0]
+        ids_shuffle = torch.argsort(ids_restore, dim=1)  # as masking() drew them: the kept patches first
+        kept = ids_shuffle[:, :n_keep]
+        # the distinct input rows: each image's cls and kept tokens, then one mask token per position
+        seen = x + pos[torch.cat([kept.new_zeros(b, 1), kept + 1], dim=1)]
+        distinct = torch.cat([seen.reshape(-1, x.shape[2]), self.mask_token[0] + pos[1:]])
+        # the row of `distinct` at each token of the image-order input (B, 1 + N)
+        first = torch.arange(b, device=x.device).unsqueeze(1) * (n_keep + 1)
+        patch = torch.where(ids_restore < n_keep, first + 1 + ids_restore,
+                            b * (n_keep + 1) + torch.arange(n, device=x.device))
+        inverse = torch.cat([first, patch], dim=1)
+        split = grad_masked_only and torch.is_grad_enabled() and n_keep < n
+        depth = len(self.decoder_blocks)
+        x = distinct if depth else distinct[inverse]
+        for i, blk in enumerate(self.decoder_blocks):
+            kw = {"inverse": inverse} if i == 0 else {}
+            if split and i == depth - 1:
+                kw["queries"] = (ids_shuffle[:, n_keep:] + 1, kept + 1)
+            x = run_block(blk, x, self.encoder.grad_checkpointing, **kw)
+        if not (split and depth):
+            return self.decoder_pred(self.decoder_norm(x)[:, 1:, :])  # the cls token is not predicted
+        masked, seen = x
+        pred = self.decoder_pred(self.decoder_norm(masked))
+        with torch.no_grad():
+            pred_seen = self.decoder_pred(self.decoder_norm(seen))
+        return rows(torch.cat([pred_seen, pred], dim=1), ids_restore)  # shuffle order -> image order
 
     def target(self, images: torch.Tensor) -> torch.Tensor:
         target = self.patchify(images)
@@ -118,7 +149,7 @@ class MaskedAutoencoder(nn.Module):
     def forward(self, images: torch.Tensor, mask_ratio: float | None = None, generator=None):
         ratio = self.mask_ratio if mask_ratio is None else mask_ratio
         latent, mask, ids_restore = self.forward_encoder(images, ratio, generator)
-        pred = self.forward_decoder(latent, ids_restore)
+        pred = self.forward_decoder(latent, ids_restore, grad_masked_only=True)
         return self.forward_loss(images, pred, mask), pred, mask
 
 

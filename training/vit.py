@@ -111,13 +111,26 @@ class Attention(nn.Module):
         self.proj = nn.Linear(width, width)
 
     def forward(self, x):
-        b, n, d = x.shape
+        return self.attend(self.qkv(x))
+
+    def attend(self, qkv: torch.Tensor, queries: torch.Tensor | None = None) -> torch.Tensor:
+        """Projected attention output from the fused projection `qkv` (B, N, 3D): (B, N, D), or with
+        `queries` (B, m) row indices, the output at those rows only (every row still a key and a value)."""
+        b, n, d = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         # q, k, v as strided (B, H, N, Dh) views of the (B, N, 3, H, Dh) projection: in backward their
         # gradients stack straight into that layout. timm's permute to (3, B, H, N, Dh) stacks them there and
         # then copies once more to make the projection's gradient contiguous (same values, bit for bit).
-        q, k, v = (t.transpose(1, 2) for t in self.qkv(x).view(b, n, 3, self.heads, d // self.heads).unbind(2))
+        q, k, v = (t.transpose(1, 2) for t in qkv.view(b, n, 3, self.heads, d // self.heads).unbind(2))
+        if queries is not None:
+            n = queries.shape[1]
+            q = rows(qkv[..., :d], queries).view(b, n, self.heads, d // self.heads).transpose(1, 2)
         x = F.scaled_dot_product_attention(q, k, v)  # flash / memory-efficient kernels when available
         return self.proj(x.transpose(1, 2).reshape(b, n, d))
+
+
+def rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x (B, N, D) at row indices `index` (B, m): (B, m, D)."""
+    return torch.gather(x, 1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
 
 class Mlp(nn.Module):
@@ -141,15 +154,42 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(width, eps=1e-6)
         self.mlp = Mlp(width, mlp)
 
-    def forward(self, x):
-        x = x + self.attn(self.norm1(x))
+    def forward(self, x, inverse: torch.Tensor | None = None, queries=None):
+        """x (B, N, D) -> (B, N, D). Two exact short cuts for inputs with structure (MAE's decoder uses them):
+
+        - `inverse` (B, N): x holds distinct rows (U, D) and the block's input is x[inverse]. The first norm
+          and the qkv projection run on the U distinct rows only.
+        - `queries` = (grad_rows, free_rows), row indices (B, m) and (B, f): returns the outputs at those rows
+          only, (B, m, D) and (B, f, D), the second computed without autograd (for rows no loss reads).
+        """
+        if inverse is None and queries is None:
+            x = x + self.attn(self.norm1(x))
+            return x + self.mlp(self.norm2(x))
+        qkv = self.attn.qkv(self.norm1(x))
+        if inverse is not None:
+            x, qkv = x[inverse], qkv[inverse]
+        if queries is None:
+            x = x + self.attn.attend(qkv)
+            return x + self.mlp(self.norm2(x))
+        grad_rows, free_rows = queries
+        out = self._at(x, qkv, grad_rows)
+        with torch.no_grad():
+            free = self._at(x, qkv, free_rows)
+        return out, free
+
+    def _at(self, x, qkv, index):
+        x = rows(x, index) + self.attn.attend(qkv, index)
         return x + self.mlp(self.norm2(x))
+
+
+def run_block(blk: nn.Module, x: torch.Tensor, grad_checkpointing: bool, **kw):
+    # recompute activations in backward: memory O(depth) -> O(1) blocks, ~30% more compute
+    return checkpoint(blk, x, use_reentrant=False, **kw) if grad_checkpointing and x.requires_grad else blk(x, **kw)
 
 
 def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, grad_checkpointing: bool) -> torch.Tensor:
     for blk in blocks:
-        # recompute activations in backward: memory O(depth) -> O(1) blocks, ~30% more compute
-        x = checkpoint(blk, x, use_reentrant=False) if grad_checkpointing and x.requires_grad else blk(x)
+        x = run_block(blk, x, grad_checkpointing)
     return x
 
 

@@ -1,12 +1,13 @@
 """ViT / MAE model: Sapiens parameter counts, masking, the loss, timm compatibility, lr rules."""
 import math
+from functools import partial
 
 import pytest
 import torch
 
 from training.lr import param_groups, scaled_lr, warmup_cosine
 from training.mae import MaskedAutoencoder, count_params
-from training.vit import PRESETS, VisionTransformer, sincos_pos_embed
+from training.vit import PRESETS, VisionTransformer, run_blocks, sincos_pos_embed
 
 
 @pytest.mark.parametrize("name", ["sapiens-0.3b", "sapiens-0.6b", "sapiens-1b", "sapiens-2b"])
@@ -80,6 +81,45 @@ def test_encoder_embeds_only_the_kept_patches_with_the_same_maths():
     assert torch.equal(new[1], old[1])
     assert new[2] == pytest.approx(old[2], rel=1e-5)
     torch.testing.assert_close(new[3], old[3], rtol=1e-4, atol=1e-6)
+
+
+def plain_decoder(model, latent, ids_restore):
+    """The MAE decoder as facebookresearch/mae runs it: every block on every token, autograd everywhere."""
+    x = model.decoder_embed(latent)
+    b, n = ids_restore.shape
+    patches = torch.cat([x[:, 1:, :], model.mask_token.expand(b, n + 1 - x.shape[1], -1)], dim=1)
+    patches = torch.gather(patches, 1, ids_restore.unsqueeze(-1).expand(-1, -1, x.shape[2]))
+    x = torch.cat([x[:, :1, :], patches], dim=1) + model.decoder_pos_embed
+    x = run_blocks(model.decoder_blocks, x, model.encoder.grad_checkpointing)
+    return model.decoder_pred(model.decoder_norm(x)[:, 1:, :])
+
+
+@pytest.mark.parametrize("name,img,checkpointing", [("micro", 64, False), ("tiny", 96, False), ("tiny", 96, True)])
+def test_decoder_short_cuts_keep_the_maths(name, img, checkpointing):
+    """The decoder's shared mask-token rows (first block) and masked-only gradient rows (last block, head)
+    give the plain decoder's predictions bit for bit, and its loss and every gradient to 1e-5."""
+    torch.manual_seed(0)
+    model = MaskedAutoencoder.from_preset(name, img_size=img, grad_checkpointing=checkpointing).init_weights()
+    x = torch.randn(3, 3, img, img)
+
+    def step(decoder):
+        model.zero_grad(set_to_none=True)
+        latent, mask, restore = model.forward_encoder(x, 0.75, torch.Generator().manual_seed(3))
+        pred = decoder(latent, restore)
+        loss = model.forward_loss(x, pred, mask)
+        loss.backward()
+        return loss.item(), pred.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+    new = step(partial(model.forward_decoder, grad_masked_only=True))
+    old = step(partial(plain_decoder, model))
+    assert new[0] == pytest.approx(old[0], rel=1e-6)
+    assert torch.equal(new[1], old[1])
+    assert set(new[2]) == set(old[2])
+    for key, grad in old[2].items():
+        torch.testing.assert_close(new[2][key], grad, rtol=1e-5, atol=1e-6 * grad.abs().max().item(), msg=key)
+    with torch.no_grad():  # inference: the same predictions
+        latent, _, restore = model.forward_encoder(x, 0.75, torch.Generator().manual_seed(3))
+        assert torch.equal(model.forward_decoder(latent, restore, grad_masked_only=True), new[1])
 
 
 def test_loss_counts_masked_patches_only():
@@ -160,9 +200,11 @@ def test_flops_formula_matches_torch_flop_counter_and_the_model_card():
 
     model = micro(img=64)
     x = torch.randn(2, 3, 64, 64)
-    with FlopCounterMode(display=False) as counter:
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(x)
-    assert counter.get_total_flops() / 2 == pytest.approx(mae_forward_flops("micro", 64), rel=0.02)
+    executed = mae_forward_flops("micro", 64, batch_size=2)  # the mask token projected once per position
+    assert counter.get_total_flops() / 2 == pytest.approx(executed, rel=0.02)
+    assert mae_forward_flops("micro", 64) - executed == 2 * (16 - 4 - 16 / 2) * 3 * 64 * 64
     # Sapiens model cards: TFLOPs = linear multiply-adds of the encoder at 1024 px
     for name, card in (("sapiens-0.3b", 1.242), ("sapiens-0.6b", 2.583), ("sapiens-1b", 4.647), ("sapiens-2b", 8.709)):
         assert encoder_linear_macs(name, 1024) / 1e12 == pytest.approx(card, rel=0.01), name
