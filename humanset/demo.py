@@ -9,7 +9,8 @@
    one rendered image
 5. the watermark and art filters trained briefly from the curated photos and the renders (encoder
    from step 3, synthetic watermarks and stylised non-photos), then the crawl curated again with
-   them: the funnel of RUN-filters shows all seven stages active (demo-quality figures)
+   them: the funnel of RUN-filters shows all seven stages active (demo-quality figures; a filter that
+   validates no better than chance scores every sample and rejects none)
 Rerunning resumes or skips what is already there.
 """
 from __future__ import annotations

@@ -25,6 +25,19 @@ def roc_auc(scores: np.ndarray, positive: np.ndarray) -> float | None:
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
+def beats_chance(scores, positive, z_min: float = 2.33) -> tuple[bool, float | None]:
+    """Whether the scores rank positives above negatives better than chance: ROC AUC against 0.5 in units of
+    its standard error when scores carry no information (Mann-Whitney), above `z_min` (one-sided 1%).
+    Returns (verdict, z); z is None with a single class."""
+    positive = np.asarray(positive, bool)
+    auc = roc_auc(scores, positive)
+    if auc is None:
+        return False, None
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    z = (auc - 0.5) / np.sqrt((n_pos + n_neg + 1) / (12.0 * n_pos * n_neg))
+    return bool(z > z_min), float(z)
+
+
 def at_threshold(scores, positive, threshold: float) -> dict:
     """Precision and recall of 'reject when score > threshold'."""
     scores, positive = np.asarray(scores), np.asarray(positive, bool)
@@ -36,10 +49,13 @@ def at_threshold(scores, positive, threshold: float) -> dict:
 
 
 def choose_threshold(scores, positive, target_precision: float) -> dict:
-    """The lowest threshold whose precision reaches the target (most recall); if none does, the one of
-    best F1, and `reached` says so."""
+    """The lowest threshold whose precision reaches the target (most recall). If none does (`reached`
+    False), the one of best F1 among those that beat chance (precision above the positives' share: a
+    filter that rejects at random matches that share). If none beats chance either, 1.0, which rejects
+    nothing (`rejects_nothing`): a filter no better than a coin must not delete data."""
     scores, positive = np.asarray(scores, np.float64), np.asarray(positive, bool)
     candidates = np.unique(np.concatenate([[0.0], scores]))[:-1] if len(scores) else np.array([0.5])
+    chance = float(positive.mean()) if len(positive) else 0.0
     best, best_f1 = None, -1.0
     for t in np.sort(candidates):
         m = at_threshold(scores, positive, float(t))
@@ -47,9 +63,11 @@ def choose_threshold(scores, positive, target_precision: float) -> dict:
             return {"score": float(t), "target_precision": target_precision, "reached": True}
         p, r = m["precision"] or 0.0, m["recall"] or 0.0
         f1 = 2 * p * r / (p + r) if p + r else 0.0
-        if f1 > best_f1:
+        if p > chance and f1 > best_f1:
             best, best_f1 = float(t), f1
-    return {"score": best if best is not None else 0.5, "target_precision": target_precision, "reached": False}
+    if best is None:
+        return {"score": 1.0, "target_precision": target_precision, "reached": False, "rejects_nothing": True}
+    return {"score": best, "target_precision": target_precision, "reached": False}
 
 
 def reject_scores(logits: torch.Tensor, keep_index: int) -> np.ndarray:

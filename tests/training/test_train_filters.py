@@ -22,7 +22,8 @@ from pipeline.stages.art import ArtStage
 from pipeline.stages.watermark import WatermarkStage
 from training import filter_data as fd
 from training import filter_html as fh
-from training.filters import FilterConfig, FilterModel, build_model, choose_threshold, roc_auc, train_filter
+from training.filters import (FilterConfig, FilterModel, at_threshold, beats_chance, build_model, choose_threshold,
+                              roc_auc, train_filter)
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +147,23 @@ def test_roc_auc_and_threshold():
     assert roc_auc([0.1, 0.2], [1, 1]) is None
     t = choose_threshold([0.1, 0.3, 0.6, 0.7, 0.9], [0, 0, 1, 0, 1], 1.0)
     assert t["reached"] and t["score"] == pytest.approx(0.7)  # only > 0.7 is all positives
+    # target out of reach: best F1 among thresholds that beat chance (precision above the 40% positives)
+    t = choose_threshold([0.1, 0.3, 0.6, 0.7, 0.9], [0, 0, 1, 0, 1], 1.01)
+    assert not t["reached"] and t["score"] == pytest.approx(0.3) and "rejects_nothing" not in t
+    # worse than chance: rejecting everything would have the best F1 (0.57), but the threshold rejects nothing
+    scores, positive = [0.1, 0.2, 0.8, 0.9], [1, 1, 0, 0]
+    t = choose_threshold(scores, positive, 0.9)
+    assert t == {"score": 1.0, "target_precision": 0.9, "reached": False, "rejects_nothing": True}
+    assert at_threshold(scores, positive, t["score"])["tp"] + at_threshold(scores, positive, t["score"])["fp"] == 0
+    # the gate on the classifier itself: ROC AUC against chance in standard errors
+    rng = np.random.default_rng(0)
+    y = np.arange(200) % 2 == 0
+    assert beats_chance(y + rng.normal(0, 0.5, 200), y)[0]  # informative
+    ok, z = beats_chance(rng.random(200), y)
+    assert not ok and abs(z) < 2.33  # noise
+    ok, z = beats_chance(-(y + rng.normal(0, 0.5, 200)), y)
+    assert not ok and z < -5  # inverted
+    assert beats_chance([0.1, 0.2], [1, 1]) == (False, None)
 
 
 # --- training, the card, the stages -----------------------------------------------------------------
@@ -343,6 +361,10 @@ def test_demo_trains_both_filters_and_curates_with_all_seven_stages(demo_crawl, 
         card = json.loads((tmp_path / "filters" / task / "card.json").read_text())
         assert manifest["config"][task]["weights"] == str(tmp_path / "filters" / task)
         assert manifest["config"][task]["max_score"] == pytest.approx(card["threshold"]["score"], abs=1e-4)
+        assert "auc_z" in card["threshold"]
+        stage = next(f for f in manifest["funnel"] if f["stage"] == task)
+        if card["threshold"].get("rejects_nothing"):  # 2 steps: no better than chance, so it deletes nothing
+            assert card["threshold"]["score"] == 1.0 and stage["in"] == stage["out"], (task, stage)
 
 
 def test_train_filter_on_ray_train_workers(ray_local, photo_dir, tmp_path):
