@@ -1,6 +1,8 @@
 """Checkpoints load with torch.load(weights_only=True): new and old layouts load, pickled code is refused."""
 import os
+import pickle
 import random
+import zipfile
 
 import numpy as np
 import pytest
@@ -81,6 +83,9 @@ def test_pickled_code_is_refused_naming_the_file_and_never_runs(tmp_path):
         torch.save({"state_dict": Payload(marker)}, evil_encoder)
         encoder_weights(evil_encoder)
     assert not marker.exists()  # the payload never ran
-    # the same file really is a payload: an unsafe load would have run it
-    torch.load(evil, weights_only=False)
+    # the file really carries the payload: its pickle calls os.system, and that pickle, loaded, runs it
+    with zipfile.ZipFile(evil) as archive:
+        data = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
+    assert b"system" in data and str(marker).encode() in data
+    pickle.loads(pickle.dumps(Payload(marker)))
     assert marker.exists()
