@@ -281,8 +281,7 @@ def validate(model: FilterModel, recipe: FilterRecipe) -> dict:
     held_x, held_y, held_f = validation_set(recipe, "val_heldout", cfg.val_samples)
     seen_s, held_s = predict_scores(model, seen_x, keep), predict_scores(model, held_x, keep)
     threshold = choose_threshold(seen_s, seen_y, cfg.target_precision)
-    informative, z = beats_chance(seen_s, seen_y)
-    threshold["auc_z"] = z
+    informative, threshold["auc_z"] = beats_chance(seen_s, seen_y)
     if not informative:  # a filter no better than a coin must not delete data
         threshold.update(score=1.0, reached=False, rejects_nothing=True)
     return {"threshold": threshold,
