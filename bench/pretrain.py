@@ -35,7 +35,7 @@ import torch
 
 from training.flops import encoder_linear_macs, mae_forward_flops, mae_train_flops
 from training.lr import adamw, clip_and_step, param_groups
-from training.mae import MaskedAutoencoder, count_params
+from training.mae import MaskedAutoencoder, compile_blocks, count_params
 from training.vit import preset
 
 # dense bf16 tensor-core peaks (FLOP/s) of common training GPUs, from the vendors' datasheets
@@ -58,8 +58,7 @@ def humanset_model(args, device):
     model = MaskedAutoencoder.from_preset(args.model, args.image_size, args.mask_ratio,
                                           grad_checkpointing=args.grad_checkpointing).init_weights().to(device)
     if args.compile:
-        for block in list(model.encoder.blocks) + list(model.decoder_blocks):
-            block.compile()
+        compile_blocks(model)
     return model, adamw(param_groups(model, 0.05), 1e-4, (0.9, 0.95))
 
 

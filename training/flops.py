@@ -52,9 +52,9 @@ def mae_train_flops(name: str, image_size: int, mask_ratio: float = 0.75, grad_c
     total = (4 if grad_checkpointing else 3) * mae_forward_flops(name, image_size, mask_ratio,
                                                                  batch_size=batch_size)
     p = preset(name)
-    if batch_size and p.decoder_depth and mask_ratio > 0:
-        n = (image_size // 16) ** 2
-        kept = int(n * (1 - mask_ratio))
+    n = (image_size // 16) ** 2
+    kept = int(n * (1 - mask_ratio))
+    if batch_size and p.decoder_depth and kept < n:
         w = p.decoder_width
         row = w * w + 2 * w * 4 * w + 2 * (n + 1) * w  # proj, fc1 + fc2, this row's QK^T and AV
         total -= 2 * 2 * ((kept + 1) * row + kept * w * 16 * 16 * 3)  # backward = 2x their forward

@@ -96,10 +96,11 @@ class MaskedAutoencoder(nn.Module):
                         grad_masked_only: bool = False) -> torch.Tensor:
         """Predicted pixels (B, N, p*p*3) of every patch, from the encoder's tokens (cls first).
 
-        The kept tokens and mask tokens are put back in image order with their positions. Two exact short
-        cuts skip work whose result is known:
+        The kept tokens and mask tokens are put back in image order with their positions. Two short cuts
+        skip work whose result is known (the same values up to float rounding: a product over fewer rows
+        may take another kernel):
         - A mask token plus its position is the same row in every image, so the first block's norm and qkv
-          projection run once per position for the whole batch (N rows, not B * N * mask_ratio).
+          projection run once per position for the whole batch (N rows, not B * N * mask_ratio, when fewer).
         - With `grad_masked_only` (the training forward: its loss reads the masked patches only), the last
           block, the norm and the head keep autograd for the masked patches alone. The kept patches'
           predictions are computed without it, so they carry no gradient.
@@ -120,9 +121,10 @@ class MaskedAutoencoder(nn.Module):
         inverse = torch.cat([first, patch], dim=1)
         split = grad_masked_only and torch.is_grad_enabled() and n_keep < n
         depth = len(self.decoder_blocks)
-        x = distinct if depth else distinct[inverse]
+        share = depth and b * (n - n_keep) > n  # fewer rows to project (not so at batch 1 or mask ratio 0)
+        x = distinct if share else distinct[inverse]
         for i, blk in enumerate(self.decoder_blocks):
-            kw = {"inverse": inverse} if i == 0 else {}
+            kw = {"inverse": inverse} if i == 0 and share else {}
             if split and i == depth - 1:
                 kw["queries"] = (ids_shuffle[:, n_keep:] + 1, kept + 1)
             x = run_block(blk, x, self.encoder.grad_checkpointing, **kw)
@@ -147,6 +149,8 @@ class MaskedAutoencoder(nn.Module):
         return (per_patch * mask).sum() / mask.sum()  # masked patches only
 
     def forward(self, images: torch.Tensor, mask_ratio: float | None = None, generator=None):
+        """(loss, pred, mask). The loss reads the masked patches only, so the kept patches' rows of `pred`
+        carry no gradient (forward_decoder's `grad_masked_only`); a loss over them needs forward_decoder."""
         ratio = self.mask_ratio if mask_ratio is None else mask_ratio
         latent, mask, ids_restore = self.forward_encoder(images, ratio, generator)
         pred = self.forward_decoder(latent, ids_restore, grad_masked_only=True)
@@ -156,3 +160,14 @@ class MaskedAutoencoder(nn.Module):
 def count_params(module: nn.Module) -> int:
     """Every parameter, trainable or frozen (the fixed position tables count, as in the published sizes)."""
     return sum(p.numel() for p in module.parameters())
+
+
+def compile_blocks(model: MaskedAutoencoder) -> None:
+    """torch.compile each transformer block. The blocks share Dynamo's cache for Block.forward, and the
+    decoder's first and last blocks take extra arguments, so with batch-size changes the variants can
+    pass Dynamo's default limit of 8 (after which the rest run eagerly): the limit is raised to 32."""
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
+    for block in list(model.encoder.blocks) + list(model.decoder_blocks):
+        block.compile()

@@ -21,7 +21,7 @@ from . import engine
 from .data import ShardStream, normalize, ray_dataset
 from .engine import Context, RunConfig
 from .lr import adamw, param_groups, scaled_lr, warmup_cosine
-from .mae import MaskedAutoencoder, count_params
+from .mae import MaskedAutoencoder, compile_blocks, count_params
 from .vit import preset
 
 log = logging.getLogger(__name__)
@@ -108,8 +108,7 @@ class MAERecipe(engine.Recipe):
         model = build_model(self.cfg)
         self.n_params = count_params(model)
         if self.cfg.compile:
-            for block in self.shard_units(model):
-                block.compile()
+            compile_blocks(model)
         return model
 
     def shard_units(self, model):

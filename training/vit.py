@@ -155,7 +155,8 @@ class Block(nn.Module):
         self.mlp = Mlp(width, mlp)
 
     def forward(self, x, inverse: torch.Tensor | None = None, queries=None):
-        """x (B, N, D) -> (B, N, D). Two exact short cuts for inputs with structure (MAE's decoder uses them):
+        """x (B, N, D) -> (B, N, D). Two short cuts for inputs with structure (MAE's decoder uses them; the
+        same values up to float rounding):
 
         - `inverse` (B, N): x holds distinct rows (U, D) and the block's input is x[inverse]. The first norm
           and the qkv projection run on the U distinct rows only.

@@ -83,7 +83,8 @@ def test_pickled_code_is_refused_naming_the_file_and_never_runs(tmp_path):
         torch.save({"state_dict": Payload(marker)}, evil_encoder)
         encoder_weights(evil_encoder)
     assert not marker.exists()  # the payload never ran
-    # the file really carries the payload: its pickle calls os.system, and that pickle, loaded, runs it
+    # the file really carries the payload: its pickle calls os.system on the marker, and the payload runs
+    # when unpickled (through plain pickle, so no unsafe torch.load is left in the tree)
     with zipfile.ZipFile(evil) as archive:
         data = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
     assert b"system" in data and str(marker).encode() in data
