@@ -25,7 +25,10 @@ def roc_auc(scores: np.ndarray, positive: np.ndarray) -> float | None:
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
-def beats_chance(scores, positive, z_min: float = 2.33) -> tuple[bool, float | None]:
+CHANCE_Z = 2.33  # a filter's ROC AUC must beat chance by this many standard errors (one-sided 1%)
+
+
+def beats_chance(scores, positive, z_min: float = CHANCE_Z) -> tuple[bool, float | None]:
     """Whether the scores rank positives above negatives better than chance: ROC AUC against 0.5 in units of
     its standard error when scores carry no information (Mann-Whitney), above `z_min` (one-sided 1%).
     Returns (verdict, z); z is None with a single class."""
@@ -66,8 +69,22 @@ def choose_threshold(scores, positive, target_precision: float) -> dict:
         if p > chance and f1 > best_f1:
             best, best_f1 = float(t), f1
     if best is None:
-        return {"score": 1.0, "target_precision": target_precision, "reached": False, "rejects_nothing": True}
+        return _rejects_nothing(target_precision)
     return {"score": best, "target_precision": target_precision, "reached": False}
+
+
+def card_threshold(scores, positive, target_precision: float) -> dict:
+    """A filter card's threshold: choose_threshold, unless the scores do not beat chance (beats_chance),
+    when it is 1.0, which rejects nothing; `auc_z` records the test."""
+    informative, z = beats_chance(scores, positive)
+    threshold = choose_threshold(scores, positive, target_precision) if informative else \
+        _rejects_nothing(target_precision)
+    return threshold | {"auc_z": z}
+
+
+def _rejects_nothing(target_precision: float) -> dict:
+    # scores are 1 - P(keep class), never above 1: 'reject when score > 1.0' rejects nothing
+    return {"score": 1.0, "target_precision": target_precision, "reached": False, "rejects_nothing": True}
 
 
 def reject_scores(logits: torch.Tensor, keep_index: int) -> np.ndarray:

@@ -43,7 +43,8 @@ from .engine import Context, RunConfig
 from .filter_data import DEFAULT_HOLDOUT, FilterSamples, FilterSpec, GeneratorSettings, split_photos
 from .filter_html import HtmlPool, html_pool
 from .filter_inputs import WATERMARK_LIKE, read_photos, read_scene_text  # noqa: F401  (re-exported)
-from .filter_metrics import at_threshold, beats_chance, choose_threshold, figures, reject_scores, roc_auc  # noqa: F401
+from .filter_metrics import (CHANCE_Z, at_threshold, beats_chance, card_threshold, choose_threshold,  # noqa: F401
+                             figures, reject_scores, roc_auc)
 from .lr import adamw, layer_decay_groups, warmup_linear
 from .sampler import collate
 from .vit import VisionTransformer, preset
@@ -280,10 +281,7 @@ def validate(model: FilterModel, recipe: FilterRecipe) -> dict:
     seen_x, seen_y, seen_f = validation_set(recipe, "val_seen", cfg.val_samples)
     held_x, held_y, held_f = validation_set(recipe, "val_heldout", cfg.val_samples)
     seen_s, held_s = predict_scores(model, seen_x, keep), predict_scores(model, held_x, keep)
-    threshold = choose_threshold(seen_s, seen_y, cfg.target_precision)
-    informative, threshold["auc_z"] = beats_chance(seen_s, seen_y)
-    if not informative:  # a filter no better than a coin must not delete data
-        threshold.update(score=1.0, reached=False, rejects_nothing=True)
+    threshold = card_threshold(seen_s, seen_y, cfg.target_precision)  # a coin-flip filter deletes nothing
     return {"threshold": threshold,
             "seen": figures(seen_s, seen_y, seen_f, threshold["score"]),
             "heldout": figures(held_s, held_y, held_f, threshold["score"])}
@@ -369,9 +367,9 @@ def train_filter(cfg: FilterConfig) -> dict:
              validation["threshold"]["score"], card_path)
     if validation["threshold"].get("rejects_nothing"):
         log.warning("%s filter: no better than chance on the validation photos (seen families ROC AUC %s, "
-                    "z = %s, needs > 2.33); the card's threshold is 1.0, which rejects nothing. Train on more "
+                    "z = %s, needs > %s); the card's threshold is 1.0, which rejects nothing. Train on more "
                     "photos (--images) or for more steps", cfg.filter, _fmt(validation["seen"]["roc_auc"]),
-                    _fmt(validation["threshold"]["auc_z"]))
+                    _fmt(validation["threshold"]["auc_z"]), CHANCE_Z)
     return json.loads(card_path.read_text())
 
 

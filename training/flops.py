@@ -43,19 +43,18 @@ def mae_forward_flops(name: str, image_size: int, mask_ratio: float = 0.75, patc
 
 
 def mae_train_flops(name: str, image_size: int, mask_ratio: float = 0.75, grad_checkpointing: bool = False,
-                    batch_size: int | None = None) -> int:
+                    batch_size: int | None = None, patch: int = 16) -> int:
     """Forward + backward (backward ~ 2x forward); activation checkpointing adds one more forward.
 
     With `batch_size`, as executed (see mae_forward_flops); also, the backward skips the cls and kept
     tokens' rows of the last decoder block after its qkv projection, and their prediction head: no loss
     reads them."""
-    total = (4 if grad_checkpointing else 3) * mae_forward_flops(name, image_size, mask_ratio,
-                                                                 batch_size=batch_size)
+    total = (4 if grad_checkpointing else 3) * mae_forward_flops(name, image_size, mask_ratio, patch, batch_size)
     p = preset(name)
-    n = (image_size // 16) ** 2
+    n = (image_size // patch) ** 2
     kept = int(n * (1 - mask_ratio))
     if batch_size and p.decoder_depth and kept < n:
         w = p.decoder_width
         row = w * w + 2 * w * 4 * w + 2 * (n + 1) * w  # proj, fc1 + fc2, this row's QK^T and AV
-        total -= 2 * 2 * ((kept + 1) * row + kept * w * 16 * 16 * 3)  # backward = 2x their forward
+        total -= 2 * 2 * ((kept + 1) * row + kept * w * patch * patch * 3)  # backward = 2x their forward
     return total

@@ -79,9 +79,8 @@ class MaskedAutoencoder(nn.Module):
 
     def random_masking(self, x: torch.Tensor, mask_ratio: float, generator: torch.Generator | None = None):
         """The kept tokens (B, n_keep, D) of x (B, N, D), the mask and the restoring indices (see masking)."""
-        b, n, d = x.shape
-        ids_keep, mask, ids_restore = self.masking(b, n, mask_ratio, x.device, generator)
-        return torch.gather(x, 1, ids_keep.unsqueeze(-1).expand(-1, -1, d)), mask, ids_restore
+        ids_keep, mask, ids_restore = self.masking(x.shape[0], x.shape[1], mask_ratio, x.device, generator)
+        return rows(x, ids_keep), mask, ids_restore
 
     # --- encoder / decoder / loss --------------------------------------------------------------
     def forward_encoder(self, images, mask_ratio: float, generator=None):

@@ -163,23 +163,20 @@ class Block(nn.Module):
         - `queries` = (grad_rows, free_rows), row indices (B, m) and (B, f): returns the outputs at those rows
           only, (B, m, D) and (B, f, D), the second computed without autograd (for rows no loss reads).
         """
-        if inverse is None and queries is None:
-            x = x + self.attn(self.norm1(x))
-            return x + self.mlp(self.norm2(x))
         qkv = self.attn.qkv(self.norm1(x))
         if inverse is not None:
             x, qkv = x[inverse], qkv[inverse]
         if queries is None:
-            x = x + self.attn.attend(qkv)
-            return x + self.mlp(self.norm2(x))
+            return self._at(x, qkv)
         grad_rows, free_rows = queries
         out = self._at(x, qkv, grad_rows)
         with torch.no_grad():
             free = self._at(x, qkv, free_rows)
         return out, free
 
-    def _at(self, x, qkv, index):
-        x = rows(x, index) + self.attn.attend(qkv, index)
+    def _at(self, x, qkv, index: torch.Tensor | None = None):
+        """The rest of the block after the qkv projection, at rows `index` (B, m) or at every row."""
+        x = (x if index is None else rows(x, index)) + self.attn.attend(qkv, index)
         return x + self.mlp(self.norm2(x))
 
 
@@ -244,9 +241,7 @@ class VisionTransformer(nn.Module):
     def tokens_at(self, images: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """tokens(images) at patch indices `ids` (B, n) only: (B, n, D). The patch projection runs on
         those patches alone (MAE's encoder sees a quarter of them), the same maths as tokens() then a gather."""
-        patches = self.patch_embed.patches(images)
-        patches = torch.gather(patches, 1, ids.unsqueeze(-1).expand(-1, -1, patches.shape[-1]))
-        return self.patch_embed.embed(patches) + self.pos_embed[0, 1:, :][ids]
+        return self.patch_embed.embed(rows(self.patch_embed.patches(images), ids)) + self.pos_embed[0, 1:, :][ids]
 
     def forward_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """Prepend the cls token to (B, n, D) tokens, run the blocks and the final norm."""
