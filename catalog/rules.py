@@ -81,6 +81,10 @@ class Rule:
         return Check(("number",), nullable=self.optional, low=self.low, high=self.high)
 
 
+# the reason prefix of samples the source never had bytes for (img2dataset's failed downloads:
+# 'input:download_failed'); first in the funnel, before any stage
+INPUT_STAGE = "input"
+
 # person boxes are compared to person.min_box_px by one of their sides (see pipeline/stages/person.py)
 BOX_RULES = ("longer_side", "shorter_side", "both")
 

@@ -31,6 +31,15 @@ SAMPLE_IDENTITY = [
     f("caption", pa.string(), "alt text / caption from the source (.txt or json 'caption'), if any"),
     f("source_meta", pa.string(), "the source's own json sidecar, verbatim"),
 ]
+# the source's own scalar fields (img2dataset's per-shard Parquet for failed downloads, else the
+# sample's json sidecar), typed; anything else a sidecar holds stays in source_meta
+SAMPLE_SOURCE = [
+    f("url", pa.string(), "the URL the sample was downloaded from, as the source records it"),
+    f("original_width", pa.int32(), "width before the downloader resized it (img2dataset original_width)"),
+    f("original_height", pa.int32(), "height before the downloader resized it (img2dataset original_height)"),
+    f("download_status", pa.string(), "the downloader's status (img2dataset: success, failed_to_download, ...)"),
+    f("source_sha256", pa.string(), "sha256 the downloader recorded (the measured sha256 is the one trusted)"),
+]
 SAMPLE_DECODE = [
     f("file_bytes", pa.int64(), "size of the original file in bytes"),
     f("sha256", pa.string(), "sha256 of the original bytes, hex"),
@@ -43,8 +52,12 @@ SAMPLE_DECODE = [
     f("decode_error", pa.string(), "why the bytes could not be used as an image; null if fine"),
 ]
 SAMPLE_SIZE = [
-    f("short_side", pa.int32(), "min(width, height)"),
+    f("short_side", pa.int32(), "min(width, height) at the resolution the size rule judges (resolution_scale)"),
     f("aspect", pa.float32(), "max(width, height) / min(width, height)"),
+    f("upscaled", pa.bool_(), "stored larger than the source's original resolution (null: none recorded)"),
+    f("resolution_scale", pa.float32(),
+      "judged pixels per stored pixel: < 1 for an upscaled image judged at its original resolution "
+      "(size.use_original), else 1; the size and person-box rules measure in judged pixels"),
 ]
 SAMPLE_DEDUP = [
     f("phash", pa.uint64(), "64-bit perceptual hash (imagehash.phash)"),
@@ -58,7 +71,8 @@ SAMPLE_PERSON = [
     f("person_keypoints", pa.list_(KEYPOINTS17), "COCO-17 (x, y, conf) per box, pose models only"),
     f("n_persons", pa.int32(), "detected person boxes"),
     f("person_score_max", pa.float32(), "highest person score"),
-    f("person_box_max_px", pa.float32(), "largest box side (longer side of the largest box), px"),
+    f("person_box_max_px", pa.float32(), "largest box side (longer side of the largest box), px "
+      "judged by the box rule (stored px times resolution_scale)"),
     f("person_n_pass", pa.int32(), "persons passing the score and box-size rule of the config"),
     f("person_error", pa.string(), "inference error for this sample"),
 ]
@@ -85,7 +99,7 @@ SAMPLE_DECISION = [
 ]
 SAMPLES = _schema(
     "samples",
-    SAMPLE_IDENTITY + SAMPLE_DECODE + SAMPLE_SIZE + SAMPLE_DEDUP + SAMPLE_PERSON + SAMPLE_TEXT
+    SAMPLE_IDENTITY + SAMPLE_SOURCE + SAMPLE_DECODE + SAMPLE_SIZE + SAMPLE_DEDUP + SAMPLE_PERSON + SAMPLE_TEXT
     + SAMPLE_WATERMARK + SAMPLE_ART + SAMPLE_DECISION,
 )
 

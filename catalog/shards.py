@@ -12,143 +12,16 @@ import json
 import os
 import re
 import tarfile
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .io import atomic_path, tmp_name
 from .schema import conform
+from .tars import ShardTruncated, TarRecord, iter_tar, readable_name, split_member, unsafe_member  # noqa: F401
 
 _KEY_RE = re.compile(r"^[^.]+$")
-
-
-def split_member(name: str) -> tuple[str, str]:
-    """WebDataset's split: key = path up to the first dot of the basename, ext = the rest."""
-    folder, _, base = name.rpartition("/")
-    stem, dot, ext = base.partition(".")
-    return (f"{folder}/{stem}" if folder else stem), ext
-
-
-def unsafe_member(name: str) -> str | None:
-    """Why a tar member name escapes its shard, or None if it is safe."""
-    if name.startswith("/") or name.startswith("\\"):
-        return "absolute path"
-    parts = re.split(r"[/\\]", name)
-    if ".." in parts:
-        return "'..' in path"
-    return None
-
-
-class ShardTruncated(Exception):
-    """A tar ended early or is corrupt after some members were read.
-
-    `key` names the sample that was being read when the damage hit (None if between samples).
-    """
-
-    def __init__(self, message: str, key: str | None = None):
-        super().__init__(message)
-        self.key = key
-
-
-@dataclass
-class TarRecord:
-    key: str
-    files: dict[str, bytes]  # ext -> bytes
-    members: list[tuple[str, int, int]] = field(default_factory=list)  # (name, data offset, size)
-    error: str | None = None  # e.g. a member escaping the shard
-
-
-def readable_name(name: str) -> str:
-    """A member name as valid text: bytes that are not UTF-8 (tarfile keeps them as surrogates)
-    become backslash escapes, so the name is stable, printable and storable."""
-    try:
-        name.encode("utf-8")
-        return name
-    except UnicodeEncodeError:
-        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
-def iter_tar(fileobj_or_path, *, name: str = "", max_member_bytes: int | None = None) -> Iterator[TarRecord]:
-    """Yield the samples of a WebDataset tar, grouping consecutive members by key.
-
-    Members whose names escape the shard come back as records with `error` set and no bytes, and
-    so do members larger than `max_member_bytes` (never read into memory). Names that are not
-    UTF-8 are made readable with backslash escapes. A member whose extension the current record
-    already holds (a repeated name) starts a new record with the same key: each occurrence is its
-    own sample.
-    A truncated or corrupt tar raises ShardTruncated after yielding every complete sample before
-    the damage (the sample being read when the damage hit is reported in the exception). A cut
-    inside a header is only detectable on a seekable file (trailing bytes that are not zeros).
-    """
-    label = name or str(fileobj_or_path)
-    if isinstance(fileobj_or_path, (str, os.PathLike)):
-        fh = open(fileobj_or_path, "rb")
-        own = True
-    else:
-        fh, own = fileobj_or_path, False
-    current: TarRecord | None = None
-    reading: str | None = None  # key whose member data is being read (None while reading headers)
-    try:
-        try:
-            seekable = fh.seekable() if hasattr(fh, "seekable") else False
-            tf = tarfile.open(fileobj=fh, mode="r:" if seekable else "r|")
-        except tarfile.TarError as e:
-            raise ShardTruncated(f"{label}: not a readable tar ({e})") from e
-        try:
-            for m in tf:
-                if not m.isfile():
-                    continue
-                mname = readable_name(m.name)
-                why = unsafe_member(mname)
-                too_big = max_member_bytes is not None and m.size > max_member_bytes
-                if why or too_big:
-                    if current is not None:
-                        yield current
-                        current = None
-                    error = (f"unsafe member name: member {mname!r} escapes the shard ({why}); skipped" if why else
-                             f"too large: member is {m.size} bytes > the cap of {max_member_bytes}; "
-                             f"raise input.max_file_bytes to read it")
-                    yield TarRecord(key=mname if why else split_member(mname)[0], files={}, error=error,
-                                    members=[(mname, m.offset_data, m.size)])
-                    continue
-                key, ext = split_member(mname)
-                reading = key
-                if seekable and not m.issparse():  # straight from the file: tarfile's next() seeks back
-                    fh.seek(m.offset_data)
-                    data = fh.read(m.size)
-                else:
-                    data = tf.extractfile(m).read()
-                if len(data) != m.size:
-                    raise tarfile.ReadError(f"member {mname} cut short")
-                reading = None
-                if current is not None and (current.key != key or ext in current.files):
-                    yield current
-                    current = None
-                if current is None:
-                    current = TarRecord(key=key, files={})
-                current.files[ext] = data
-                current.members.append((mname, m.offset_data, m.size))
-            if seekable:  # tarfile stops quietly at a cut header; what follows the last member must be zeros
-                fh.seek(tf.offset)
-                rest = fh.read(1 << 20)
-                if rest.strip(b"\0"):
-                    raise tarfile.ReadError(f"{len(rest)} bytes after the last whole member are not a tar header")
-                if not rest:
-                    raise tarfile.ReadError("no end-of-archive marker after the last member")
-        except (tarfile.TarError, EOFError, OSError, ValueError) as e:
-            # members read whole before the damage are kept; the sample hit by it is reported
-            if current is not None and current.key != reading:
-                yield current
-            lost = f"; sample {reading!r} was being read" if reading else ""
-            raise ShardTruncated(f"{label}: tar is truncated or corrupt ({e}){lost}", key=reading) from e
-        if current is not None:
-            yield current
-    finally:
-        if own:
-            fh.close()
 
 
 def index_path(tar_path) -> Path:

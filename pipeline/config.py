@@ -18,6 +18,7 @@ DEFAULT_PATH = resources.files("pipeline") / "default.yaml"
 CHECKS: dict[str, Check] = {
     **RULE_CHECKS,
     "input.files_per_unit": Check(("int",), low=1),
+    "size.use_original": Check(("bool",)),
     "dedup.max_distance": Check(("int",), nullable=True, low=0, high=64),
     "dedup.components_memory": Check(("int",), low=0),
     "decode.max_pixels": Check(("int",), nullable=True, low=1),

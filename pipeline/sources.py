@@ -30,7 +30,6 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 import catalog
-from catalog import ShardTruncated, iter_tar
 from catalog.io import tmp_name
 
 log = logging.getLogger(__name__)
@@ -70,16 +69,22 @@ class Unit:
     root: str = ""  # a folder's files must resolve inside this folder (symlinks may not leave it)
     offset: int = -1  # a unit listed without its files: its line's offset in RUN/units.jsonl
     count: int = 0  # ... and how many sources it has
+    errors: dict[str, str] = field(default_factory=dict)  # kind "files": file index -> why it is no source
+    error: str = ""  # the listing could not read the rest of this unit's input (a unit-level error)
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}  # asdict would deep-copy the file lists
         if self.offset < 0:  # a listing line: the unit with its files
             del d["offset"], d["count"]
+        for k in ("errors", "error"):  # written only when set: listings stay as they were
+            if not d[k]:
+                del d[k]
         return d
 
     def brief(self) -> "Unit":
         """The unit without its files (what the driver holds and hands to the workers)."""
-        return Unit(self.unit_id, self.kind, self.uri, root=self.root, offset=self.offset, count=self.count)
+        return Unit(self.unit_id, self.kind, self.uri, root=self.root, offset=self.offset, count=self.count,
+                    error=self.error)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Unit":
@@ -166,17 +171,54 @@ def _manifest_column(uri: str) -> str:
     return col
 
 
+MAX_URI_CHARS = 8192  # a manifest value longer than this is no path (a row with reason bad_manifest_row)
+
+
+def _manifest_value(x, row: int) -> tuple[str | None, str | None]:
+    """(path, None) for a usable manifest value, else (None, why it is not one)."""
+    if x is None:
+        return None, f"bad manifest row: row {row} is null"
+    if not isinstance(x, str):
+        return None, f"bad manifest row: row {row} is not a string ({type(x).__name__})"
+    if not x or len(x) > MAX_URI_CHARS or "\0" in x:
+        what = "empty" if not x else "holds a NUL byte" if len(x) <= MAX_URI_CHARS else \
+            f"{len(x)} characters long (over {MAX_URI_CHARS})"
+        return None, f"bad manifest row: row {row} is {what}"
+    return x, None
+
+
 def _manifest_units(uri: str, files_per_unit: int) -> Iterator[Unit]:
-    """A manifest's rows, read a record batch at a time, in units of files_per_unit rows."""
+    """A manifest's rows, read a record batch at a time, in units of files_per_unit rows. A row that
+    is no path is a source named 'MANIFEST#rowN' whose sample is a read error; a manifest that
+    cannot be read to its end gives one last unit with a unit-level error."""
     col = _manifest_column(uri)
     base, stem = str(Path(uri).parent), Path(uri).stem
-    rows = (str(x) for b in _manifest_file(uri).iter_batches(batch_size=min(files_per_unit, 4096), columns=[col])
-            for x in b.column(0).to_pylist())
-    for i, chunk in enumerate(_chunks(rows, files_per_unit)):
-        resolved = [f if _is_uri(f) else os.path.normpath(os.path.join(base, f)) for f in chunk]
-        start = i * files_per_unit
+    failed: list[str] = []
+
+    def rows():
+        try:
+            for b in _manifest_file(uri).iter_batches(batch_size=min(files_per_unit, 4096), columns=[col]):
+                yield from b.column(0).to_pylist()
+        except Exception as e:  # a corrupt row group: the rows before it are listed
+            failed.append(f"{uri}: manifest unreadable after the rows listed ({type(e).__name__}: {e})")
+
+    i, start = -1, 0
+    for i, chunk in enumerate(_chunks(rows(), files_per_unit)):
+        resolved, errors = [], {}
+        for j, x in enumerate(chunk):
+            path, why = _manifest_value(x, start + j)
+            if why:
+                errors[str(j)] = why
+                resolved.append(f"{uri}#row{start + j}")
+            else:
+                resolved.append(path if _is_uri(path) else os.path.normpath(os.path.join(base, path)))
         yield Unit(_chunk_id(stem, i, resolved), "files", uri, files=resolved,
-                   keys=[str(start + j) for j in range(len(chunk))])
+                   keys=[str(start + j) for j in range(len(chunk))], errors=errors)
+        start += len(chunk)
+    if failed:
+        where = f"{uri}#unreadable-after-row{start}"
+        yield Unit(_chunk_id(stem, i + 1, [where]), "files", uri, files=[where], keys=[where.rpartition("#")[2]],
+                   error=failed[0])
 
 
 def _input_parts(inputs: list[str], exts: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -333,6 +375,8 @@ def _without_repeats(raw: Path, repeats: Path) -> Iterator[Unit]:
         if not keep:
             continue
         if u.kind == "files" and len(keep) < len(u.files):
+            if u.errors:
+                u.errors = {str(n): u.errors[str(i)] for n, i in enumerate(keep) if str(i) in u.errors}
             u.keys, u.files = [u.keys[i] for i in keep], [u.files[i] for i in keep]
         yield u
 
@@ -434,124 +478,5 @@ def list_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -
         return [load_unit(u, listing) for u in units], repeated
 
 
-DEFAULT_LIMITS = {"max_file_bytes": 256 << 20, "max_sidecar_bytes": 1 << 20}
-
-
-def _row(unit: Unit, key: str, uri: str, image: bytes | None, error: str | None = None,
-         caption: str | None = None, meta: str | None = None) -> dict:
-    return {"sample_id": sample_id(uri), "source_uri": uri, "shard": unit.unit_id, "key": key,
-            "caption": caption, "source_meta": meta, "image": image, "read_error": error}
-
-
-def read_unit(unit: Unit, limits: dict | None = None) -> tuple[list[dict], str | None]:
-    """All samples of a unit as rows (with the image bytes), plus a unit-level error if any.
-
-    Never raises for bad samples: a sample that cannot be read is a row with read_error set, its
-    message starting with a fixed kind (see pipeline/stages/decode.py). A truncated tar returns
-    the samples before the damage and the error.
-    """
-    limits = {**DEFAULT_LIMITS, **(limits or {})}
-    if unit.kind == "files":
-        return [_file_row(unit, key, uri, limits) for key, uri in zip(unit.keys, unit.files)], None
-    return _read_tar(unit, limits)
-
-
-def _file_row(unit: Unit, key: str, uri: str, limits: dict) -> dict:
-    cap = limits["max_file_bytes"]
-    try:
-        if unit.root and not _is_uri(uri):
-            real, root = os.path.realpath(uri), os.path.realpath(unit.root)
-            if os.path.commonpath([real, root]) != root:
-                return _row(unit, key, uri, None, f"symlink outside input: {key} points outside the input "
-                                                  f"folder (to {real}); not read")
-        with open_input(uri) as fh:
-            data = fh.read(cap + 1)
-        if len(data) > cap:
-            return _row(unit, key, uri, None, f"too large: file is over the cap of {cap} bytes; "
-                                              "raise input.max_file_bytes to read it")
-        return _row(unit, key, uri, data)
-    except Exception as e:  # one file never stops its unit: any failure is this sample's row
-        return _row(unit, key, uri, None, f"cannot read file: {type(e).__name__}: {e}")
-
-
-def _read_tar(unit: Unit, limits: dict) -> tuple[list[dict], str | None]:
-    rows, unit_error = [], None
-    try:
-        fh = open_input(unit.uri)
-    except Exception as e:
-        return [], f"cannot open shard {unit.uri}: {e}"
-    seen: dict[str, int] = {}
-
-    def add(row: dict):
-        # a name repeated in one tar: the n-th occurrence (n >= 2) is its own sample, 'URI@n'
-        n = seen[row["source_uri"]] = seen.get(row["source_uri"], 0) + 1
-        if n > 1:
-            row.update(source_uri=f"{row['source_uri']}@{n}", key=f"{row['key']}@{n}")
-            row["sample_id"] = sample_id(row["source_uri"])
-        rows.append(row)
-
-    try:
-        for rec in iter_tar(fh, name=unit.uri, max_member_bytes=limits["max_file_bytes"]):
-            if rec.error:
-                uri = f"{unit.uri}#{rec.members[0][0]}" if rec.members else f"{unit.uri}#{rec.key}"
-                add(_row(unit, rec.key, uri, None, rec.error))
-                continue
-            add(_tar_row(unit, rec, limits))
-    except ShardTruncated as e:
-        unit_error = str(e)
-        if e.key is not None:  # the sample being read when the damage hit is accounted for too
-            add(_row(unit, e.key, f"{unit.uri}#{e.key}", None,
-                     "truncated tar: input tar truncated while reading this sample"))
-        log.warning("%s", unit_error)
-    except Exception as e:  # anything else the tar reader raises ends the unit, not the run
-        unit_error = f"{unit.uri}: tar reading failed ({type(e).__name__}: {e}); samples before it kept"
-        log.warning("%s", unit_error)
-    finally:
-        fh.close()
-    return rows, unit_error
-
-
-def _text(data: bytes | None, cap: int) -> str | None:
-    if data is None or len(data) > cap:
-        return None
-    return data.decode("utf-8", "replace")
-
-
-def _tar_row(unit: Unit, rec, limits: dict) -> dict:
-    cap = limits["max_sidecar_bytes"]
-    img_ext = next((e for e in rec.files if e.lower() in IMAGE_EXTS), None)
-    # sidecars over the cap are dropped (the sample stays); a json too deep to parse gives no caption
-    caption = _text(rec.files.get("txt"), cap)
-    meta_s = _text(rec.files.get("json"), cap)
-    if caption is None and meta_s:
-        try:
-            c = json.loads(meta_s).get("caption")
-            caption = c if isinstance(c, str) else None
-        except (ValueError, AttributeError, RecursionError):
-            pass
-    if img_ext is None:
-        return _row(unit, rec.key, f"{unit.uri}#{rec.key}", None,
-                    f"no image member: key {rec.key!r} has {', '.join(sorted(rec.files))}", caption, meta_s)
-    row = _row(unit, rec.key, f"{unit.uri}#{rec.key}.{img_ext}", rec.files[img_ext], None, caption, meta_s)
-    # where the image lies in the tar (a record holds each extension once, members in files' order)
-    _, row["_offset"], row["_size"] = rec.members[list(rec.files).index(img_ext)]
-    return row
-
-
-def read_members(unit: Unit, spans: dict[str, tuple[int, int]]) -> dict[str, bytes] | None:
-    """The bytes at (offset, size) in a local tar, per sample id: a second read of a shard that seeks
-    to the measured members instead of parsing the tar again (the caller checks each against its
-    measured sha256). None for a shard this cannot seek in (remote); {} if it cannot be opened."""
-    if unit.kind != "tar" or (_is_uri(unit.uri) and not unit.uri.startswith("file://")):
-        return None
-    out = {}
-    try:
-        with open_input(unit.uri) as fh:
-            for sid, (offset, size) in sorted(spans.items(), key=lambda kv: kv[1][0]):
-                fh.seek(offset)
-                data = fh.read(size)
-                if len(data) == size:
-                    out[sid] = data
-    except OSError as e:
-        log.warning("%s: cannot read the shard again (%s); its samples are rejected as source_changed", unit.uri, e)
-    return out
+# the reading half (a unit's samples, streamed) lives in pipeline/reading.py; re-exported here
+from .reading import DEFAULT_LIMITS, ROW_FIELDS, UnitReader, read_members, read_unit  # noqa: E402,F401

@@ -13,13 +13,20 @@ import pyarrow as pa
 from ..images import ImageError, probe
 from .base import Stage
 
-# kind -> what it means. Reading: the sample's bytes could not be had; decoding: they are no image.
+# kind -> what it means. Input: the source never had bytes for this sample (reported under the
+# 'input' reason prefix, first in the funnel); reading: the sample's bytes could not be had;
+# decoding: they are no image.
 REASON_KINDS = {
+    "download_failed": "the downloader (img2dataset's index beside the shard) records no bytes for this URL",
     "cannot_read_file": "the file could not be opened or read",
     "symlink_outside_input": "a symlink in an input folder points outside it (not followed)",
     "too_large": "file or tar member over input.max_file_bytes (never read into memory)",
     "unsafe_member_name": "a tar member whose path escapes the shard (absolute or '..')",
     "truncated_tar": "the input tar ends or is corrupt inside this sample",
+    "missing_member": "a key the shard's Parquet index lists as stored that its tar does not hold",
+    "bad_member_header": "a tar member after a pax or GNU long-name header that is malformed or over the cap",
+    "unsupported_member": "a tar member of a type read as no sample (a sparse file)",
+    "bad_manifest_row": "a manifest value that is null, not a string, empty or over 8192 characters",
     "no_image_member": "a tar key with sidecars but no image member",
     "no_bytes": "no bytes were read for this sample",
     "source_changed": "the bytes read to write the shard differ from the measured ones (sha256)",
@@ -31,6 +38,28 @@ REASON_KINDS = {
     "truncated_or_corrupt_pixel_data": "the header reads but the pixel data does not decode",
     "decoder_error": "any other exception raised by a decoder",
 }
+
+
+INPUT_KINDS = ("download_failed",)  # reasons of the 'input' prefix (pipeline/decide.py)
+
+# unit-level errors ("KIND: detail", pipeline/reading.py UnitReader.error): kind -> what it means.
+# The unit's whole samples before the damage are curated; its stats marker records the error.
+UNIT_ERROR_KINDS = {
+    "cannot_open_shard": "the shard could not be opened (missing, permission, object store)",
+    "not_a_tar": "the file is no tar: its first header is not one (random bytes, compressed, empty)",
+    "truncated_tar": "the tar ends early: inside a header, a member or before its end-of-archive marker",
+    "corrupt_tar": "a header after the first (checksum, size field) or the bytes after the archive's end are no tar",
+    "bad_index": "the Parquet index beside the tar cannot be read or is neither humanset's nor img2dataset's",
+    "index_mismatch": "the Parquet index beside the tar and the tar disagree on the keys they hold",
+    "unreadable_manifest": "the manifest could not be read past some row; the rows after it are not in the run",
+    "reader_error": "any other failure while reading the unit (a bug: please report it)",
+}
+
+
+def unit_error_kind(error: str) -> str:
+    """The fixed kind of a unit-level error string ('KIND: detail')."""
+    head = error.split(":", 1)[0].strip()
+    return head if head in UNIT_ERROR_KINDS else "reader_error"
 
 
 def error_kind(error: str) -> str:
@@ -76,7 +105,16 @@ class DecodeStage(Stage):
         return out
 
     def reject(self, table: pa.Table):
+        """The kind of each decode error (decide reports INPUT_KINDS under the 'input' prefix)."""
         return [_kind(e) if e else None for e in table.column("decode_error").to_pylist()]
+
+
+def input_reason(error: str | None) -> str | None:
+    """The reason kind of a sample the source never had bytes for (INPUT_KINDS), else None."""
+    if not error:
+        return None
+    kind = error_kind(error)
+    return kind if kind in INPUT_KINDS else None
 
 
 def _kind(error: str) -> str:

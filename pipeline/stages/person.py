@@ -72,12 +72,37 @@ def count_passing(boxes, scores, min_score: float, min_box_px: float,
                if b is not None and score_passes(s, min_score) and box_passes(b, min_box_px, box_rule))
 
 
+def judged_boxes(boxes, scale):
+    """Boxes in the pixels the box rule judges: stored pixels times resolution_scale (size.use_original:
+    an upscaled image's persons are as large as in its original); unchanged when the scale is null or 1."""
+    if boxes is None or scale is None or scale == 1:
+        return boxes
+    return [None if b is None else [float(v) * scale for v in b] for b in boxes]
+
+
+def _judged_column(table: pa.Table) -> list:
+    boxes = table.column("person_boxes").to_pylist()
+    if "resolution_scale" not in table.column_names:
+        return boxes
+    return [judged_boxes(b, s) for b, s in zip(boxes, table.column("resolution_scale").to_pylist())]
+
+
 def n_pass_column(table: pa.Table, cfg: dict) -> list[int | None]:
     """person_n_pass for every row of a catalog table under the thresholds of `cfg` (person section)."""
     min_score, min_box, rule = _thresholds(cfg)
-    boxes = table.column("person_boxes").to_pylist()
     scores = table.column("person_scores").to_pylist()
-    return [count_passing(b, s, min_score, min_box, rule) for b, s in zip(boxes, scores)]
+    return [count_passing(b, s, min_score, min_box, rule) for b, s in zip(_judged_column(table), scores)]
+
+
+def box_max_column(table: pa.Table) -> list[float | None]:
+    """person_box_max_px (the longest box side, judged pixels) of every row of a catalog table;
+    the stored value where no resolution_scale applies."""
+    stored = table.column("person_box_max_px").to_pylist()
+    if "resolution_scale" not in table.column_names:
+        return stored
+    scales = table.column("resolution_scale").to_pylist()
+    return [v if b is None or s is None or s == 1 else max((box_side(x) for x in b if x is not None), default=0.0)
+            for v, b, s in zip(stored, _judged_column(table), scales)]
 
 
 def best_passing_score(boxes, scores, min_box_px: float, box_rule: str = "longer_side") -> float | None:
@@ -199,7 +224,7 @@ def export_onnx(weights: Path, folder: Path | None = None) -> Path:
 class PersonStage(Stage):
     name = "person"
     phase = "score"
-    reads = ("image", "width", "height")
+    reads = ("image", "width", "height", "resolution_scale")
     writes = ("person_boxes", "person_scores", "person_keypoints", "n_persons", "person_score_max",
               "person_box_max_px", "person_n_pass", "person_error")
     stateful = True
@@ -409,7 +434,8 @@ class PersonStage(Stage):
                 k[..., 0] /= sx
                 k[..., 1] /= sy
                 kps = [row.reshape(-1).tolist() for row in k]
-            sides = np.maximum(boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1])
+            judge = batch["resolution_scale"][i] if batch.get("resolution_scale") else None
+            sides = np.maximum(boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]) * (judge or 1.0)
             box_list = boxes.tolist()
             score_list = scores.tolist()
             out["person_boxes"][i] = box_list
@@ -418,18 +444,19 @@ class PersonStage(Stage):
             out["n_persons"][i] = len(score_list)
             out["person_score_max"][i] = float(scores.max()) if len(scores) else 0.0
             out["person_box_max_px"][i] = float(sides.max()) if len(sides) else 0.0
-            out["person_n_pass"][i] = count_passing(box_list, score_list, min_score, min_box, rule)
+            out["person_n_pass"][i] = count_passing(judged_boxes(box_list, judge), score_list, min_score, min_box, rule)
         return out
 
     # --- decide -----------------------------------------------------------------------------------
     def derive(self, table: pa.Table) -> dict[str, list]:
-        """Threshold-dependent columns, recomputed from stored boxes whenever thresholds change."""
-        return {"person_n_pass": n_pass_column(table, self.cfg)}
+        """Threshold-dependent columns, recomputed from stored boxes whenever thresholds (or the
+        size stage's resolution_scale) change."""
+        return {"person_n_pass": n_pass_column(table, self.cfg), "person_box_max_px": box_max_column(table)}
 
     def reject(self, table: pa.Table) -> list[str | None]:
         min_score, min_box, rule = _thresholds(self.cfg)
         errors = table.column("person_error").to_pylist()
-        boxes = table.column("person_boxes").to_pylist()
+        boxes = _judged_column(table)
         scores = table.column("person_scores").to_pylist()
         reasons: list[str | None] = []
         for err, b, s in zip(errors, boxes, scores):
