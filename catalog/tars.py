@@ -220,6 +220,9 @@ def iter_tar(fileobj_or_path, *, name: str = "", max_member_bytes: int | None = 
         r = _Reader(fh)
 
         def damage(kind: str, why: str):
+            nonlocal reading
+            if reading is not None and current is not None and current.key == reading and current.files:
+                reading = None  # a later member of a sample already read (its sidecar): the sample is kept
             lost = f"; sample {reading!r} was being read" if reading else ""
             return ShardTruncated(f"{label}: {why}{lost}", key=reading, kind=kind)
 
@@ -248,7 +251,7 @@ def iter_tar(fileobj_or_path, *, name: str = "", max_member_bytes: int | None = 
                     raise damage("truncated_tar", "no end-of-archive marker after the last member")
                 break
             if len(buf) < BLOCK:
-                if not seen_header and at == 0:
+                if not seen_header and at == 0 and buf[257:262] != b"ustar":
                     raise damage("not_a_tar", f"not a tar ({len(buf)} bytes, shorter than one header)")
                 raise damage("truncated_tar", f"file ends inside a header at byte {at}")
             if buf == ZERO:
@@ -274,6 +277,9 @@ def iter_tar(fileobj_or_path, *, name: str = "", max_member_bytes: int | None = 
             if not meta:
                 size = pending.pop("size", size)
             padded = size + -size % BLOCK
+            if r.left() is not None and size > r.left():  # checked before anything is read or skipped
+                raise damage("truncated_tar", f"header at byte {at} declares {size} bytes, only {r.left()} "
+                             "are left in the file")
             if meta:  # metadata about the next member
                 what = {b"x": "pax header", b"g": "global pax header", b"L": "GNU long name", b"K": "GNU long link"}[kind]
                 if size > max_meta_bytes:
@@ -347,9 +353,9 @@ def iter_tar(fileobj_or_path, *, name: str = "", max_member_bytes: int | None = 
                 continue
             reading = key
             current.files[ext] = take(size, f"member {mname!r}")
-            skip(padded - size, f"member {mname!r}")
-            reading = None
+            reading = None  # the data is whole: damage in the padding loses nothing
             current.members.append((mname, offset, size))
+            skip(padded - size, f"member {mname!r}")
         if current is not None:
             yield current
     except ShardTruncated:
