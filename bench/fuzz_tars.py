@@ -129,7 +129,7 @@ def make_case(seed: int, damage: str | None = None) -> Case:
     if damage == "not_a_tar":
         how = rnd.choice(("random", "gzip", "empty", "tiny", "text"))
         data = {"random": lambda: rnd.randbytes(rnd.randint(513, 6000)),
-                "gzip": lambda: __import__("gzip").compress(raw),
+                "gzip": lambda: __import__("gzip").compress(raw, mtime=0),
                 "empty": lambda: b"", "tiny": lambda: rnd.randbytes(rnd.randint(1, 511)),
                 "text": lambda: b"<html>404 not found</html>\n" * 40}[how]()
         return Case(damage, how, data, keys, [])
