@@ -160,7 +160,24 @@ FRAMES = _schema("frames", SHARD_INDEX_CORE + [
     f("error", pa.string(), "why the frame failed, null if rendered"),
 ])
 
-SCHEMAS = {s.metadata[b"humanset.schema"].decode(): s for s in (SAMPLES, CURATED_INDEX, SCANS, HDRIS, FRAMES)}
+# --- a curation run's work files (RUN/work/): resume state, not the catalog ----------------------
+# phase 1's file per unit: every samples column a measure stage fills (identity, decode, size, the
+# pHash), plus where a tar sample's image lies (phase 3 reads it back there) and whether it is alive
+_SCORED = {fl.name for fl in SAMPLE_DEDUP + SAMPLE_PERSON + SAMPLE_TEXT + SAMPLE_WATERMARK + SAMPLE_ART
+           + SAMPLE_DECISION} - {"phash", "scored_stages"}
+MEASURE = _schema("measure", [fl for fl in SAMPLES if fl.name not in _SCORED] + [
+    f("_alive", pa.bool_(), "not rejected by a measure stage"),
+    f("_offset", pa.int64(), "byte offset of a tar sample's image member in its shard"),
+    f("_size", pa.int64(), "byte size of that member"),
+])
+VERDICTS = _schema("verdicts", [SAMPLES.field(n) for n in ("sample_id", "dup_of", "dup_kind", "dup_cluster_size")])
+NEAR_PAIRS = _schema("near_pairs", [
+    f("a", pa.uint64(), "pHash of one sample of a near pair"),
+    f("b", pa.uint64(), "pHash of the other"),
+])
+
+SCHEMAS = {s.metadata[b"humanset.schema"].decode(): s
+           for s in (SAMPLES, CURATED_INDEX, SCANS, HDRIS, FRAMES, MEASURE, VERDICTS, NEAR_PAIRS)}
 
 
 def empty_table(schema: pa.Schema) -> pa.Table:

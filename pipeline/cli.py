@@ -26,15 +26,21 @@ def run_curate(args) -> int:
     from catalog import connect
 
     from .config import load_config
-    from .engine import RunError, curate
+    from .engine import curate
+    from .errors import EXIT_ENVIRONMENT, EXIT_RUN_ERROR, EnvironmentFault, RunError
     from .report import print_funnel
     from .sources import InputError
     try:
         cfg = load_config(args.config, args.set)
         manifest = curate(args.input, args.output, cfg, score_all=args.score_all, progress=not args.no_progress)
-    except (InputError, RunError, FileNotFoundError, KeyError, ValueError) as e:
+    except EnvironmentFault as e:  # one line; -v adds the traceback
+        log.debug("traceback", exc_info=True)
         print(f"humanset curate: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_ENVIRONMENT
+    except (InputError, RunError, FileNotFoundError, KeyError, ValueError) as e:
+        log.debug("traceback", exc_info=True)
+        print(f"humanset curate: error: {e}", file=sys.stderr)
+        return EXIT_RUN_ERROR
     print_funnel(manifest, connect(args.output))
     return 0
 

@@ -49,6 +49,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from catalog.schema import MEASURE, NEAR_PAIRS, VERDICTS
+
 log = logging.getLogger("humanset.dedup")
 
 BITS = 64
@@ -730,8 +732,7 @@ def ray_components(files: list, distinct: np.ndarray, parts: int) -> tuple[np.nd
 # --------------------------------------------------------------------------------------------
 # Run level: the interface the engine calls (RUN/work/measure -> RUN/work/dedup/{unit}.parquet).
 
-VERDICT_SCHEMA = pa.schema([pa.field("sample_id", pa.string()), pa.field("dup_of", pa.string()),
-                            pa.field("dup_kind", pa.string()), pa.field("dup_cluster_size", pa.int32())])
+VERDICT_SCHEMA = VERDICTS
 MEASURE_COLUMNS = ["sample_id", "sha256", "phash", "width", "height", "_alive"]
 
 
@@ -772,7 +773,8 @@ def run_table(hashes: np.ndarray, k: int, m: int, t: int, bucket_cap: int, folde
     a, b, st = table_pairs(hashes, k, m, t, bucket_cap)
     st["seconds"] = round(time.perf_counter() - t0, 3)
     meta = {"fingerprint": fingerprint, "bucket_cap": bucket_cap, "stats": st}
-    table = pa.table({"a": a, "b": b}).replace_schema_metadata({"humanset_dedup": json.dumps(meta)})
+    table = pa.table({"a": a, "b": b}, schema=NEAR_PAIRS).replace_schema_metadata(
+        {**NEAR_PAIRS.metadata, b"humanset_dedup": json.dumps(meta).encode()})
     catalog.write_parquet(path, table)
     return st
 
@@ -863,31 +865,58 @@ def _log_table(done: int, total: int, st: dict, level: int = logging.INFO) -> No
              f", {st['hot_buckets_skipped']} buckets over dedup.bucket_cap skipped" if st["hot_buckets_skipped"] else "")
 
 
-def run_dedup(run, unit_ids: list[str], cfg: dict) -> dict:
+IO_THREADS = 8  # measure files read and verdict files written at once (each one is small)
+
+
+def _unit_ids(run: Path) -> list[str]:
+    """The run's unit ids in listing order, read from RUN/units.jsonl (this task, not the driver,
+    holds them)."""
+    out = []
+    with open(run / "units.jsonl", "rb") as fh:
+        for line in fh:
+            if line.strip():
+                out.append(json.loads(line)["unit_id"])
+    return out
+
+
+def _measured(path: Path) -> pa.Table:
+    """A unit's alive measured rows, MEASURE_COLUMNS only. A measure file of any of our versions
+    reads: a column it lacks (a unit with no readable sample, a run without the pHash stage) is null."""
+    t = pq.read_table(path)
+    t = pa.table({c: t.column(c).cast(MEASURE.field(c).type) if c in t.column_names
+                  else pa.nulls(t.num_rows, MEASURE.field(c).type) for c in MEASURE_COLUMNS})
+    return t.filter(pc.fill_null(t.column("_alive"), False)).drop_columns(["_alive"])
+
+
+def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
     """Cluster every measured sample of the run and write one verdict file per unit.
 
     Reads RUN/work/measure/{unit}.parquet (columns MEASURE_COLUMNS; only rows with `_alive`
-    take part), writes each near-search table's pairs to RUN/work/dedup/pairs/ (reused after a
-    crash), RUN/work/dedup/{unit}.parquet (VERDICT_SCHEMA, the unit's alive rows, in its order)
-    and, last, RUN/work/dedup/_done.json with counts. Returns those counts.
+    take part) of `unit_ids` (None: every unit of RUN/units.jsonl), IO_THREADS files at a time,
+    writes each near-search table's pairs to RUN/work/dedup/pairs/ (reused after a crash),
+    RUN/work/dedup/{unit}.parquet (VERDICT_SCHEMA, the unit's alive rows, in its order) and, last,
+    RUN/work/dedup/_done.json with counts. Returns those counts.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     import catalog
     t_start = time.perf_counter()
     run = Path(run)
+    if unit_ids is None:
+        unit_ids = _unit_ids(run)
     d = cfg.get("dedup", {}) or {}
     enabled = "dedup" in cfg.get("stages", ["dedup"])
     k = d.get("max_distance", 4)
     bucket_cap = int(d.get("bucket_cap") or DEFAULT_BUCKET_CAP)
     budget = d.get("components_memory")
     budget = DEFAULT_COMPONENTS_MEMORY if budget is None else int(budget)
-    parts = []
-    for u in unit_ids:
-        t = pq.read_table(run / "work" / "measure" / f"{u}.parquet", columns=MEASURE_COLUMNS)
-        parts.append(t.filter(t.column("_alive")).drop_columns(["_alive"]))
-    table = pa.concat_tables(parts) if parts else pa.table({c: pa.array([], pa.string()) for c in MEASURE_COLUMNS})
+    with ThreadPoolExecutor(IO_THREADS) as pool:
+        parts = list(pool.map(_measured, [run / "work" / "measure" / f"{u}.parquet" for u in unit_ids]))
+    table = pa.concat_tables(parts) if parts else _measured_empty()
     sizes = [p.num_rows for p in parts]
+    del parts
     stats = {"candidates": table.num_rows}
-    if table.num_rows and enabled:
+    if table.num_rows and enabled and table.column("phash").null_count < table.num_rows:
         def near(hashes, kk):
             m = int(d.get("blocks") or choose_blocks(len(hashes), kk))
             st = _sum_stats(m, kk, _run_tables(hashes, kk, m, bucket_cap, pairs_dir(run)))
@@ -901,15 +930,18 @@ def run_dedup(run, unit_ids: list[str], cfg: dict) -> dict:
             log.warning("dedup: %d hash buckets larger than dedup.bucket_cap=%d (%d hashes) were not searched "
                         "for near duplicates in some tables; raise dedup.bucket_cap to search them",
                         st["hot_buckets_skipped"], bucket_cap, st["hot_hashes_skipped"])
-    else:
+    else:  # dedup off (or no sample has a pHash): no verdicts
         n = table.num_rows
         result = pa.table({"sample_id": table.column("sample_id").cast(pa.string()),
                            "dup_of": pa.nulls(n, pa.string()), "dup_kind": pa.nulls(n, pa.string()),
                            "dup_cluster_size": pa.nulls(n, pa.int32())})
-    offset = 0
-    for u, size in zip(unit_ids, sizes):
-        catalog.write_parquet(dedup_dir(run) / f"{u}.parquet", result.slice(offset, size).cast(VERDICT_SCHEMA))
-        offset += size
+    starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]) if sizes else np.zeros(1, np.int64)
+
+    def write(i: int) -> None:
+        catalog.write_parquet(dedup_dir(run) / f"{unit_ids[i]}.parquet",
+                              result.slice(int(starts[i]), sizes[i]).cast(VERDICT_SCHEMA))
+    with ThreadPoolExecutor(IO_THREADS) as pool:
+        list(pool.map(write, range(len(unit_ids))))
     dup = result.column("dup_of").is_valid()
     kinds = result.column("dup_kind")
     stats.update(duplicates=int(pc.sum(dup).as_py() or 0),
@@ -918,6 +950,10 @@ def run_dedup(run, unit_ids: list[str], cfg: dict) -> dict:
                  seconds=round(time.perf_counter() - t_start, 3))
     catalog.write_json(dedup_dir(run) / "_done.json", stats)
     return stats
+
+
+def _measured_empty() -> pa.Table:
+    return pa.table({c: pa.array([], MEASURE.field(c).type) for c in MEASURE_COLUMNS if c != "_alive"})
 
 
 def read_verdicts(run, unit_id: str) -> pa.Table:

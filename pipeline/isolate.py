@@ -74,7 +74,7 @@ class _Child:
 def run_rows_isolated(table: pa.Table, stage_names: list[str], cfg: dict, score_all: bool,
                       env: dict | None = None) -> tuple[pa.Table, int]:
     """Every row through the stages in a child process; (result, how many rows killed a child)."""
-    from .engine import _set, _typed
+    from .columns import set_column, typed
     out, crashes, child = [], 0, None
     meta = table.schema.metadata
     for i in range(table.num_rows):
@@ -89,8 +89,8 @@ def run_rows_isolated(table: pa.Table, stage_names: list[str], cfg: dict, score_
             crashes += 1
             msg = (f"worker crash: the process running stages {', '.join(stage_names)} died on this sample "
                    f"(exit status {code}) every time it was tried")
-            row = _set(row, "decode_error", _typed("decode_error", [msg]))
-            out.append(_set(row, "_alive", pa.array([False], pa.bool_())))
+            row = set_column(row, "decode_error", typed("decode_error", [msg]))
+            out.append(set_column(row, "_alive", pa.array([False], pa.bool_())))
     if child is not None:
         child.close()
     result = pa.concat_tables(out, promote_options="default") if out else table
@@ -100,28 +100,39 @@ def run_rows_isolated(table: pa.Table, stage_names: list[str], cfg: dict, score_
 def isolate_unit(run: str, unit: dict, phase: str, cfg: dict, score_all: bool, limits: dict,
                  env: dict | None = None) -> dict:
     """Ray task: one unit of `phase` ('measure' | 'score') with each sample alone; writes the unit's
-    outputs exactly as the normal path does and returns its summary."""
-    from . import engine
+    outputs exactly as the normal path does and returns its summary. Phase 1 reads the unit in
+    batches of engine.max_batch_bytes; phase 3's children read back each row's bytes themselves."""
+    import pyarrow as pa
+
+    from . import unit_io
+    from .columns import unit_meta, with_meta
     from .sources import Unit, load_unit
     from .stages import build_stages
     run_p = Path(run)
-    u = load_unit(Unit.from_dict(unit), engine.listing_path(run_p))
-    stages = [s for s in build_stages(cfg) if s.phase == phase and s.enabled]
-    if phase == "measure":
-        table = engine.read_for_measure(u, limits)
-    else:
-        table = engine.read_for_score(run_p, u, limits, score_all)
-    meta = engine.unit_meta(table)
+    u = load_unit(Unit.from_dict(unit), unit_io.listing_path(run_p))
+    names = [s.name for s in build_stages(cfg) if s.phase == phase and s.enabled and s.name in cfg["stages"]]
     crashes = 0
-    if stages and table.num_rows:
-        table, crashes = run_rows_isolated(table, [s.name for s in stages], cfg, score_all, env)
-    meta["worker_crashes"] = (meta.get("worker_crashes") or 0) + crashes
-    meta["isolated"] = True
-    table = engine.with_meta(table, meta)
     if phase == "measure":
-        engine.finish_measure(run_p, table)
+        meta = {"unit": u.brief().to_dict(), "seconds": {}}
+        rows, error_of = unit_io._iter_rows(u, limits)
+        parts = []
+        for batch in unit_io._batches(rows, unit_io.max_batch_bytes(cfg)):
+            table = unit_io._read_table(batch, meta)
+            if names:
+                table, n = run_rows_isolated(table, names, cfg, score_all, env)
+                crashes += n
+            parts.append(unit_io._measured_only(table))
+        meta.update(unit_error=error_of(), worker_crashes=crashes, isolated=True)
+        from catalog.schema import MEASURE
+        unit_io.write_measure(run_p, u.unit_id, pa.concat_tables(parts) if parts else MEASURE.empty_table(), meta)
     else:
-        engine.finish_unit(run_p, table, cfg)
+        table = unit_io.read_for_score(run_p, u, limits, score_all)
+        meta = unit_meta(table)
+        if names and table.num_rows:
+            table, crashes = run_rows_isolated(table, names, cfg, score_all, env)
+        meta["worker_crashes"] = (meta.get("worker_crashes") or 0) + crashes
+        meta["isolated"] = True
+        unit_io.finish_unit(run_p, with_meta(table, meta), cfg)
     return {"unit_id": u.unit_id, "worker_crashes": crashes}
 
 
@@ -130,7 +141,7 @@ def _serve() -> None:
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything a stage prints goes to stderr, never into the reply pipe
     inp = sys.stdin.buffer
-    from .engine import run_on_unit
+    from .adapter import run_on_unit
     from .stages import stage_class
     stages: dict[str, object] = {}
     while True:

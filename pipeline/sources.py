@@ -20,7 +20,6 @@ import os
 import pickle
 import shutil
 import tempfile
-from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -381,12 +380,23 @@ def _without_repeats(raw: Path, repeats: Path) -> Iterator[Unit]:
         yield u
 
 
+def _repeated_ids(path: Path, scratch: Path, run_size: int) -> set[str]:
+    """Unit ids that occur more than once in a listing (rare: two inputs with one name), found by
+    sorting the ids on disk; only the repeated ones are held."""
+    prev, out = None, set()
+    for (uid,) in _read_run(_sorted_file(((u.unit_id,) for u in _read_units(path)), scratch, run_size)):
+        if uid == prev:
+            out.add(uid)
+        prev = uid
+    return out
+
+
 def write_listing(inputs: list[str], path: Path, files_per_unit: int = 1000, exts=IMAGE_EXTS,
-                  run_size: int = RUN_SIZE) -> tuple[list[Unit], int]:
+                  run_size: int = RUN_SIZE) -> tuple[int, int]:
     """List the inputs into `path` (JSON lines, one unit with its files a line), streaming; return
-    the units without their files (each knows its line's offset: load_unit reads it back) and how
-    many repeated listings were dropped. The listing is written as it is walked: memory holds one
-    unit's files, one directory's names, and the unit ids (for the rare same-name units)."""
+    how many units it holds and how many repeated listings were dropped. The listing is written as
+    it is walked: memory holds one unit's files, one directory's names and the repeated unit ids
+    (iter_listing reads the units back without their files)."""
     path = Path(path)
     with _scratch(path.parent) as scratch:
         raw = scratch / "raw.jsonl"
@@ -397,30 +407,36 @@ def write_listing(inputs: list[str], path: Path, files_per_unit: int = 1000, ext
         n_repeats = os.path.getsize(repeats) and sum(1 for _ in _read_run(repeats))
         if n_repeats:
             log.warning("%d inputs were listed more than once; each is curated once", n_repeats)
-        # unit ids name files in RUN/: make them unique, keeping the readable stem
-        ids = Counter(u.unit_id for u in _without_repeats(raw, repeats))
-        units = []
-        with catalog.atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        deduped = scratch / "units.jsonl"
+        with open(deduped, "w") as fh:
             for u in _without_repeats(raw, repeats):
-                if ids[u.unit_id] > 1:
+                fh.write(json.dumps(u.to_dict()) + "\n")
+        # unit ids name files in RUN/: make them unique, keeping the readable stem
+        same = _repeated_ids(deduped, scratch, run_size)
+        n = 0
+        with catalog.atomic_path(path) as tmp, open(tmp, "wb") as fh:
+            for u in _read_units(deduped):
+                if u.unit_id in same:
                     u.unit_id = f"{u.unit_id}-{hashlib.blake2b(u.uri.encode(), digest_size=4).hexdigest()}"
-                u.offset, u.count = fh.tell(), len(_sources(u))
-                units.append(u.brief())
-                u.offset = -1
                 fh.write((json.dumps(u.to_dict()) + "\n").encode())
-    return units, n_repeats
+                n += 1
+    return n, n_repeats
 
 
-def read_listing(path: Path) -> list[Unit]:
-    """A saved listing's units without their files (one line at a time)."""
-    units = []
+def iter_listing(path: Path) -> Iterator[Unit]:
+    """A saved listing's units without their files, one line at a time (each knows its line's
+    offset: load_unit reads the files back)."""
     with open(path, "rb") as fh:
         while line := fh.readline():
             if line.strip():
                 u = Unit.from_dict(json.loads(line))
                 u.offset, u.count = fh.tell() - len(line), len(_sources(u))
-                units.append(u.brief())
-    return units
+                yield u.brief()
+
+
+def read_listing(path: Path) -> list[Unit]:
+    """A saved listing's units without their files, in memory (tests and small runs)."""
+    return list(iter_listing(path))
 
 
 def load_unit(unit: Unit, listing: Path) -> Unit:
@@ -474,8 +490,8 @@ def list_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -
     listing into RUN/units.jsonl with write_listing). Raises InputError naming an unusable input."""
     with tempfile.TemporaryDirectory() as d:
         listing = Path(d) / "units.jsonl"
-        units, repeated = write_listing(inputs, listing, files_per_unit, exts)
-        return [load_unit(u, listing) for u in units], repeated
+        _, repeated = write_listing(inputs, listing, files_per_unit, exts)
+        return [load_unit(u, listing) for u in iter_listing(listing)], repeated
 
 
 # the reading half (a unit's samples, streamed) lives in pipeline/reading.py; re-exported here

@@ -94,7 +94,7 @@ def test_second_read_of_a_tar_seeks_to_its_members_and_a_rewritten_tar_is_parsed
     import shutil
     import tarfile
 
-    from pipeline import engine
+    from pipeline import engine, fetch
     from pipeline.demo import photo_like
 
     def shard(path, images):
@@ -115,7 +115,7 @@ def test_second_read_of_a_tar_seeks_to_its_members_and_a_rewritten_tar_is_parsed
     def no_parse(*a, **k):
         raise AssertionError("the tar was parsed again")
     with monkeypatch.context() as m:
-        m.setattr(engine, "read_unit", no_parse)
+        m.setattr(fetch, "read_unit", no_parse)  # phase 3 reads bytes back through pipeline/fetch.py
         table = engine.read_for_score(run, unit, engine._limits(cfg), False)
     assert engine.finish_unit(run, table, cfg).to_pylist()[0]["kept"] == 4
 

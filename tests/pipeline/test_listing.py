@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline import sources
-from pipeline.sources import count_new, load_unit, write_listing
+from pipeline.sources import count_new, load_unit, read_listing, write_listing
 
 PER_DIR, PER_UNIT, RUN_SIZE = 400, 500, 2000
 
@@ -42,9 +42,11 @@ def test_listing_memory_does_not_grow_with_the_files(tmp_path, monkeypatch):
         root = tmp_path / str(n_dirs)
         folder, manifest = _crawl(root, n_dirs)
         listing = root / "run" / "units.jsonl"
-        peak, (units, repeated) = _peak(lambda: write_listing([str(folder), str(manifest)], listing, PER_UNIT,
-                                                                run_size=RUN_SIZE))
+        peak, (n_units, repeated) = _peak(lambda: write_listing([str(folder), str(manifest)], listing, PER_UNIT,
+                                                                  run_size=RUN_SIZE))
         peaks.append(peak)
+        units = read_listing(listing)
+        assert n_units == len(units)
         n = n_dirs * PER_DIR
         assert repeated == n and sum(u.count for u in units) == n
         files = [f for u in units for f in load_unit(u, listing).files]

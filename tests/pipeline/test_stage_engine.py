@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 import catalog
-from pipeline.engine import _pool, run_stage
+from pipeline.adapter import _pool, run_stage
 from pipeline.stages.base import Stage
 
 
@@ -90,8 +90,8 @@ def test_actor_pools_follow_the_config_and_the_cluster(ray_local):
 
 
 def test_a_local_ray_with_extra_logical_cpus_autoscales_to_the_cores(ray_local, monkeypatch):
-    import pipeline.engine as engine
-    monkeypatch.setattr(engine, "_local_cores", 2)
+    import pipeline.adapter as adapter
+    monkeypatch.setattr(adapter, "local_cores", 2)
     auto = _pool(Halves({"resources": {"num_cpus": 1}}))
     assert (auto.min_size, auto.max_size) == (1, 2)
 

@@ -1,0 +1,312 @@
+"""Worker side of a curation run: one unit read, measured, scored and written in bounded memory.
+
+Phase 1 (`measure_unit`) streams the unit's samples from the source in batches of at most
+`engine.max_batch_bytes` of image bytes: each batch goes through the measure stages (decode,
+size, pHash) and leaves only its measurements, which are written as RUN/work/measure/{unit}.parquet
+(MEASURE schema) after the unit's counters ({unit}.json). Phase 3 (`read_for_score`) starts from
+those measurements and the run's dedup verdicts, with no image bytes: each model stage fetches the
+bytes of the rows it scores batch by batch (pipeline/adapter.py, pipeline/fetch.py), and
+`finish_unit` fetches the kept rows' bytes as it appends them to the curated shards, then writes
+the catalog part and, last, the stats marker RUN/stats/{unit}.json, the unit's completion proof.
+Memory per worker: one batch of image bytes plus ~1 KB of measurements per sample of the unit.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+import catalog
+from catalog import CURATED_INDEX, SAMPLES
+from catalog.schema import MEASURE
+
+from . import dedup as dedup_mod
+from .adapter import run_on_unit
+from .columns import flag, set_column, typed, unit_meta, with_meta
+from .fetch import ByteSource
+from .sources import DEFAULT_LIMITS, Unit, read_unit
+from .stages import Stage, build_stages
+
+try:
+    from .stages.decode import unit_error_kind
+except ImportError:  # until the unit error kinds land in pipeline/stages/decode.py
+    def unit_error_kind(error: str) -> str:
+        return error.split(":", 1)[0].strip()
+
+log = logging.getLogger("humanset.curate")
+
+_READ_FIELDS = [SAMPLES.field(c) for c in ("sample_id", "source_uri", "shard", "key", "caption", "source_meta")] + [
+    pa.field("image", pa.binary()), pa.field("read_error", pa.string()), pa.field("_alive", pa.bool_()),
+    SAMPLES.field("scored_stages"), pa.field("_offset", pa.int64()), pa.field("_size", pa.int64())]
+MEMBER_SPAN = ("_offset", "_size")  # a tar sample's image member: phase 3 reads it back without parsing the tar
+READ_SCHEMA = pa.schema(_READ_FIELDS)
+SUMMARY_SCHEMA = pa.schema([("unit_id", pa.string()), ("inputs", pa.int64()), ("kept", pa.int64()),
+                            ("isolated", pa.bool_()), ("fault", pa.string())])
+DEFAULT_MAX_BATCH_BYTES = 64 << 20  # engine.max_batch_bytes: image bytes a worker holds at once
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def listing_path(run: Path) -> Path:
+    return Path(run) / "units.jsonl"
+
+
+def measure_paths(run: Path, unit_id: str) -> tuple[Path, Path]:
+    d = Path(run) / "work" / "measure"
+    return d / f"{unit_id}.parquet", d / f"{unit_id}.json"
+
+
+def marker_path(run: Path, unit_id: str) -> Path:
+    return Path(run) / "stats" / f"{unit_id}.json"
+
+
+def summary(unit_id: str, inputs: int, kept: int | None = None, isolated: bool = False,
+            fault: str | None = None) -> pa.Table:
+    return pa.Table.from_pylist([{"unit_id": unit_id, "inputs": inputs, "kept": kept, "isolated": isolated,
+                                  "fault": fault}], schema=SUMMARY_SCHEMA)
+
+
+def limits_of(cfg: dict) -> dict:
+    inp = cfg.get("input", {})
+    return {k: int(inp.get(k, v)) for k, v in DEFAULT_LIMITS.items()}
+
+
+def max_batch_bytes(cfg: dict) -> int:
+    return int(cfg.get("engine", {}).get("max_batch_bytes") or DEFAULT_MAX_BATCH_BYTES)
+
+
+def _node_id() -> str | None:
+    """The Ray node this worker runs on (recorded in the stats marker), None outside Ray."""
+    try:
+        import ray
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    except Exception:  # noqa: BLE001 - a missing id must never fail a unit
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Phase 1
+
+def _read_table(rows: list[dict], meta: dict) -> pa.Table:
+    for r in rows:
+        r["_alive"] = True
+    return with_meta(pa.Table.from_pylist(rows, schema=READ_SCHEMA), meta)
+
+
+def _measured_only(table: pa.Table) -> pa.Table:
+    """A batch's measurements as MEASURE rows: no bytes, no stage-to-stage columns."""
+    return catalog.conform(table.select([c for c in table.column_names if c in MEASURE.names]), MEASURE)
+
+
+def _batches(rows, max_bytes: int):
+    """Rows grouped into lists holding at most max_bytes of image bytes (at least one row each)."""
+    batch, size = [], 0
+    for r in rows:
+        n = len(r.get("image") or b"")
+        if batch and size + n > max_bytes:
+            yield batch
+            batch, size = [], 0
+        batch.append(r)
+        size += n
+    if batch:
+        yield batch
+
+
+def _iter_rows(unit: Unit, limits: dict) -> tuple:
+    """(rows iterator, function giving the unit error once the iterator is used up)."""
+    rows, error = read_unit(unit, limits)
+    return iter(rows), lambda: error
+
+
+def measure_unit(run: Path, unit: Unit, stages: list[Stage], limits: dict, score_all: bool,
+                 max_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> pa.Table:
+    """Phase 1 of one unit, streamed: read a batch, measure it, keep its measurements; write the
+    unit's measure files. Returns the unit's summary."""
+    meta = {"unit": unit.brief().to_dict(), "seconds": {}}
+    rows, error_of = _iter_rows(unit, limits)
+    parts, t_read, t0 = [], 0.0, time.perf_counter()
+    for batch in _batches(rows, max_bytes):
+        t_read += time.perf_counter() - t0
+        table = _read_table(batch, meta)
+        del batch
+        for s in stages:
+            table = run_on_unit(s, table, score_all)
+        meta = unit_meta(table)
+        parts.append(_measured_only(table))
+        del table
+        t0 = time.perf_counter()
+    t_read += time.perf_counter() - t0
+    meta["seconds"]["read"] = round(t_read, 4)
+    meta["unit_error"] = error_of()
+    measured = pa.concat_tables(parts) if parts else MEASURE.empty_table()
+    return write_measure(run, unit.unit_id, measured, meta)
+
+
+def read_for_measure(unit: Unit, limits: dict) -> pa.Table:
+    """Phase 1 input of a whole unit at once, bytes included (in-process tests and tools)."""
+    t0 = time.perf_counter()
+    rows, unit_error = read_unit(unit, limits)
+    table = _read_table(rows, {"unit": unit.brief().to_dict(), "unit_error": unit_error, "seconds": {}})
+    meta = unit_meta(table)
+    meta["seconds"]["read"] = round(time.perf_counter() - t0, 4)
+    return with_meta(table, meta)
+
+
+def write_measure(run: Path, unit_id: str, measured: pa.Table, meta: dict) -> pa.Table:
+    pq_path, json_path = measure_paths(run, unit_id)
+    catalog.write_json(json_path, {k: meta.get(k) for k in ("unit_error", "seconds", "worker_crashes", "isolated")})
+    catalog.write_parquet(pq_path, measured)
+    return summary(unit_id, measured.num_rows, isolated=bool(meta.get("isolated")))
+
+
+def finish_measure(run: Path, table: pa.Table) -> pa.Table:
+    """Write the phase-1 files of a unit measured as one table; return its summary."""
+    meta = unit_meta(table)
+    return write_measure(run, meta["unit"]["unit_id"], _measured_only(table), meta)
+
+
+# --------------------------------------------------------------------------------------------
+# Phase 3
+
+def measured_table(run: Path, unit_id: str) -> pa.Table:
+    """Phase-1 rows of a unit joined with the run's dedup verdicts; `_alive` after dedup."""
+    t = catalog.conform(_read_any(measure_paths(run, unit_id)[0]), MEASURE)
+    verdicts = dedup_mod.read_verdicts(run, unit_id)
+    if verdicts.num_rows:
+        pos = pc.index_in(t.column("sample_id"), value_set=verdicts.column("sample_id"))
+        for col in ("dup_of", "dup_kind", "dup_cluster_size"):
+            t = set_column(t, col, verdicts.column(col).take(pos))
+    else:
+        for col in ("dup_of", "dup_kind", "dup_cluster_size"):
+            t = set_column(t, col, pa.nulls(t.num_rows, SAMPLES.field(col).type))
+    alive = pc.and_(pc.fill_null(t.column("_alive"), False), pc.is_null(t.column("dup_kind")))
+    return set_column(t, "_alive", alive)
+
+
+def _read_any(path: Path) -> pa.Table:
+    """A measure file of any humanset version, its columns as they are (conform fills the rest)."""
+    t = pq.read_table(path)
+    return t.select([c for c in t.column_names if c in MEASURE.names])
+
+
+def read_for_score(run: Path, unit: Unit, limits: dict, score_all: bool) -> pa.Table:
+    """Phase 3 input: the unit's measurements and verdicts, without image bytes (each stage reads
+    back the bytes of the rows it scores, checked against their measured sha256)."""
+    t0 = time.perf_counter()
+    table = measured_table(run, unit.unit_id)
+    counters = catalog.read_json(measure_paths(run, unit.unit_id)[1])
+    seconds = dict(counters.get("seconds") or {})
+    seconds["read_2"] = round(time.perf_counter() - t0, 4)
+    return with_meta(table, {"unit": unit.brief().to_dict(), "limits": limits,
+                             "unit_error": counters.get("unit_error"), "seconds": seconds,
+                             "worker_crashes": counters.get("worker_crashes") or 0, "source_changed": 0,
+                             "isolated": bool(counters.get("isolated"))})
+
+
+SIDECAR = ("sample_id", "source_uri", "key", "caption", "width", "height", "person_boxes", "person_scores",
+           "person_keypoints")
+INDEX_EXTRA = ("sample_id", "source_uri", "format", "width", "height", "sha256", "n_persons")
+
+
+def add_curated(w: catalog.ShardWriter, kept: pa.Table, images) -> None:
+    """Append kept rows to a curated shard writer: {sample_id}.{ext} original bytes + .json sidecar.
+    `images` maps sample_id -> bytes."""
+    cols = set(SIDECAR) | set(INDEX_EXTRA)  # only what the shards hold leaves Arrow, row by row
+    for r in kept.select([c for c in kept.column_names if c in cols]).to_pylist():
+        ext = (r["format"] or "bin").lower().replace("jpeg", "jpg")
+        sidecar = {k: r[k] for k in SIDECAR if r.get(k) is not None}
+        w.add(r["sample_id"], {ext: images[r["sample_id"]], "json": sidecar}, {k: r.get(k) for k in INDEX_EXTRA})
+
+
+def curated_writer(folder: Path, unit_id: str, cfg: dict) -> catalog.ShardWriter:
+    out = cfg["output"]
+    return catalog.ShardWriter(folder, unit_id, CURATED_INDEX, max_count=out["shard_max_count"],
+                               max_bytes=out["shard_max_bytes"])
+
+
+def write_curated(folder: Path, unit_id: str, kept: pa.Table, images: dict[str, bytes], cfg: dict) -> list[str]:
+    """Curated shards of one unit from bytes in memory (`humanset select`)."""
+    with curated_writer(folder, unit_id, cfg) as w:
+        add_curated(w, kept, images)
+    return w.written
+
+
+def _batch_rows(table: pa.Table, max_bytes: int):
+    """Slices of `table` whose file_bytes add up to at most max_bytes (at least one row each)."""
+    sizes = pc.fill_null(table.column("file_bytes"), 0).to_numpy(zero_copy_only=False).astype(np.int64) \
+        if "file_bytes" in table.column_names else np.zeros(table.num_rows, np.int64)
+    start, acc = 0, 0
+    for i, n in enumerate(sizes):
+        if i > start and acc + n > max_bytes:
+            yield table.slice(start, i - start)
+            start, acc = i, 0
+        acc += n
+    if start < table.num_rows:
+        yield table.slice(start, table.num_rows - start)
+
+
+def _write_kept(run: Path, u: Unit, table: pa.Table, meta: dict, cfg: dict) -> tuple[list[str], list[int]]:
+    """Stream the kept rows' bytes into the curated shards, a batch at a time, each checked against
+    its measured sha256. Returns the shards written and the rows whose bytes changed (not written)."""
+    keep = flag(table, "keep", False)
+    changed: list[int] = []
+    idx = np.flatnonzero(keep)
+    if not len(idx):
+        return [], changed
+    kept = table.take(pa.array(idx, pa.int64()))
+    off = 0
+    with curated_writer(run / "shards", u.unit_id, cfg) as w, ByteSource(u, meta.get("limits") or {}) as src:
+        for part in _batch_rows(kept, max_batch_bytes(cfg)):
+            images, why = src.fetch(part)
+            good = [i for i, p in enumerate(why) if p is None]
+            changed += [int(idx[off + i]) for i, p in enumerate(why) if p is not None]
+            ids = part.column("sample_id").to_pylist()
+            add_curated(w, part.take(pa.array(good, pa.int64())), {ids[i]: images[i] for i in good})
+            off += part.num_rows
+            del images
+    if changed:
+        log.warning("unit %s: %d samples changed since they were measured (rejected as source_changed)",
+                    u.unit_id, len(changed))
+    return w.written, changed
+
+
+def finish_unit(run: Path, table: pa.Table, cfg: dict) -> pa.Table:
+    """Decide, write the unit's curated shards and catalog part, then its stats marker (last)."""
+    from .decide import decide
+    meta = unit_meta(table)
+    u = Unit.from_dict(meta["unit"])
+    meta.setdefault("limits", limits_of(cfg))
+    t0 = time.perf_counter()
+    stages = build_stages(cfg)
+    table = decide(table, stages)
+    written, changed = _write_kept(run, u, table, meta, cfg)
+    if changed:  # their bytes were never written: rejected as source_changed, the rest decided as before
+        errors = table.column("decode_error").to_pylist()
+        for i in changed:
+            errors[i] = "source changed: the bytes read back differ from the ones measured"
+        table = decide(set_column(table, "decode_error", typed("decode_error", errors)), stages)
+    samples = catalog.conform(table.select([c for c in table.column_names if c in SAMPLES.names]), SAMPLES)
+    catalog.write_parquet(run / "catalog" / "samples" / f"{u.unit_id}.parquet", samples)
+    vc = pc.value_counts(table.column("reject_reason").drop_null()).to_pylist() if table.num_rows else []
+    reasons = {d["values"]: d["counts"] for d in vc}
+    kept = int(pc.sum(pc.cast(table.column("keep"), pa.int64())).as_py() or 0) if table.num_rows else 0
+    seconds = dict(meta.get("seconds") or {})
+    seconds["write"] = round(time.perf_counter() - t0, 4)
+    unit_error = meta.get("unit_error")
+    stats = {"unit": u.unit_id, "source": u.uri, "inputs": table.num_rows, "kept": kept,
+             "rejected": dict(sorted(reasons.items())), "shards": written, "unit_error": unit_error,
+             "unit_error_kind": unit_error_kind(unit_error) if unit_error else None,
+             "worker_crashes": meta.get("worker_crashes") or 0,
+             "source_changed": (meta.get("source_changed") or 0) + len(changed),
+             "isolated": bool(meta.get("isolated")), "seconds": seconds, "actor_setup": meta.get("actor_setup") or {},
+             "node_id": _node_id(), "finished": now()}
+    catalog.write_json(marker_path(run, u.unit_id), stats)
+    return summary(u.unit_id, table.num_rows, kept, bool(meta.get("isolated")))
