@@ -495,4 +495,4 @@ def list_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -
 
 
 # the reading half (a unit's samples, streamed) lives in pipeline/reading.py; re-exported here
-from .reading import DEFAULT_LIMITS, ROW_FIELDS, UnitReader, read_members, read_unit  # noqa: E402,F401
+from .reading import DEFAULT_LIMITS, ROW_FIELDS, UnitReader, _file_row, read_members, read_unit  # noqa: E402,F401
