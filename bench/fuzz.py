@@ -6,6 +6,11 @@ may decode or be rejected, but nothing may raise: an exception out of the decode
 Prints JSON: files tried, aborts (must be 0), outcomes per reason kind and per format.
 
     python bench/fuzz.py --n 50000 [--seed 0] [--max-pixels N]
+    python bench/fuzz.py --tars 20000 [--seed 0] [--curate 1000]
+
+--tars N fuzzes the containers instead (bench/fuzz_tars.py): N damaged shards of every kind read
+with UnitReader: shards tried, aborts (must be 0), intact samples lost (must be 0), outcome kinds.
+--curate M also runs M of them through one `humanset curate` call (exit status, seconds).
 
 tests/pipeline/test_fuzz.py imports `seed_files` and `mutants` from here.
 """
@@ -176,10 +181,57 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=50_000, help="mutated files (default 50000)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-pixels", type=int, default=None, help="decode.max_pixels (default: the config's)")
+    ap.add_argument("--tars", type=int, default=None, metavar="N", help="fuzz N damaged shards through the reader")
+    ap.add_argument("--curate", type=int, default=0, metavar="M",
+                    help="with --tars: also curate M damaged shards in one `humanset curate` run")
     args = ap.parse_args()
+    if args.tars is not None:
+        result = run_tars(args.tars, args.seed, args.curate)
+        print(json.dumps(result, indent=2))
+        return 1 if result["aborts"] or result["intact_samples_lost"] or result.get("curate", {}).get("exit", 0) else 0
     result = run(args.n, args.seed, args.max_pixels)
     print(json.dumps(result, indent=2))
     return 1 if result["aborts"] else 0
+
+
+def _fuzz_tars():
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("bench_fuzz_tars", Path(__file__).with_name("fuzz_tars.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_fuzz_tars"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_tars(n: int, seed: int = 0, curate: int = 0) -> dict:
+    """The container fuzz: n damaged shards through UnitReader, optionally `curate` of them through the CLI."""
+    import os
+    import subprocess
+    import tempfile
+    from pathlib import Path
+    ft = _fuzz_tars()
+    result = ft.run(n, seed)
+    if curate:
+        with tempfile.TemporaryDirectory() as d:
+            crawl = Path(d) / "crawl"
+            crawl.mkdir()
+            for i, case in enumerate(ft.cases(curate, seed + 1)):
+                ft.write_case(case, crawl, f"{i:05d}-{case.damage}")
+            root = Path(__file__).resolve().parents[1]
+            t0 = time.perf_counter()
+            p = subprocess.run([sys.executable, "-m", "humanset.cli", "curate", "--input", str(crawl), "--output",
+                                str(Path(d) / "run"), "--set", "stages=[decode,size,dedup]", "--set",
+                                "size.min_short_side=1"], cwd=d, capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": str(root)})
+            kinds = Counter()
+            for m in (Path(d) / "run" / "stats").glob("*.json"):
+                marker = json.loads(m.read_text())
+                kinds[marker.get("unit_error_kind") or "ok"] += 1
+            result["curate"] = {"shards": curate, "exit": p.returncode, "seconds": round(time.perf_counter() - t0, 1),
+                                "markers": sum(kinds.values()), "outcomes": dict(kinds.most_common()),
+                                "stderr_tail": p.stderr[-500:] if p.returncode else ""}
+    return result
 
 
 if __name__ == "__main__":
