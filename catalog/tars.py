@@ -277,10 +277,14 @@ def iter_tar(fileobj_or_path, *, name: str = "", max_member_bytes: int | None = 
             if not meta:
                 size = pending.pop("size", size)
             padded = size + -size % BLOCK
-            if r.left() is not None and size > r.left():  # checked before anything is read or skipped
-                raise damage("truncated_tar", f"header at byte {at} declares {size} bytes, only {r.left()} "
-                             "are left in the file")
+            def check_size(key: str | None = None):  # before anything is read or skipped
+                nonlocal reading
+                if r.left() is not None and size > r.left():
+                    reading = key
+                    raise damage("truncated_tar", f"header at byte {at} declares {size} bytes, only {r.left()} "
+                                 "are left in the file")
             if meta:  # metadata about the next member
+                check_size()
                 what = {b"x": "pax header", b"g": "global pax header", b"L": "GNU long name", b"K": "GNU long link"}[kind]
                 if size > max_meta_bytes:
                     skip(padded, what)
@@ -312,6 +316,7 @@ def iter_tar(fileobj_or_path, *, name: str = "", max_member_bytes: int | None = 
                     raw = buf[345:500].split(b"\0", 1)[0] + b"/" + raw
             mname, bad, sparse = _name(raw), pending.pop("bad", None), pending.pop("sparse", False)
             pending = {}
+            check_size(None if kind in _NOT_SAMPLES else split_member(mname)[0])
             if kind in _NOT_SAMPLES:
                 notes[_NOT_SAMPLES[kind]] += 1
                 skip(padded, f"member {mname!r}")
