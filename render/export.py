@@ -49,7 +49,6 @@ NORMAL_FRAMES = {
 }
 DEFAULT_NORMAL_FRAME = "opengl"  # what Sapiens' released normal checkpoints predict (evidence: render/README.md)
 OPENGL_FROM_OPENCV = np.array([1.0, -1.0, -1.0], np.float32)
-SAPIENS_FOLDERS = ("images", "masks", "depths", "normals", "parts", "camera_intrinsics", "camera_extrinsics")
 MANIFEST = "manifest.json"
 _KEY = re.compile(r"^[0-9A-Za-z_-]{1,64}$")  # keys become file names: nothing else is trusted
 
