@@ -72,12 +72,12 @@ class RunReader:
         return [f"shards/{p.name}" for p in catalog.list_shards(Path(self.out) / "shards")]
 
     def manifest(self) -> dict:
+        """OUT/render.json, or {} for a folder of render shards without one (e.g. generated test frames)."""
         try:
             with self.open("render.json") as fh:
                 return json.load(fh)
         except FileNotFoundError:
-            raise ExportError(f"{self.out}: no render.json; pass a render run (humanset render --output OUT)") \
-                from None
+            return {}
 
     def keys(self, shard: str) -> list[str]:
         """The frames a shard holds, from its index (the tar is not read)."""
@@ -90,8 +90,10 @@ class RunReader:
             yield from catalog.iter_tar(fh, name=f"{self.out}/{shard}")
 
 
-def run_fingerprint(manifest: dict) -> str:
+def run_fingerprint(manifest: dict) -> str | None:
     """Which render run an export came from (seed, sources, config), so a rerun never mixes two runs."""
+    if not manifest:
+        return None
     same = {k: manifest.get(k) for k in ("seed", "scans", "hdris", "config")}
     return hashlib.blake2b(json.dumps(same, sort_keys=True).encode(), digest_size=8).hexdigest()
 
@@ -164,13 +166,15 @@ def sapiens_files(rec: catalog.TarRecord, normal_frame: str) -> dict[str, bytes]
     key, f = rec.key, rec.files
     depth, normal = outfmt.load_npy(f["depth.npy"]), outfmt.load_npy(f["normal.npy"])
     h, w = mask.shape
-    if depth.shape != (h, w) or normal.shape != (h, w, 3) or depth.dtype != np.float32 or normal.dtype != np.float32:
+    if depth.shape != (h, w) or normal.shape != (h, w, 3) or not (np.issubdtype(depth.dtype, np.floating)
+                                                                and np.issubdtype(normal.dtype, np.floating)):
         return f"bad arrays: depth {depth.dtype}{depth.shape}, normal {normal.dtype}{normal.shape}, mask {mask.shape}"
+    normal = normal.astype(np.float32)
     if normal_frame == "opengl":
-        normal = normal * OPENGL_FROM_OPENCV
+        normal = normal * OPENGL_FROM_OPENCV  # exactly: a sign flip of y and z
     files = {f"masks/{key}.png": f["mask.png"],
              f"depths/{key}.npy": npy_bytes(np.where(np.isfinite(depth), depth, 0).astype(np.float32)),
-             f"normals/{key}.npy": npy_bytes(normal.astype(np.float32)),
+             f"normals/{key}.npy": npy_bytes(normal),
              f"camera_intrinsics/{key}.txt": txt_bytes(np.asarray(meta["K"]).reshape(3, 3)),
              f"camera_extrinsics/{key}.txt": txt_bytes(world_to_camera(np.asarray(meta["cam_to_world"]).reshape(4, 4)))}
     if "parts.png" in f:

@@ -182,4 +182,4 @@ def test_coco_export_trains_the_pose_task(run, tmp_path, capsys):
 
 def test_export_of_a_folder_that_is_no_render_run_says_so(tmp_path, capsys):
     assert export(tmp_path, "--format", "sapiens", "--to", str(tmp_path / "x")) == 2
-    assert "no render.json" in capsys.readouterr().err
+    assert "no render shards" in capsys.readouterr().err
