@@ -206,32 +206,35 @@ def export_sapiens(out, to, normal_frame: str = DEFAULT_NORMAL_FRAME, progress: 
     reader, to = RunReader(out), Path(to)
     settings = sapiens_settings(reader, normal_frame)
     try:
-        lock = catalog.run_lock(to)
-        lock.__enter__()
+        with catalog.run_lock(to):  # one export writes a folder at a time
+            manifest = write_sapiens(reader, to, settings, progress)
     except catalog.RunLocked as e:
         raise ExportError(str(e)) from None
-    try:
-        catalog.clean_tmp(to)
-        check_resume(to / MANIFEST, settings)
-        catalog.write_json(to / MANIFEST, {**settings, "complete": False})
-        skipped: dict[str, str] = {}
-        done = (lambda key: (to / "images" / f"{key}.png").exists())
-        for shard, rec in frame_records(reader, done, progress, "export sapiens"):
-            files = sapiens_files(rec, normal_frame)
-            if isinstance(files, str):
-                skipped[rec.key] = files
-                log.warning("%s/%s frame %s: skipped (%s)", reader.out, shard, rec.key, files)
-                continue
-            for rel, data in files.items():
-                catalog.write_bytes(to / rel, data)
-        keys = sorted({k for s in reader.shards() for k in reader.keys(s) if _KEY.match(k) and done(k)})
-        manifest = {**settings, "complete": True, "frames": len(keys),
-                    "frames_with_parts": sum((to / "parts" / f"{k}.png").exists() for k in keys),
-                    "skipped": skipped, "folders": FOLDER_DOCS}
-        catalog.write_json(to / MANIFEST, manifest)  # last: the export is complete
-    finally:
-        lock.__exit__(None, None, None)
     return {k: v for k, v in manifest.items() if k != "folders"}
+
+
+def write_sapiens(reader: RunReader, to: Path, settings: dict, progress: bool) -> dict:
+    catalog.clean_tmp(to)
+    check_resume(to / MANIFEST, settings)
+    catalog.write_json(to / MANIFEST, {**settings, "complete": False})
+    skipped: dict[str, str] = {}
+
+    def done(key: str) -> bool:
+        return (to / "images" / f"{key}.png").exists()
+    for shard, rec in frame_records(reader, done, progress, "export sapiens"):
+        files = sapiens_files(rec, settings["normal_frame"])
+        if isinstance(files, str):
+            skipped[rec.key] = files
+            log.warning("%s/%s frame %s: skipped (%s)", reader.out, shard, rec.key, files)
+            continue
+        for rel, data in files.items():
+            catalog.write_bytes(to / rel, data)
+    keys = sorted({k for s in reader.shards() for k in reader.keys(s) if _KEY.match(k) and done(k)})
+    manifest = {**settings, "complete": True, "frames": len(keys),
+                "frames_with_parts": sum((to / "parts" / f"{k}.png").exists() for k in keys),
+                "skipped": skipped, "folders": FOLDER_DOCS}
+    catalog.write_json(to / MANIFEST, manifest)  # last: the export is complete
+    return manifest
 
 
 FOLDER_DOCS = {

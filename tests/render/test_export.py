@@ -169,8 +169,9 @@ def test_coco_export_trains_the_pose_task(run, tmp_path, capsys):
         assert np.array_equal(decode_segmentation(ann["segmentation"], H, W), mask)
     # humanset's pose task reads it as it is (images resolved beside the JSON, no --images)
     ft = tmp_path / "ft"
-    sets = ["loader_workers=0", "cpu_threads=1", "log_every=1", "checkpoint_every=100", "progress=false"]
-    assert humanset(["finetune", "--task", "pose", "--data", str(to), "--output", str(ft), "--model", "micro",
+    sets = ["head_width=32", "loader_workers=0", "cpu_threads=1", "log_every=1", "checkpoint_every=100",
+            "progress=false"]
+    assert humanset(["finetune", "--task", "pose", "--data", str(to), "--output", str(ft), "--model", "tiny",
                      "--image-size", "64x48", "--steps", "2", "--batch-size", "2",
                      *[a for s in sets for a in ("--set", s)]]) == 0
     losses = [json.loads(line)["loss"] for line in (ft / "log.jsonl").read_text().splitlines()]

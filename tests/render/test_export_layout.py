@@ -135,3 +135,9 @@ def test_bad_inputs_say_what_to_do(run, tmp_path, capsys):
     capsys.readouterr()
     assert export(run, "--format", "sapiens", "--to", str(tmp_path / "s"), "--normal-frame", "opencv") == 2
     assert "resuming would mix them" in capsys.readouterr().err
+
+
+def test_a_folder_another_export_is_writing_is_refused(run, tmp_path, capsys):
+    with catalog.run_lock(tmp_path / "busy"):
+        assert export(run, "--format", "sapiens", "--to", str(tmp_path / "busy")) == 2
+    assert "another run is using this directory" in capsys.readouterr().err
