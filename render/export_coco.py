@@ -11,7 +11,8 @@ Per frame (generated anny bodies; scan frames carry no joints and are skipped):
               segmentation = the mask as uncompressed RLE, num_keypoints = keypoints with v > 0,
               keypoints = the frame json's `keypoints_coco17` as [x, y, v] * 17 with v as rendered:
               2 visible, 1 inside the image but hidden behind the body (render.sampling.keypoints_2d),
-              0 outside the image (x = y = 0 then, as COCO writes unlabelled points)
+              0 outside the image (x = y = 0 then, as COCO writes unlabelled points);
+              x, y are the rendered floats unrounded
   category    1 "person" with COCO's 17 keypoint names and skeleton
 Images are written atomically and skipped when already there, so a rerun only adds what is missing;
 FILE.json is written last, whole, every run.
@@ -66,7 +67,7 @@ def coco_keypoints(points: list, names: list | None) -> tuple[list, int]:
     flat = []
     for x, y, v in points:
         v = int(v)
-        flat += [round(float(x), 3), round(float(y), 3), v] if v > 0 else [0, 0, 0]
+        flat += [float(x), float(y), v] if v > 0 else [0, 0, 0]
     return flat, sum(int(p[2]) > 0 for p in points)
 
 

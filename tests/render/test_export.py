@@ -163,7 +163,7 @@ def test_coco_export_trains_the_pose_task(run, tmp_path, capsys):
         kp, rendered = np.asarray(ann["keypoints"]).reshape(17, 3), np.asarray(meta["keypoints_coco17"])
         assert np.array_equal(kp[:, 2], rendered[:, 2])  # visibility as rendered
         seen = rendered[:, 2] > 0
-        assert np.allclose(kp[seen, :2], rendered[seen, :2], atol=1e-3) and np.all(kp[~seen, :2] == 0)
+        assert np.array_equal(kp[seen, :2], rendered[seen, :2]) and np.all(kp[~seen, :2] == 0)
         assert ann["num_keypoints"] == seen.sum() > 0
         from training.task_data import decode_segmentation
         assert np.array_equal(decode_segmentation(ann["segmentation"], H, W), mask)
