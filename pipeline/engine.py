@@ -62,6 +62,8 @@ log = logging.getLogger("humanset.curate")
 
 _limits = limits_of  # the engine's name for it (tests, isolation)
 _now = now
+RUN_WRITERS = ["", "stats", "catalog/samples", "shards", "work/measure", "work/dedup", "work/dedup/pairs"]  # where
+# our writers write in a RUN (clean_tmp looks only there)
 DEFAULT_WINDOW_UNITS = 2048  # engine.window_units: units one Ray Data pipeline is given at a time
 
 
@@ -564,7 +566,7 @@ def _curate_locked(run: Path, inputs: list[str], cfg: dict, score_all: bool, pro
     else:
         manifest["started"] = _now()
         repeated = 0
-    removed = catalog.clean_tmp(run)
+    removed = catalog.clean_tmp(run, RUN_WRITERS)
     if removed:
         log.info("removed %d temporary files left by an interrupted run", removed)
     t0 = time.perf_counter()

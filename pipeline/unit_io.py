@@ -83,6 +83,27 @@ def max_batch_bytes(cfg: dict) -> int:
     return int(cfg.get("engine", {}).get("max_batch_bytes") or DEFAULT_MAX_BATCH_BYTES)
 
 
+def reset_peak_rss() -> None:
+    """Start a new peak-RSS window for this process (Linux: VmHWM is reset by clear_refs 5)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak RSS since the last reset_peak_rss (VmHWM), in MB; None off Linux."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
 def _node_id() -> str | None:
     """The Ray node this worker runs on (recorded in the stats marker), None outside Ray."""
     try:
@@ -130,6 +151,7 @@ def measure_unit(run: Path, unit: Unit, stages: list[Stage], limits: dict, score
                  max_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> pa.Table:
     """Phase 1 of one unit, streamed: read a batch, measure it, keep its measurements; write the
     unit's measure files. Returns the unit's summary."""
+    reset_peak_rss()
     meta = {"unit": unit.brief().to_dict(), "seconds": {}}
     rows, error_of = _iter_rows(unit, limits)
     parts, t_read, t0 = [], 0.0, time.perf_counter()
@@ -147,6 +169,7 @@ def measure_unit(run: Path, unit: Unit, stages: list[Stage], limits: dict, score
     meta["seconds"]["read"] = round(t_read, 4)
     meta["unit_error"] = error_of()
     measured = pa.concat_tables(parts) if parts else MEASURE.empty_table()
+    meta["peak_rss_mb"] = {"measure": peak_rss_mb()}
     return write_measure(run, unit.unit_id, measured, meta)
 
 
@@ -162,7 +185,8 @@ def read_for_measure(unit: Unit, limits: dict) -> pa.Table:
 
 def write_measure(run: Path, unit_id: str, measured: pa.Table, meta: dict) -> pa.Table:
     pq_path, json_path = measure_paths(run, unit_id)
-    catalog.write_json(json_path, {k: meta.get(k) for k in ("unit_error", "seconds", "worker_crashes", "isolated")})
+    catalog.write_json(json_path, {k: meta.get(k) for k in ("unit_error", "seconds", "worker_crashes", "isolated",
+                                                            "peak_rss_mb")})
     catalog.write_parquet(pq_path, measured)
     return summary(unit_id, measured.num_rows, isolated=bool(meta.get("isolated")))
 
@@ -201,6 +225,7 @@ def read_for_score(run: Path, unit: Unit, limits: dict, score_all: bool) -> pa.T
     """Phase 3 input: the unit's measurements and verdicts, without image bytes (each stage reads
     back the bytes of the rows it scores, checked against their measured sha256)."""
     t0 = time.perf_counter()
+    reset_peak_rss()
     table = measured_table(run, unit.unit_id)
     counters = catalog.read_json(measure_paths(run, unit.unit_id)[1])
     seconds = dict(counters.get("seconds") or {})
@@ -208,7 +233,8 @@ def read_for_score(run: Path, unit: Unit, limits: dict, score_all: bool) -> pa.T
     return with_meta(table, {"unit": unit.brief().to_dict(), "limits": limits,
                              "unit_error": counters.get("unit_error"), "seconds": seconds,
                              "worker_crashes": counters.get("worker_crashes") or 0, "source_changed": 0,
-                             "isolated": bool(counters.get("isolated"))})
+                             "isolated": bool(counters.get("isolated")),
+                             "peak_rss_mb": dict(counters.get("peak_rss_mb") or {})})
 
 
 SIDECAR = ("sample_id", "source_uri", "key", "caption", "width", "height", "person_boxes", "person_scores",
@@ -301,12 +327,15 @@ def finish_unit(run: Path, table: pa.Table, cfg: dict) -> pa.Table:
     seconds = dict(meta.get("seconds") or {})
     seconds["write"] = round(time.perf_counter() - t0, 4)
     unit_error = meta.get("unit_error")
+    peak = dict(meta.get("peak_rss_mb") or {})
+    peak["write"] = peak_rss_mb()  # the worker's peak since this unit's phase-3 read (same process when
+    # its stages are tasks: Ray Data fuses them; a model stage's actor is a process of its own)
     stats = {"unit": u.unit_id, "source": u.uri, "inputs": table.num_rows, "kept": kept,
              "rejected": dict(sorted(reasons.items())), "shards": written, "unit_error": unit_error,
              "unit_error_kind": unit_error_kind(unit_error) if unit_error else None,
              "worker_crashes": meta.get("worker_crashes") or 0,
              "source_changed": (meta.get("source_changed") or 0) + len(changed),
              "isolated": bool(meta.get("isolated")), "seconds": seconds, "actor_setup": meta.get("actor_setup") or {},
-             "node_id": _node_id(), "finished": now()}
+             "node_id": _node_id(), "peak_rss_mb": peak, "finished": now()}
     catalog.write_json(marker_path(run, u.unit_id), stats)
     return summary(u.unit_id, table.num_rows, kept, bool(meta.get("isolated")))
