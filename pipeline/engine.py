@@ -7,7 +7,7 @@ faults into one line.
 
 A run has three phases, each resumable:
   1. measure (per unit): the worker streams its unit through decode -> size -> pHash in batches of
-     bounded bytes and writes RUN/work/measure/{unit}.parquet (no bytes) after {unit}.json.
+     bounded bytes and writes RUN/work/measure/{unit}.parquet (no bytes; its counters in the metadata).
   2. dedup (whole run, once every unit is measured): pipeline/dedup.run_dedup, in a Ray task ->
      RUN/work/dedup/{unit}.parquet verdicts (a pure function of phase 1, so reruns agree).
   3. score + write (per unit): the measurements and verdicts, without bytes; each model stage
@@ -55,7 +55,7 @@ from .errors import EnvironmentFault, RunError, environment_fault
 from .sources import Unit, check_inputs, count_new, iter_listing, load_unit, write_listing
 from .stages import Stage, build_stages
 from .unit_io import (finish_measure, finish_unit, limits_of, listing_path, marker_path,  # noqa: F401
-                      max_batch_bytes, measure_paths, measure_unit, now, read_for_measure, read_for_score,
+                      max_batch_bytes, measure_path, measure_unit, now, read_for_measure, read_for_score,
                       summary, write_curated)
 
 log = logging.getLogger("humanset.curate")
