@@ -69,8 +69,9 @@ def braceexpand(pattern: str) -> Iterator[str]:
         raise ValueError(f"{pattern!r}: unbalanced '{{' at character {start}; "
                          "write brace ranges as {00000..09999} and lists as {a,b}")
     head, body, tail = pattern[:start], pattern[start + 1:end], pattern[end + 1:]
+    literal = _split_top(body) == [body] and not _RANGE.match(body)
     for alt in _alternatives(body, pattern):
-        for inner in braceexpand(alt):
+        for inner in ([alt] if literal else braceexpand(alt)):
             for rest in braceexpand(tail):
                 yield head + inner + rest
 
@@ -106,8 +107,10 @@ def wildcard_regex(pattern: str) -> re.Pattern:
             j = pattern.find("]", i + 1)
             if j < 0:
                 raise ValueError(f"{pattern!r}: unbalanced '[' at character {i}")
-            cls = pattern[i + 1:j]
-            out.append("[" + ("^" + re.escape(cls[1:]) if cls.startswith("!") else re.escape(cls)) + "]")
+            cls = pattern[i + 1:j].replace("\\", "\\\\")
+            neg = cls.startswith("!")
+            cls = cls[1:] if neg else cls
+            out.append("[" + ("^" if neg else "") + ("\\" + cls if cls.startswith("^") else cls) + "]")
             i = j + 1
             continue
         else:
