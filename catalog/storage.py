@@ -81,6 +81,9 @@ class Storage:
     def __str__(self):
         return self.uri
 
+    def __reduce__(self):  # to a Ray task or another process: reopened there from its URI and the
+        return open_storage, (self.uri,)  # standard credential chain; no client or secret is pickled
+
     # paths
     def fs_path(self, path: str = "") -> str:
         """The path to hand to pyarrow (`filesystem=storage.fs`) and Ray Data for `path`."""

@@ -227,6 +227,17 @@ def test_braceexpand_is_lazy_and_pads_like_the_range_start():
         list(braceexpand("crawl/{000..999.tar"))
 
 
+def test_a_storage_pickles_as_its_uri_for_ray_tasks(store):
+    import pickle
+    store.write_bytes("a/x.bin", b"payload")
+    blob = pickle.dumps(store.child("a"))
+    assert b"payload" not in blob
+    secret = os.environ.get("AWS_SECRET_ACCESS_KEY")  # set while the S3 server runs
+    assert not secret or secret.encode() not in blob
+    again = pickle.loads(blob)
+    assert type(again) is type(store) and again.uri == store.uri_of("a") and again.read_bytes("x.bin") == b"payload"
+
+
 def test_threads_share_one_storage(store):
     errors = []
 
@@ -242,3 +253,18 @@ def test_threads_share_one_storage(store):
     for t in threads:
         t.join()
     assert not errors and len(list(store.list("t"))) == 8
+
+
+def test_compare_and_swap_and_conditional_delete(object_store):
+    store = object_store
+    assert store.create_once("lk", b"v1")
+    tag, age = store._stat("lk")
+    assert 0 <= age < 30
+    assert store._replace_if("lk", b"v2", "\"0123456789abcdef0123456789abcdef\"") is None  # a wrong tag
+    assert store.read_bytes("lk") == b"v1"
+    new = store._replace_if("lk", b"v2", tag)
+    assert new and new != tag and store.read_bytes("lk") == b"v2"
+    assert not store._delete_if("lk", tag)  # the old tag no longer deletes it
+    assert store.exists("lk")
+    assert store._delete_if("lk", new) and not store.exists("lk")
+    assert store._stat("lk") is None
