@@ -119,7 +119,8 @@ class Storage:
             return f.read()
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
-        """`length` bytes from `offset` (one ranged GET on object stores)."""
+        """`length` bytes from `offset` (a ranged GET on object stores, after the open's HEAD: to read
+        many members of one shard, open_input it once and call read_at on it)."""
         with self.open_input(path) as f:
             return f.read_at(length, offset)
 
@@ -133,7 +134,10 @@ class Storage:
             raise self._err("stat", path, e) from None
 
     def size(self, path: str) -> int:
-        info = self.fs.get_file_info(self.fs_path(path))
+        try:
+            info = self.fs.get_file_info(self.fs_path(path))
+        except OSError as e:
+            raise self._err("stat", path, e) from None
         if info.type == pafs.FileType.NotFound:
             raise FileNotFoundError(f"{self.uri_of(path)}: no such file")
         return info.size
@@ -356,8 +360,13 @@ def open_storage(uri_or_path: str | os.PathLike) -> Storage:
 
 
 def expand(pattern: str | os.PathLike) -> Iterator[str]:
-    """Full URIs (or local paths) a shard pattern names: `s3://b/crawl/{00000..09999}.tar`, `.../*.tar`."""
+    """Full URIs (or local paths) a shard pattern names: `s3://b/crawl/{00000..09999}.tar`, `.../*.tar`,
+    or every file under a prefix that ends with `/` (streamed, as Storage.list)."""
     text = os.fspath(pattern)
+    if text.endswith("/") and "{" not in text and not globs.has_wildcard(text):  # a prefix: all under it
+        store = open_storage(text)
+        yield from (store.uri_of(e.path) for e in store.list())
+        return
     first = globs.literal_prefix(text.split("{", 1)[0])
     root = first.rsplit("/", 1)[0] if "/" in first else "."
     if root.endswith(":/") or root.endswith(":"):  # s3://bucket with the pattern in the bucket name

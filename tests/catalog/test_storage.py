@@ -116,6 +116,7 @@ def test_brace_ranges_and_globs_as_webdataset_users_write_them(store):
     assert list(st.expand(f"{base}/crawl/{{00000..00003}}.tar")) == [f"{base}/crawl/{i:05d}.tar" for i in range(4)]
     assert sorted(st.expand(f"{base}/crawl/*.tar")) == [f"{base}/crawl/{i:05d}.tar" for i in range(12)]
     assert len(list(store.glob("crawl/**/*.tar"))) == 13
+    assert sorted(st.expand(f"{base}/crawl/sub/")) == [f"{base}/crawl/sub/00001.tar"]  # a prefix: all under it
     assert sorted(store.glob("crawl/0000[0-2].tar")) == [f"crawl/{i:05d}.tar" for i in range(3)]
     assert sorted(store.glob("crawl/{00001,sub/00001}.tar")) == ["crawl/00001.tar", "crawl/sub/00001.tar"]
     assert sorted(store.glob("crawl/{notes.txt,0001?.tar}")) == ["crawl/00010.tar", "crawl/00011.tar", "crawl/notes.txt"]
