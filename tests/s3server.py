@@ -35,6 +35,7 @@ class S3Server:
     access_key: str
     secret_key: str
     log: Path
+    pid: int
 
     def prefix(self, name: str = "t") -> str:
         """A fresh s3:// folder for one test."""
@@ -107,7 +108,7 @@ def s3_server(tmp_path_factory):
     try:
         import boto3
         boto3.session.Session().client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
-        yield S3Server(endpoint, BUCKET, key, secret, log)
+        yield S3Server(endpoint, BUCKET, key, secret, log, proc.pid)
     finally:
         for n, v in saved.items():
             if v is None:

@@ -81,3 +81,53 @@ def test_duckdb_on_a_local_run_is_a_plain_connection(tmp_path):
     store.write_parquet("c/a.parquet", pa.table({"v": [1, 2, 3]}))
     con = st.duckdb_connect_for(tmp_path)
     assert con.sql(f"SELECT sum(v) FROM read_parquet('{tmp_path}/c/*.parquet')").fetchall()[0] == (6,)
+
+
+_HOLDER = """
+import sys, time
+from catalog.storage import open_storage
+with open_storage(sys.argv[1]).run_lock(lease_s=1, heartbeat_s=0.25):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_run_killed_with_the_lock_leaves_it_stale_and_force_takes_it(s3_server, capsys):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from catalog.io import RunLocked
+    uri = s3_server.prefix("crash")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, uri], stdout=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout.readline().strip() == b"held"
+        time.sleep(1.5)  # past the lease: the other process's heartbeat keeps the lock fresh
+        with pytest.raises(RunLocked, match="another run is using this directory") as e:
+            with st.open_storage(uri).run_lock(lease_s=1, force=True):
+                pass
+        assert "--force-unlock" not in str(e.value)
+    finally:
+        proc.send_signal(signal.SIGKILL)  # a crash: nothing releases the lock
+        proc.wait()
+    store = st.open_storage(uri)
+    assert store.exists(".lock")
+    time.sleep(2.3)
+    with pytest.raises(RunLocked, match="pass --force-unlock"):
+        with store.run_lock(lease_s=1):
+            pass
+    with store.run_lock(lease_s=1, force=True) as held:
+        assert store.read_json(".lock")["owner"] == held.owner
+    assert "TAKING OVER a stale run lock" in capsys.readouterr().err
+    assert not store.exists(".lock")
+
+
+def test_the_test_server_listens_on_loopback_only(s3_server):
+    import psutil
+    listening = [c for c in psutil.Process(s3_server.pid).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    assert len(listening) >= 5  # S3, master, volume, filer, admin (HTTP and gRPC)
+    assert {c.laddr.ip for c in listening} == {"127.0.0.1"}, listening
