@@ -235,6 +235,8 @@ def test_a_storage_pickles_as_its_uri_for_ray_tasks(store):
     assert b"payload" not in blob
     secret = os.environ.get("AWS_SECRET_ACCESS_KEY")  # set while the S3 server runs
     assert not secret or secret.encode() not in blob
+    fs_blob = pickle.dumps(store.fs)  # what Ray Data pickles with `filesystem=store.fs`
+    assert not secret or secret.encode() not in fs_blob
     again = pickle.loads(blob)
     assert type(again) is type(store) and again.uri == store.uri_of("a") and again.read_bytes("x.bin") == b"payload"
 
