@@ -88,6 +88,12 @@ class RunLocked(Exception):
     """Another process holds the folder's lock."""
 
 
+def lock_message(folder, lock) -> str:
+    """The one refusal a second run gets, for a local folder and an object-store RUN alike."""
+    return (f"{folder}: another run is using this directory (it holds {lock}); "
+            "wait for it to finish or choose another output directory")
+
+
 @contextmanager
 def run_lock(folder: str | os.PathLike):
     """Exclusive lock on a run folder (fcntl.flock on FOLDER/.lock) for the life of the block.
@@ -103,8 +109,7 @@ def run_lock(folder: str | os.PathLike):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise RunLocked(f"{folder}: another run is using this directory (it holds {folder / '.lock'}); "
-                                "wait for it to finish or choose another output directory") from None
+                raise RunLocked(lock_message(folder, folder / ".lock")) from None
             raise
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
