@@ -9,6 +9,13 @@ JPEGs (320x320, WebDataset shards of 1,000). Prints JSON:
   ratio:   engine images/s over plain images/s.
 
     python bench/scale.py --n 20000 [--workdir DIR] [--num-cpus 2] [--skip-plain] [--noise 5] [--side 128]
+    python bench/scale.py --units 10000 [--per-unit 1]   # per-unit costs: one small shard per unit
+    python bench/scale.py --n 10000 --shard-size 10000 --skip-plain   # a worker's memory against the shard size
+
+--units N: N shards of --per-unit images (128 px): the driver's peak RSS, the engine's seconds per
+unit per phase (its overhead: the images are tiny) and `humanset stats` on the finished run (its wall
+time and peak RSS, a process of its own). --shard-size N: shards of N images; `worker_peak_rss_mb`
+is the largest peak RSS of any worker over a unit (VmHWM per unit, from RUN/stats/*.json).
 
 The crawl is generated once into --workdir (reused when it already holds N images); the engine's
 run directory is recreated each time. Targets (README): driver VmHWM at 100k within 1.15x of 20k and
@@ -63,10 +70,11 @@ def _shard(args) -> str:
     return str(path)
 
 
-def make_crawl(folder: Path, n: int, procs: int, noise: float = NOISE, side: int = SIDE) -> list[Path]:
+def make_crawl(folder: Path, n: int, procs: int, noise: float = NOISE, side: int = SIDE,
+               per_shard: int = PER_SHARD) -> list[Path]:
     from multiprocessing import Pool
     folder.mkdir(parents=True, exist_ok=True)
-    jobs = [(str(folder), i, s, min(PER_SHARD, n - s), noise, side) for i, s in enumerate(range(0, n, PER_SHARD))]
+    jobs = [(str(folder), i, s, min(per_shard, n - s), noise, side) for i, s in enumerate(range(0, n, per_shard))]
     with Pool(procs) as pool:
         return [Path(p) for p in pool.imap(_shard, jobs)]
 
@@ -122,14 +130,33 @@ def driver(crawl: str, run: str, num_cpus: int, min_side: int = 300, sets: list[
     import resource
     ru = resource.getrusage(resource.RUSAGE_SELF)
     worker: dict[str, float] = {}
+    peak = 0.0
     for p in Path(run, "stats").glob("*.json"):
-        for step, sec in json.loads(p.read_text()).get("seconds", {}).items():
+        marker = json.loads(p.read_text())
+        for step, sec in marker.get("seconds", {}).items():
             worker[step] = worker.get(step, 0.0) + sec
-    print(json.dumps({"images": n, "kept": manifest["counts"]["kept"], "seconds": round(s, 2),
+        peak = max([peak, *(v for v in (marker.get("peak_rss_mb") or {}).values() if v)])
+    units = manifest["units"]
+    print(json.dumps({"images": n, "kept": manifest["counts"]["kept"], "units": units, "seconds": round(s, 2),
                       "images_per_s": round(n / s, 1), "driver_vmhwm_mb": round(hwm / 1024, 1),
+                      "worker_peak_rss_mb": peak,
                       "phase_seconds": manifest.get("seconds"),
+                      "ms_per_unit": {k: round(1e3 * v / units, 2) for k, v in (manifest.get("seconds") or {}).items()
+                                      if k in ("measure", "score_write")},
                       "driver_cpu_seconds": round(ru.ru_utime + ru.ru_stime, 1),
                       "worker_seconds": {k: round(v, 1) for k, v in sorted(worker.items())}}))
+
+
+def _stats_cost(run: Path, env: dict) -> dict:
+    """`humanset stats RUN --json` in a process of its own: wall seconds and its peak RSS."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "humanset.cli", "stats", str(run), "--json"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    s = time.perf_counter() - t0
+    parts = sum(1 for _ in (run / "catalog" / "samples").glob("*.parquet"))
+    return {"parts": parts, "seconds": round(s, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
+            "ms_per_part": round(1e3 * s / max(parts, 1), 3), "exit_status": os.waitstatus_to_exitcode(status)}
 
 
 def main() -> int:
@@ -145,17 +172,26 @@ def main() -> int:
                          "so every image is kept and written as at the default")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for the engine run, as `humanset curate --set` (repeatable)")
+    ap.add_argument("--units", type=int, help="a crawl of this many shards of --per-unit images each "
+                                               "(128 px): per-unit costs of the driver, the engine and stats")
+    ap.add_argument("--per-unit", type=int, default=1, help="images per shard with --units (default 1)")
+    ap.add_argument("--shard-size", type=int, default=PER_SHARD, help=f"images per shard (default {PER_SHARD})")
     ap.add_argument("--driver", nargs=2, metavar=("CRAWL", "RUN"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.units:
+        args.n, args.shard_size, args.skip_plain = args.units * args.per_unit, args.per_unit, True
+        if args.side == SIDE:
+            args.side, args.noise = 128, 5.0
     if args.driver:
         driver(*args.driver, args.num_cpus, min(300, args.side), args.set)
         return 0
     work = Path(args.workdir or tempfile.mkdtemp(prefix="humanset-scale-"))
     crawl = work / (f"crawl-{args.n}" + ("" if args.noise == NOISE else f"-noise{args.noise:g}")
-                    + ("" if args.side == SIDE else f"-side{args.side}"))
+                    + ("" if args.side == SIDE else f"-side{args.side}")
+                    + ("" if args.shard_size == PER_SHARD else f"-per{args.shard_size}"))
     try:
         t0 = time.perf_counter()
-        tars = make_crawl(crawl, args.n, max(1, args.num_cpus), args.noise, args.side)
+        tars = make_crawl(crawl, args.n, max(1, args.num_cpus), args.noise, args.side, args.shard_size)
         gen_s = time.perf_counter() - t0
         run = work / "run"
         shutil.rmtree(run, ignore_errors=True)
@@ -170,7 +206,10 @@ def main() -> int:
         result = {"n": args.n, "shards": len(tars), "image_px": f"{args.side}x{args.side}", "noise": args.noise,
                   "crawl_mb": round(sum(t.stat().st_size for t in tars) / 2**20, 1), "num_cpus": args.num_cpus,
                   "generate_seconds": round(gen_s, 1), "sets": args.set, "engine": engine,
+                  "shard_size": args.shard_size, "load_avg_at_start": os.getloadavg()[0],
                   "engine_us_per_image": round(1e6 * engine["seconds"] / engine["images"], 1)}
+        if args.units:
+            result["stats"] = _stats_cost(run, env)
         if not args.skip_plain:
             plain = plain_loop(tars, work / "plain.tar", min(300, args.side))
             (work / "plain.tar").unlink(missing_ok=True)

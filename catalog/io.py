@@ -61,11 +61,18 @@ def read_json(path):
 _TMP_RE = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]{8}$")
 
 
-def clean_tmp(folder: str | os.PathLike) -> int:
-    """Remove temporary files (and scratch folders) a crashed writer of ours left in `folder`
-    (recursively, not through symlinks); return how many. Call it only while holding run_lock(folder)."""
+def clean_tmp(folder: str | os.PathLike, where: list[str] | None = None) -> int:
+    """Remove temporary files (and scratch folders) a crashed writer of ours left in `folder`; return
+    how many. With `where` (sub-folders relative to `folder`, "" for itself) only those folders are
+    listed, one level each: a run of 10^6 units is not walked file by file. Without it, the whole
+    tree (not through symlinks). Call it only while holding run_lock(folder)."""
+    root = Path(folder)
+    if where is None:
+        found = root.rglob(".*.tmp-*")
+    else:
+        found = (p for sub in where if (root / sub).is_dir() for p in (root / sub).glob(".*.tmp-*"))
     n = 0
-    for p in list(Path(folder).rglob(".*.tmp-*")):
+    for p in list(found):
         if not _TMP_RE.match(p.name) or p.is_symlink():
             continue
         if p.is_file():
@@ -79,6 +86,12 @@ def clean_tmp(folder: str | os.PathLike) -> int:
 
 class RunLocked(Exception):
     """Another process holds the folder's lock."""
+
+
+def lock_message(folder, lock) -> str:
+    """The one refusal a second run gets, for a local folder and an object-store RUN alike."""
+    return (f"{folder}: another run is using this directory (it holds {lock}); "
+            "wait for it to finish or choose another output directory")
 
 
 @contextmanager
@@ -96,8 +109,7 @@ def run_lock(folder: str | os.PathLike):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise RunLocked(f"{folder}: another run is using this directory (it holds {folder / '.lock'}); "
-                                "wait for it to finish or choose another output directory") from None
+                raise RunLocked(lock_message(folder, folder / ".lock")) from None
             raise
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())

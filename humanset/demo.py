@@ -40,6 +40,7 @@ def run(output: str = "runs/demo", progress: bool = True, pretrain_steps: int = 
     rendered = render_demo(renders, frames=frames, progress=progress)
     print(f"frames: {json.dumps({k: v for k, v in rendered.items() if k != 'output'}, default=str)}")
     print(f"contact sheets: {renders / 'contact'}")
+    print(f"for Sapiens' fine-tuning: humanset render export {renders} --format sapiens --to {out / 'sapiens'}")
 
     print("\n== MAE pretraining on the curated shards (tiny preset, 64 px)")
     pre = out / "pretrain"

@@ -7,7 +7,7 @@ faults into one line.
 
 A run has three phases, each resumable:
   1. measure (per unit): the worker streams its unit through decode -> size -> pHash in batches of
-     bounded bytes and writes RUN/work/measure/{unit}.parquet (no bytes) after {unit}.json.
+     bounded bytes and writes RUN/work/measure/{unit}.parquet (no bytes; its counters in the metadata).
   2. dedup (whole run, once every unit is measured): pipeline/dedup.run_dedup, in a Ray task ->
      RUN/work/dedup/{unit}.parquet verdicts (a pure function of phase 1, so reruns agree).
   3. score + write (per unit): the measurements and verdicts, without bytes; each model stage
@@ -55,13 +55,15 @@ from .errors import EnvironmentFault, RunError, environment_fault
 from .sources import Unit, check_inputs, count_new, iter_listing, load_unit, write_listing
 from .stages import Stage, build_stages
 from .unit_io import (finish_measure, finish_unit, limits_of, listing_path, marker_path,  # noqa: F401
-                      max_batch_bytes, measure_paths, measure_unit, now, read_for_measure, read_for_score,
+                      max_batch_bytes, measure_path, measure_unit, now, read_for_measure, read_for_score,
                       summary, write_curated)
 
 log = logging.getLogger("humanset.curate")
 
 _limits = limits_of  # the engine's name for it (tests, isolation)
 _now = now
+RUN_WRITERS = ["", "stats", "catalog/samples", "shards", "work/measure", "work/dedup", "work/dedup/pairs"]  # where
+# our writers write in a RUN (clean_tmp looks only there)
 DEFAULT_WINDOW_UNITS = 2048  # engine.window_units: units one Ray Data pipeline is given at a time
 
 
@@ -564,7 +566,7 @@ def _curate_locked(run: Path, inputs: list[str], cfg: dict, score_all: bool, pro
     else:
         manifest["started"] = _now()
         repeated = 0
-    removed = catalog.clean_tmp(run)
+    removed = catalog.clean_tmp(run, RUN_WRITERS)
     if removed:
         log.info("removed %d temporary files left by an interrupted run", removed)
     t0 = time.perf_counter()

@@ -3,7 +3,7 @@
 Phase 1 (`measure_unit`) streams the unit's samples from the source in batches of at most
 `engine.max_batch_bytes` of image bytes: each batch goes through the measure stages (decode,
 size, pHash) and leaves only its measurements, which are written as RUN/work/measure/{unit}.parquet
-(MEASURE schema) after the unit's counters ({unit}.json). Phase 3 (`read_for_score`) starts from
+(MEASURE schema, the unit's counters in its metadata). Phase 3 (`read_for_score`) starts from
 those measurements and the run's dedup verdicts, with no image bytes: each model stage fetches the
 bytes of the rows it scores batch by batch (pipeline/adapter.py, pipeline/fetch.py), and
 `finish_unit` fetches the kept rows' bytes as it appends them to the curated shards, then writes
@@ -12,6 +12,7 @@ Memory per worker: one batch of image bytes plus ~1 KB of measurements per sampl
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from datetime import datetime, timezone
@@ -59,9 +60,12 @@ def listing_path(run: Path) -> Path:
     return Path(run) / "units.jsonl"
 
 
-def measure_paths(run: Path, unit_id: str) -> tuple[Path, Path]:
-    d = Path(run) / "work" / "measure"
-    return d / f"{unit_id}.parquet", d / f"{unit_id}.json"
+def measure_path(run: Path, unit_id: str) -> Path:
+    """Phase 1's file of a unit: its measurements, with the unit's counters in its metadata."""
+    return Path(run) / "work" / "measure" / f"{unit_id}.parquet"
+
+
+COUNTERS = b"humanset.counters"  # the measure file's metadata key for the unit's phase-1 counters
 
 
 def marker_path(run: Path, unit_id: str) -> Path:
@@ -81,6 +85,27 @@ def limits_of(cfg: dict) -> dict:
 
 def max_batch_bytes(cfg: dict) -> int:
     return int(cfg.get("engine", {}).get("max_batch_bytes") or DEFAULT_MAX_BATCH_BYTES)
+
+
+def reset_peak_rss() -> None:
+    """Start a new peak-RSS window for this process (Linux: VmHWM is reset by clear_refs 5)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak RSS since the last reset_peak_rss (VmHWM), in MB; None off Linux."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
 
 
 def _node_id() -> str | None:
@@ -130,6 +155,7 @@ def measure_unit(run: Path, unit: Unit, stages: list[Stage], limits: dict, score
                  max_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> pa.Table:
     """Phase 1 of one unit, streamed: read a batch, measure it, keep its measurements; write the
     unit's measure files. Returns the unit's summary."""
+    reset_peak_rss()
     meta = {"unit": unit.brief().to_dict(), "seconds": {}}
     rows, error_of = _iter_rows(unit, limits)
     parts, t_read, t0 = [], 0.0, time.perf_counter()
@@ -147,6 +173,7 @@ def measure_unit(run: Path, unit: Unit, stages: list[Stage], limits: dict, score
     meta["seconds"]["read"] = round(t_read, 4)
     meta["unit_error"] = error_of()
     measured = pa.concat_tables(parts) if parts else MEASURE.empty_table()
+    meta["peak_rss_mb"] = {"measure": peak_rss_mb()}
     return write_measure(run, unit.unit_id, measured, meta)
 
 
@@ -161,9 +188,10 @@ def read_for_measure(unit: Unit, limits: dict) -> pa.Table:
 
 
 def write_measure(run: Path, unit_id: str, measured: pa.Table, meta: dict) -> pa.Table:
-    pq_path, json_path = measure_paths(run, unit_id)
-    catalog.write_json(json_path, {k: meta.get(k) for k in ("unit_error", "seconds", "worker_crashes", "isolated")})
-    catalog.write_parquet(pq_path, measured)
+    """The unit's phase-1 file (one file, one fsync: its counters ride in the Parquet metadata)."""
+    counters = {k: meta.get(k) for k in ("unit_error", "seconds", "worker_crashes", "isolated", "peak_rss_mb")}
+    schema_meta = {**(measured.schema.metadata or {}), COUNTERS: json.dumps(counters).encode()}
+    catalog.write_parquet(measure_path(run, unit_id), measured.replace_schema_metadata(schema_meta))
     return summary(unit_id, measured.num_rows, isolated=bool(meta.get("isolated")))
 
 
@@ -176,9 +204,18 @@ def finish_measure(run: Path, table: pa.Table) -> pa.Table:
 # --------------------------------------------------------------------------------------------
 # Phase 3
 
-def measured_table(run: Path, unit_id: str) -> pa.Table:
+def read_measure(run: Path, unit_id: str) -> tuple[pa.Table, dict]:
+    """A unit's phase-1 file: its rows (MEASURE schema; a file of any humanset version reads, the
+    columns it lacks are null) and its counters."""
+    t = pq.read_table(measure_path(run, unit_id))
+    counters = json.loads((t.schema.metadata or {}).get(COUNTERS) or b"{}")
+    return catalog.conform(t.select([c for c in t.column_names if c in MEASURE.names]), MEASURE), counters
+
+
+def measured_table(run: Path, unit_id: str, t: pa.Table | None = None) -> pa.Table:
     """Phase-1 rows of a unit joined with the run's dedup verdicts; `_alive` after dedup."""
-    t = catalog.conform(_read_any(measure_paths(run, unit_id)[0]), MEASURE)
+    if t is None:
+        t = read_measure(run, unit_id)[0]
     verdicts = dedup_mod.read_verdicts(run, unit_id)
     if verdicts.num_rows:
         pos = pc.index_in(t.column("sample_id"), value_set=verdicts.column("sample_id"))
@@ -191,24 +228,20 @@ def measured_table(run: Path, unit_id: str) -> pa.Table:
     return set_column(t, "_alive", alive)
 
 
-def _read_any(path: Path) -> pa.Table:
-    """A measure file of any humanset version, its columns as they are (conform fills the rest)."""
-    t = pq.read_table(path)
-    return t.select([c for c in t.column_names if c in MEASURE.names])
-
-
 def read_for_score(run: Path, unit: Unit, limits: dict, score_all: bool) -> pa.Table:
     """Phase 3 input: the unit's measurements and verdicts, without image bytes (each stage reads
     back the bytes of the rows it scores, checked against their measured sha256)."""
     t0 = time.perf_counter()
-    table = measured_table(run, unit.unit_id)
-    counters = catalog.read_json(measure_paths(run, unit.unit_id)[1])
+    reset_peak_rss()
+    measured, counters = read_measure(run, unit.unit_id)
+    table = measured_table(run, unit.unit_id, measured)
     seconds = dict(counters.get("seconds") or {})
     seconds["read_2"] = round(time.perf_counter() - t0, 4)
     return with_meta(table, {"unit": unit.brief().to_dict(), "limits": limits,
                              "unit_error": counters.get("unit_error"), "seconds": seconds,
                              "worker_crashes": counters.get("worker_crashes") or 0, "source_changed": 0,
-                             "isolated": bool(counters.get("isolated"))})
+                             "isolated": bool(counters.get("isolated")),
+                             "peak_rss_mb": dict(counters.get("peak_rss_mb") or {})})
 
 
 SIDECAR = ("sample_id", "source_uri", "key", "caption", "width", "height", "person_boxes", "person_scores",
@@ -301,12 +334,15 @@ def finish_unit(run: Path, table: pa.Table, cfg: dict) -> pa.Table:
     seconds = dict(meta.get("seconds") or {})
     seconds["write"] = round(time.perf_counter() - t0, 4)
     unit_error = meta.get("unit_error")
+    peak = dict(meta.get("peak_rss_mb") or {})
+    peak["write"] = peak_rss_mb()  # the worker's peak since this unit's phase-3 read (same process when
+    # its stages are tasks: Ray Data fuses them; a model stage's actor is a process of its own)
     stats = {"unit": u.unit_id, "source": u.uri, "inputs": table.num_rows, "kept": kept,
              "rejected": dict(sorted(reasons.items())), "shards": written, "unit_error": unit_error,
              "unit_error_kind": unit_error_kind(unit_error) if unit_error else None,
              "worker_crashes": meta.get("worker_crashes") or 0,
              "source_changed": (meta.get("source_changed") or 0) + len(changed),
              "isolated": bool(meta.get("isolated")), "seconds": seconds, "actor_setup": meta.get("actor_setup") or {},
-             "node_id": _node_id(), "finished": now()}
+             "node_id": _node_id(), "peak_rss_mb": peak, "finished": now()}
     catalog.write_json(marker_path(run, u.unit_id), stats)
     return summary(u.unit_id, table.num_rows, kept, bool(meta.get("isolated")))

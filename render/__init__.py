@@ -2,8 +2,9 @@
 depth, normal and mask ground truth, written as WebDataset shards with Parquet catalogs.
 
 Public surface: `prepare_run` / `run_local` / `summary` (render.job), `run_ray` (render.distributed),
-`load_config`, and `render.demo.run`. Only render/blender.py imports Blender. Names load lazily, so
-`humanset --help` does not import pyarrow, duckdb or numpy through here.
+`load_config`, `render.demo.run` and `render.export.export` (`humanset render export`). Only
+render/blender.py imports Blender. Names load lazily, so `humanset --help` does not import pyarrow,
+duckdb or numpy through here.
 """
 _EXPORTS = {"RenderConfig": "config", "load_config": "config", "RunSpec": "job", "ShardRenderer": "job",
             "prepare_run": "job", "run_local": "job", "summary": "job", "run_ray": "distributed"}

@@ -104,6 +104,44 @@ def run_demo(args) -> int:
     return 0
 
 
+EXPORT_HELP = """Write a render run (OUT) in the layout another trainer reads, streaming from OUT/shards.
+
+--format sapiens --to DIR: the folders Sapiens' own fine-tuning datasets list (facebookresearch/sapiens
+seg/mmseg/datasets/depth_general.py, normal_general.py; point-map: camera_*), matched by file name:
+  DIR/images/KEY.png              RGB
+  DIR/masks/KEY.png               255 = person, 0 = background (Sapiens reads channel 0 > 0)
+  DIR/depths/KEY.npy              float32 HxW planar z in metres, 0 off the person
+  DIR/normals/KEY.npy             float32 HxWx3 unit normals in --normal-frame, 0 off the person
+  DIR/parts/KEY.png               uint8 Sapiens-28 part classes, 0 = Background (anny bodies only)
+  DIR/camera_intrinsics/KEY.txt   K, 3x3 pixels          (np.loadtxt)
+  DIR/camera_extrinsics/KEY.txt   world-to-camera, 4x4   (np.loadtxt)
+  DIR/manifest.json               written last: the normal frame, counts, what each folder holds
+  Sapiens sets its own background values from the mask (depth -1, normals -1000).
+
+--format coco --to FILE.json: COCO person keypoints (17, visibility as rendered), a box and area from each
+  mask; the images go to FILE_images/ beside FILE.json. Train on it with
+  humanset finetune --task pose --data FILE.json ...
+
+Rerun the same command to resume: finished frames are skipped.
+
+examples:
+  humanset render export runs/synth --format sapiens --to runs/synth-sapiens
+  humanset render export runs/synth --format sapiens --to runs/synth-sapiens-cv --normal-frame opencv
+  humanset render export runs/synth --format coco --to runs/synth-pose/person_keypoints.json
+"""
+
+
+def run_export(args) -> int:
+    from .export import ExportError, export
+    try:
+        result = export(args.out, args.format, args.to, args.normal_frame, progress=not args.no_progress)
+    except (ExportError, FileNotFoundError) as e:
+        print(f"humanset render export: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    return 0 if result.get("frames") else 1
+
+
 def register(sub) -> None:
     p = sub.add_parser("render", help="render synthetic humans with depth / normal ground truth",
                        description=RENDER_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -124,6 +162,18 @@ def register(sub) -> None:
     q.add_argument("--config", metavar="FILE")
     q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     q.set_defaults(func=run_config)
+
+    q = rsub.add_parser("export", help="write a render run as Sapiens' fine-tuning folders or COCO keypoints",
+                        description=EXPORT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    q.add_argument("out", metavar="OUT", help="render run (the --output of humanset render)")
+    q.add_argument("--format", required=True, choices=["sapiens", "coco"], help="layout to write (see above)")
+    q.add_argument("--to", required=True, metavar="PATH", help="sapiens: folder DIR; coco: FILE.json")
+    q.add_argument("--normal-frame", choices=["opencv", "opengl"], default=None,
+                   help="sapiens: axes of normals/*.npy. opengl (default): x right, y up, z toward the viewer, "
+                        "i.e. (1, -1, -1) times OpenCV, what Sapiens' released normal checkpoints predict "
+                        "(evidence in render/README.md); opencv: x right, y down, z forward, as rendered")
+    q.add_argument("--no-progress", action="store_true", help="no progress bar")
+    q.set_defaults(func=run_export)
 
     q = rsub.add_parser("demo", help="render a few anny bodies under the built-in HDRIs (offline, CPU)")
     q.add_argument("--output", default="runs/render-demo", help="run directory (default: runs/render-demo)")

@@ -5,6 +5,7 @@ import os
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import pytest  # noqa: E402
+from s3server import s3_server  # noqa: E402,F401  (the real S3 server on 127.0.0.1: tests/s3server.py)
 
 
 @pytest.fixture(scope="session")

@@ -49,6 +49,11 @@ def test_clean_tmp_removes_only_our_writers_temp_files(tmp_path):
         p.write_bytes(b"")
     assert catalog.clean_tmp(tmp_path) == 1
     assert not ours.exists() and all(p.exists() for p in keep)
+    deep = tmp_path / "b" / "c" / ".y.json.tmp-12-0123abcd"  # a run's cleanup looks only where it writes
+    deep.parent.mkdir(parents=True)
+    deep.write_bytes(b"")
+    ours.write_bytes(b"")
+    assert catalog.clean_tmp(tmp_path, ["a", "b"]) == 1 and deep.exists() and not ours.exists()
 
 
 def _measured(source, run):

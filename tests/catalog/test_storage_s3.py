@@ -1,0 +1,133 @@
+"""catalog/storage.py against a real S3 server (SeaweedFS on 127.0.0.1): pagination, credentials
+kept out of every message, DuckDB on remote Parquet."""
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import pyarrow as pa
+import pytest
+
+from catalog import storage as st
+
+
+def _count_lists(store):
+    calls = []
+    store.client.meta.events.register("before-call.s3.ListObjectsV2", lambda **kw: calls.append(1))
+    return calls
+
+
+def test_listing_more_than_a_thousand_keys_pages_and_streams(s3_server):
+    store = st.open_storage(s3_server.prefix("many"))
+    n = 1_234
+    with ThreadPoolExecutor(16) as pool:  # boto3 clients are thread-safe
+        list(pool.map(lambda i: store.client.put_object(Bucket=store.bucket, Key=store._key(f"shards/{i:05d}.tar"),
+                                                        Body=b"t"), range(n)))
+    calls = _count_lists(store)
+    it = store.list("shards", suffix=".tar")
+    first = next(it)
+    assert first.path == "shards/00000.tar" and len(calls) == 1  # the first key came from the first page
+    rest = sum(1 for _ in it)  # counted, never held: one page of <= 1,000 keys in memory at a time
+    assert rest + 1 == n
+    assert len(calls) == 2  # SeaweedFS pages ListObjectsV2 at 1,000 keys (IsTruncated + continuation)
+
+    small = st.open_storage(store.uri)
+    small.page_size = 100
+    calls = _count_lists(small)
+    names = [e.path for e in small.list("shards")]
+    assert len(calls) == 13 and names == sorted(names) and len(set(names)) == n  # key order, no repeats
+    assert sum(1 for _ in small.glob("shards/000*.tar")) == 100
+
+
+def test_a_bad_credential_never_shows_in_an_error_or_a_log(s3_server, monkeypatch, caplog, capsys):
+    wrong = "wrong-" + s3_server.secret_key[::-1]
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", wrong)
+    caplog.set_level(logging.DEBUG)
+    store = st.open_storage(s3_server.prefix("creds"))
+    failures = []
+    for attempt in (lambda: store.write_bytes("x.bin", b"data"), lambda: store.read_bytes("x.bin"),
+                    lambda: list(store.list()), lambda: store.create_once("lock", b"1"),
+                    lambda: store.exists("x.bin")):
+        with pytest.raises(Exception) as e:
+            attempt()
+        failures.append(e.value)
+    out = capsys.readouterr()
+    seen = "\n".join([str(f) for f in failures] + [repr(f) for f in failures] + [caplog.text, out.out, out.err])
+    assert any("SignatureDoesNotMatch" in str(f) or "SIGNATURE" in str(f).upper() for f in failures), seen[:2000]
+    for secret in (wrong, s3_server.secret_key):
+        assert secret not in seen
+    assert all(store.uri in str(f) for f in failures)  # and each message names what failed
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
+    assert st.open_storage(store.uri).create_once("lock", b"1")  # the right secret works
+
+
+def test_scrub_removes_the_environments_secret(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "abcdEFGH1234")
+    assert st.scrub("signing with abcdEFGH1234 failed") == "signing with *** failed"
+
+
+def test_duckdb_reads_remote_parquet_through_the_storage_layer(s3_server):
+    store = st.open_storage(s3_server.prefix("duck"))
+    for i in range(3):
+        store.write_parquet(f"x/part-{i}.parquet", pa.table({"id": list(range(i * 100, i * 100 + 100 + i))}))
+    store.write_bytes("x/readme.txt", b"not parquet")
+    con = st.duckdb_connect_for(store.uri)
+    assert con.sql(f"SELECT count(*), sum(id) FROM read_parquet('{store.uri}/x/*.parquet')").fetchall()[0] == (
+        303, sum(range(0, 100)) + sum(range(100, 201)) + sum(range(200, 302)))
+    httpfs = con.sql("SELECT loaded FROM duckdb_extensions() WHERE extension_name = 'httpfs'").fetchall()
+    assert httpfs in ([], [(False,)])  # no extension, nothing downloaded: the fsspec path did it
+
+
+def test_duckdb_on_a_local_run_is_a_plain_connection(tmp_path):
+    store = st.open_storage(tmp_path)
+    store.write_parquet("c/a.parquet", pa.table({"v": [1, 2, 3]}))
+    con = st.duckdb_connect_for(tmp_path)
+    assert con.sql(f"SELECT sum(v) FROM read_parquet('{tmp_path}/c/*.parquet')").fetchall()[0] == (6,)
+
+
+_HOLDER = """
+import sys, time
+from catalog.storage import open_storage
+with open_storage(sys.argv[1]).run_lock(lease_s=1, heartbeat_s=0.25):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_run_killed_with_the_lock_leaves_it_stale_and_force_takes_it(s3_server, capsys):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from catalog.io import RunLocked
+    uri = s3_server.prefix("crash")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, uri], stdout=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout.readline().strip() == b"held"
+        time.sleep(1.5)  # past the lease: the other process's heartbeat keeps the lock fresh
+        with pytest.raises(RunLocked, match="another run is using this directory") as e:
+            with st.open_storage(uri).run_lock(lease_s=1, force=True):
+                pass
+        assert "--force-unlock" not in str(e.value)
+    finally:
+        proc.send_signal(signal.SIGKILL)  # a crash: nothing releases the lock
+        proc.wait()
+    store = st.open_storage(uri)
+    assert store.exists(".lock")
+    time.sleep(2.3)
+    with pytest.raises(RunLocked, match="pass --force-unlock"):
+        with store.run_lock(lease_s=1):
+            pass
+    with store.run_lock(lease_s=1, force=True) as held:
+        assert store.read_json(".lock")["owner"] == held.owner
+    assert "TAKING OVER a stale run lock" in capsys.readouterr().err
+    assert not store.exists(".lock")
+
+
+def test_the_test_server_listens_on_loopback_only(s3_server):
+    import psutil
+    listening = [c for c in psutil.Process(s3_server.pid).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    assert len(listening) >= 5  # S3, master, volume, filer, admin (HTTP and gRPC)
+    assert {c.laddr.ip for c in listening} == {"127.0.0.1"}, listening
