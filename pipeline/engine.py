@@ -659,6 +659,8 @@ def _reason_counts(run: Path) -> tuple[dict[str, int], int, int]:
 
 def funnel_from_counts(rejected: dict[str, int], n_inputs: int, stage_names: list[str]) -> list[dict]:
     """inputs -> survivors after each stage -> kept (decide.funnel's shape, from grouped counts)."""
+    from .decide import funnel_stages
+    stage_names = funnel_stages(stage_names, rejected)  # 'input' first when a source had no bytes
     rows, alive = [], n_inputs
     for name in stage_names:
         out = alive - rejected.get(name, 0)

@@ -15,9 +15,14 @@ import logging
 
 import pyarrow as pa
 
-from .sources import Unit, _file_row, _is_uri, open_input, read_unit
+from .sources import Unit, UnitReader, _file_row, _is_uri
 
 log = logging.getLogger("humanset.curate")
+
+
+def read_unit(unit: Unit, limits: dict):
+    """The unit's rows streamed (a rewritten tar parsed again; tests replace this to see it is not)."""
+    return iter(UnitReader(unit, limits))
 
 
 def source_changed(data: bytes | None, measured: str | None) -> str | None:
@@ -75,10 +80,9 @@ class ByteSource:
             return None
 
     def _reparse(self) -> None:
-        """The tar's members moved: parse it again for their offsets (no bytes kept)."""
-        rows, _ = read_unit(self.unit, self.limits)  # this unit only; rare (a rewritten shard)
-        self._reparsed = {r["sample_id"]: (r["_offset"], r["_size"]) for r in rows if r.get("_offset") is not None}
-        del rows
+        """The tar's members moved: parse it again for their offsets (one sample's bytes at a time)."""
+        self._reparsed = {r["sample_id"]: (r["_offset"], r["_size"]) for r in read_unit(self.unit, self.limits)
+                          if r.get("_offset") is not None}
 
     def fetch(self, table: pa.Table) -> tuple[list[bytes | None], list[str | None]]:
         """The bytes of every row of `table` (columns sample_id, source_uri, key, sha256 and, for a

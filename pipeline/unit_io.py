@@ -31,20 +31,13 @@ from . import dedup as dedup_mod
 from .adapter import run_on_unit
 from .columns import flag, set_column, typed, unit_meta, with_meta
 from .fetch import ByteSource
-from .sources import DEFAULT_LIMITS, Unit, read_unit
+from .sources import DEFAULT_LIMITS, ROW_FIELDS, Unit, UnitReader, read_unit
 from .stages import Stage, build_stages
-
-try:
-    from .stages.decode import unit_error_kind
-except ImportError:  # until the unit error kinds land in pipeline/stages/decode.py
-    def unit_error_kind(error: str) -> str:
-        return error.split(":", 1)[0].strip()
+from .stages.decode import unit_error_kind
 
 log = logging.getLogger("humanset.curate")
 
-_READ_FIELDS = [SAMPLES.field(c) for c in ("sample_id", "source_uri", "shard", "key", "caption", "source_meta")] + [
-    pa.field("image", pa.binary()), pa.field("read_error", pa.string()), pa.field("_alive", pa.bool_()),
-    SAMPLES.field("scored_stages"), pa.field("_offset", pa.int64()), pa.field("_size", pa.int64())]
+_READ_FIELDS = list(ROW_FIELDS) + [pa.field("_alive", pa.bool_()), SAMPLES.field("scored_stages")]
 MEMBER_SPAN = ("_offset", "_size")  # a tar sample's image member: phase 3 reads it back without parsing the tar
 READ_SCHEMA = pa.schema(_READ_FIELDS)
 SUMMARY_SCHEMA = pa.schema([("unit_id", pa.string()), ("inputs", pa.int64()), ("kept", pa.int64()),
@@ -147,8 +140,8 @@ def _batches(rows, max_bytes: int):
 
 def _iter_rows(unit: Unit, limits: dict) -> tuple:
     """(rows iterator, function giving the unit error once the iterator is used up)."""
-    rows, error = read_unit(unit, limits)
-    return iter(rows), lambda: error
+    reader = UnitReader(unit, limits)
+    return iter(reader), lambda: reader.error
 
 
 def measure_unit(run: Path, unit: Unit, stages: list[Stage], limits: dict, score_all: bool,
