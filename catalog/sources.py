@@ -45,16 +45,16 @@ def _tar_members(tar: str) -> dict[str, tuple[int, int]]:
 
     A damaged tar keeps the members before the damage readable, as the curation did.
     """
+    from .tars import ShardTruncated, iter_tar
     found = {}
     with _open(tar) as raw:
         # a large read buffer turns header-seek-header into one request per MiB on object stores
         fh = io.BufferedReader(raw, buffer_size=1 << 20) if is_uri(tar) else raw
-        try:
-            with tarfile.open(fileobj=fh, mode="r:") as tf:
-                for m in tf:
-                    if m.isfile():
-                        found[m.name] = (m.offset_data, m.size)
-        except (tarfile.TarError, EOFError) as e:
+        try:  # the bounded reader: a cap of 0 bytes reads headers only, whatever a size field claims
+            for rec in iter_tar(fh, name=tar, max_member_bytes=0):
+                for name, offset, size in rec.members:
+                    found[name] = (offset, size)
+        except ShardTruncated as e:
             if not found:
                 raise tarfile.TarError(f"not a readable tar ({e})") from e
     return found
