@@ -151,6 +151,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING)
     from pipeline.stages.text import TextStage
     from pipeline.stages.watermark import WatermarkStage
+    from pipeline.stages.wm_ocr import SHARED
 
     seed = SEEDS[a.family] if a.seed is None else a.seed
     rows = build_set(a.family, a.n_marked, a.n_clean, seed)
@@ -164,11 +165,13 @@ def main(argv=None) -> int:
     measure(text, rows[:4], a.batch)  # warm-up: the recogniser loads on first text
     measure(wm_own, rows[:4], a.batch)
     t_out, t_text = measure(text, rows, a.batch)
-    shared = [{"text_det_boxes": b, "text_det_scores": s} for b, s in zip(t_out["text_det_boxes"],
-                                                                         t_out["text_det_scores"])]
+    shared = [{c: t_out[c][i] for c in SHARED} for i in range(len(rows))]
     w_out, t_wm = measure(wm, rows, a.batch, shared)
     own_before = wm_own.ocr.own_detections
     o_out, t_own = measure(wm_own, rows if not a.no_own else rows[:1], a.batch)
+    clean_rows = [r for r in rows if r["label"] == 0]
+    c_out, t_text_clean = measure(text, clean_rows, a.batch)
+    _, t_wm_clean = measure(wm, clean_rows, a.batch, [{c: c_out[c][i] for c in SHARED} for i in range(len(clean_rows))])
     n = len(rows)
     evs = [{c: w_out[c][i] for c in w_out} for i in range(n)]
     result = {"family": a.family, "seed": seed, "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
@@ -186,6 +189,9 @@ def main(argv=None) -> int:
         "watermark_shared_images_per_s": round(n / t_wm, 2),
         "watermark_own_detection_images_per_s": None if a.no_own else round(n / t_own, 2),
         "text_plus_watermark_over_text": round((t_text + t_wm) / t_text, 3),
+        "clean_only": {"images": len(clean_rows), "text_images_per_s": round(len(clean_rows) / t_text_clean, 2),
+                       "watermark_shared_images_per_s": round(len(clean_rows) / t_wm_clean, 2),
+                       "text_plus_watermark_over_text": round((t_text_clean + t_wm_clean) / t_text_clean, 3)},
         "own_detections_shared": wm.ocr.own_detections, "own_detections_alone": wm_own.ocr.own_detections - own_before,
         "text_det_calls": text.ocr.det_calls}
     misses = [{"kind": r["kind"], "opacity": round(r["opacity"], 2), "text": r["spec"]["text"],

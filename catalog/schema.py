@@ -69,6 +69,8 @@ SAMPLE_TEXT = [
     f("text_det_boxes", pa.list_(pa.list_(pa.float32(), 8)),
       "every box PP-OCR detected: 4 corners x0,y0..x3,y3, original pixels (read by the watermark stage)"),
     f("text_det_scores", pa.list_(pa.float32()), "detector score of each text_det_boxes box"),
+    f("text_det_strings", pa.list_(pa.string()), "recognised text of each text_det_boxes box, null where not read"),
+    f("text_det_rec_scores", pa.list_(pa.float32()), "recognition score of each box, null where not read"),
     f("text_error", pa.string(), "inference error for this sample"),
 ]
 SAMPLE_WATERMARK = [

@@ -6,6 +6,11 @@ recognition confirms it: confidence >= `text.min_rec_score` and at least `text.m
 or digits. That drops the detector's false boxes on texture (on scikit-image's coffee.png it puts
 one box over 79% of the image and reads it as "8").
 
+Every detected box, confirmed or not, is stored with its detector score (text_det_boxes,
+text_det_scores, original pixels) and, where it was recognised, its string and recognition score
+(text_det_strings, text_det_rec_scores; null where not read): the watermark stage reads them instead
+of detecting (and reading) again (pipeline/stages/ocr.py, one detection pass for both stages).
+
 Score: text_area_frac = area of the union of confirmed boxes / image area (independent of the
 resize). Reject when text_area_frac > `text.max_area_frac`; see default.yaml for the measurements
 behind the default.
@@ -70,7 +75,8 @@ class TextStage(Stage):
     name = "text"
     phase = "score"
     reads = ("image",)
-    writes = ("text_area_frac", "text_n_boxes", "text_strings", "text_det_boxes", "text_det_scores", "text_error")
+    writes = ("text_area_frac", "text_n_boxes", "text_strings", "text_det_boxes", "text_det_scores",
+              "text_det_strings", "text_det_rec_scores", "text_error")
     stateful = True
     rules = RULES["text"]
     error_column = "text_error"
@@ -130,6 +136,7 @@ class TextStage(Stage):
             h, w = rgb.shape[:2]
             out["text_area_frac"][i], out["text_n_boxes"][i], out["text_strings"][i] = 0.0, 0, []
             out["text_det_boxes"][i], out["text_det_scores"][i] = to_column(boxes, scale), det_scores
+            out["text_det_strings"][i], out["text_det_rec_scores"][i] = [None] * len(boxes), [None] * len(boxes)
             if not boxes:
                 continue
             if needed:
@@ -174,6 +181,7 @@ class TextStage(Stage):
                             out[c][i] = None
             for (i, k), (tx, sc) in read.items():
                 todo[i]["texts"][k] = str(tx)
+                out["text_det_strings"][i][k], out["text_det_rec_scores"][i][k] = str(tx), float(sc)
                 if confirmed([tx], [sc], min_rec, min_chars):
                     todo[i]["keep"].append(k)
             for i in list(dict.fromkeys(i for i, _ in offers)):

@@ -77,7 +77,8 @@ def to_input(rgb: np.ndarray) -> np.ndarray:
 class WatermarkStage(Stage):
     name = "watermark"
     phase = "score"
-    reads = ("image", "text_det_boxes", "text_det_scores")  # the text stage's boxes, where it ran
+    # the text stage's boxes and reads, where it ran (wm_ocr.SHARED)
+    reads = ("image", "text_det_boxes", "text_det_scores", "text_det_strings", "text_det_rec_scores")
     writes = ("watermark_score", "watermark_opacity", "watermark_repeat", "watermark_placement",
               "watermark_mark_text", "watermark_center_word", "watermark_n_boxes", "watermark_strings",
               "watermark_error")

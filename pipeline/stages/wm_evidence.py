@@ -11,7 +11,8 @@ recognises them, and scores five kinds of evidence, each stored in its own colum
   watermark_placement  1 when a small read box sits in a corner band or the bottom-centre band, or a
                        box is centred; 0 otherwise
   watermark_mark_text  1 when a string looks like a mark (©, (c), copyright, a domain or URL, stock,
-                       preview, sample, ...), or a single word is repeated at least three times
+                       preview, sample, ...), a single word is repeated at least three times (an
+                       agency's name), or a string in a corner band holds a year (a copyright line)
   watermark_center_word  1 when a large word (at most three words, >= 7 % of the image height) is
                        centred and its estimated opacity is <= 0.6
 
@@ -45,6 +46,7 @@ import numpy as np
 MARK_SIGNS = re.compile(
     r"(©|\(c\)|\b(?:www|https?)\b|[a-z0-9-]{2,}\.(?:com|net|org|io|co|uk|de|fr|info|biz|me|photo|pics|ru|cn)\b)",
     re.IGNORECASE)
+YEAR = re.compile(r"\b(?:19[5-9]|20[0-4])\d\b")
 # words of marks, matched fuzzily (OCR of a translucent mark misreads a letter or two)
 MARK_WORDS = ("copyright", "stock", "preview", "sample", "proof", "watermark", "photography", "rights",
               "reserved", "licensed", "comp")
@@ -153,6 +155,8 @@ def evidence(gray: np.ndarray, boxes: list[np.ndarray], strings: list[str], rec_
         if m and bh >= 0.07 * h and len(str(s).split()) <= 3:
             o = box_opacity(gray, b)
             center_word |= o is not None and o <= 0.6
+    # a copyright line whose © the OCR lost still names a year, and sits in a corner band
+    dated = any(YEAR.search(s) and placement(b, h, w)[0] for b, s in read)
     rep = repeat_count(texts)
     words = [norm(s) for s in texts if len(norm(s)) >= 4 and " " not in s.strip()]
     agency = rep >= 3 and len(words) >= 3
@@ -160,7 +164,7 @@ def evidence(gray: np.ndarray, boxes: list[np.ndarray], strings: list[str], rec_
         "watermark_opacity": opacity,
         "watermark_repeat": rep,
         "watermark_placement": float(corner or centred),
-        "watermark_mark_text": float(any(looks_like_mark(s) for s in texts) or agency),
+        "watermark_mark_text": float(any(looks_like_mark(s) for s in texts) or agency or dated),
         "watermark_center_word": float(center_word),
         "watermark_strings": texts,
         "watermark_n_boxes": len(read),

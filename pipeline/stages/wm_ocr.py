@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 COLUMNS = ("watermark_score", "watermark_opacity", "watermark_repeat", "watermark_placement",
            "watermark_mark_text", "watermark_center_word", "watermark_n_boxes", "watermark_strings",
            "watermark_error")
-SHARED = ("text_det_boxes", "text_det_scores")  # what the text stage stores for us
+SHARED = ("text_det_boxes", "text_det_scores", "text_det_strings", "text_det_rec_scores")  # from the text stage
 
 
 class OcrWatermark:
@@ -33,12 +33,17 @@ class OcrWatermark:
         self.ocr = OCR(self.max_side, threads, "watermark")
         self.own_detections = 0  # images this stage detected itself (the text stage had not)
 
-    def _boxes(self, bgr: np.ndarray, scale: float, shared_boxes, shared_scores):
-        if shared_boxes is not None:
-            return from_column(shared_boxes, scale), list(shared_scores or [1.0] * len(shared_boxes))
+    def _boxes(self, bgr: np.ndarray, scale: float, shared: list):
+        """(boxes, det scores, [(string, rec score) or None per box]): the text stage's where it saw the
+        sample (its reads reused), else this stage's own detection."""
+        boxes, scores, texts, rec = shared
+        if boxes is not None:
+            n = len(boxes)
+            read = [None if t is None or r is None else (t, r) for t, r in zip(texts or [None] * n, rec or [None] * n)]
+            return from_column(boxes, scale), list(scores or [1.0] * n), read
         self.own_detections += 1
         boxes, scores, _ = self.ocr.detect(bgr)
-        return boxes, scores
+        return boxes, scores, [None] * len(boxes)
 
     def _candidates(self, boxes, scores, h: int, w: int) -> list[int]:
         """Boxes worth reading: confident, at least 6 px high, not a texture box over half the image."""
@@ -57,8 +62,9 @@ class OcrWatermark:
         out: dict[str, list] = {c: [None] * n for c in COLUMNS}
         shared = [batch.get(c) or [None] * n for c in SHARED]
         images: dict[int, tuple] = {}  # row -> (gray, boxes to read)
+        texts: dict[int, list] = {}  # row -> (string, rec score) per picked box, None until read
         crops: list[np.ndarray] = []
-        owner: list[int] = []
+        owner: list[tuple[int, int]] = []  # (row, index among its picked boxes) of each crop
         for i, data in enumerate(batch["image"]):
             try:
                 rgb, scale = load_rgb(data, max_side=self.max_side)
@@ -67,32 +73,33 @@ class OcrWatermark:
                 continue
             bgr = np.ascontiguousarray(rgb[..., ::-1])
             try:
-                boxes, scores = self._boxes(bgr, scale, shared[0][i], shared[1][i])
+                boxes, scores, read = self._boxes(bgr, scale, [col[i] for col in shared])
             except Exception as e:
                 out["watermark_error"][i] = f"inference: {e}"
                 continue
             h, w = rgb.shape[:2]
-            picked = [boxes[k] for k in self._candidates(boxes, scores, h, w)]
-            gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
-            images[i] = (gray, picked)
-            for b in picked:
-                crops.append(crop_box(bgr, b))
-                owner.append(i)
-        texts: dict[int, list] = {i: [] for i in images}
+            ks = self._candidates(boxes, scores, h, w)
+            images[i] = (cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY), [boxes[k] for k in ks])
+            texts[i] = [read[k] for k in ks]
+            for j, k in enumerate(ks):
+                if read[k] is None:  # not read by the text stage
+                    crops.append(crop_box(bgr, boxes[k]))
+                    owner.append((i, j))
         try:
-            got = zip(*self.ocr.recognize(crops)) if crops else []
-            for i, (t, s) in zip(owner, got):
-                texts[i].append((t, s))
+            for (i, j), got in zip(owner, zip(*self.ocr.recognize(crops))) if crops else ():
+                texts[i][j] = got
         except Exception as e:  # a crop that breaks recognition costs only its own image
             log.warning("watermark: recognition of %d crops failed (%s); retrying image by image", len(crops), e)
             for i in images:
-                mine = [c for c, o in zip(crops, owner) if o == i]
+                mine = [(o, c) for o, c in zip(owner, crops) if o[0] == i]
                 try:
-                    texts[i] = list(zip(*self.ocr.recognize(mine))) if mine else []
+                    for ((_, j), _), got in zip(mine, zip(*self.ocr.recognize([c for _, c in mine]))):
+                        texts[i][j] = got
                 except Exception as e1:
                     out["watermark_error"][i] = f"inference: {e1}"
         for i, (gray, picked) in images.items():
-            if out["watermark_error"][i] is not None:
+            if out["watermark_error"][i] is not None or any(t is None for t in texts[i]):
+                out["watermark_error"][i] = out["watermark_error"][i] or "inference: recognition returned too few results"
                 continue
             strings = [t for t, _ in texts[i]]
             ev = wm_evidence.evidence(gray, picked, strings, [s for _, s in texts[i]], self.min_rec_score)
