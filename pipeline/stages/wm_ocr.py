@@ -66,6 +66,12 @@ class OcrWatermark:
         crops: list[np.ndarray] = []
         owner: list[tuple[int, int]] = []  # (row, index among its picked boxes) of each crop
         for i, data in enumerate(batch["image"]):
+            if shared[0][i] is not None and len(shared[0][i]) == 0:  # the text stage saw no text: nothing to decode
+                ev = wm_evidence.evidence(np.zeros((1, 1), np.uint8), [], [], [])
+                for c in COLUMNS[1:-1]:
+                    out[c][i] = ev[c]
+                out["watermark_score"][i] = 0.0
+                continue
             try:
                 rgb, scale = load_rgb(data, max_side=self.max_side)
             except Exception as e:
