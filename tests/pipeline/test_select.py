@@ -96,8 +96,8 @@ def test_stricter_person_threshold(score_all_run, tmp_path):
 
 def test_refuses_thresholds_of_stages_that_did_not_run(demo_run, tmp_path):
     with pytest.raises(SelectError, match="rerun `humanset curate` with the art stage"):
-        select(str(demo_run[0]), str(tmp_path / "x"), ["art.max_score=0.5"], progress=False)
+        select(str(demo_run[0]), str(tmp_path / "x"), ["art.max_score=0.3"], progress=False)
     p = subprocess.run([sys.executable, "-m", "humanset.cli", "select", str(demo_run[0]), "--set",
-                        "art.max_score=0.5", "--output", str(tmp_path / "y")], capture_output=True, text=True)
+                        "art.max_score=0.3", "--output", str(tmp_path / "y")], capture_output=True, text=True)
     assert p.returncode == 2 and "art" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "y").exists()

@@ -361,7 +361,7 @@ def test_cascade_through_the_engine(tmp_path, ray_local):
     tl = manifest["timeline"]
     assert tl["start"] <= tl["measured"] <= tl["deduped"] <= tl["scored"]
     (stats,) = [json.loads(f.read_text()) for f in (tmp_path / "run" / "stats").glob("*.json")]
-    assert set(stats["actor_setup"]) == {"person", "text"}
+    assert set(stats["actor_setup"]) == {"person", "text", "watermark"}
     assert all(tl["start"] <= a <= b <= tl["scored"] for a, b in stats["actor_setup"].values())
 
 
