@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import importlib.util
-import io
 from importlib import resources
 from pathlib import Path
 
