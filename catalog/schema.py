@@ -80,10 +80,23 @@ SAMPLE_TEXT = [
     f("text_area_frac", pa.float32(), "fraction of image area covered by confirmed text boxes"),
     f("text_n_boxes", pa.int32(), "confirmed text boxes"),
     f("text_strings", pa.list_(pa.string()), "recognised text of the confirmed boxes"),
+    f("text_det_boxes", pa.list_(pa.list_(pa.float32(), 8)),
+      "every box PP-OCR detected: 4 corners x0,y0..x3,y3, original pixels (read by the watermark stage)"),
+    f("text_det_scores", pa.list_(pa.float32()), "detector score of each text_det_boxes box"),
+    f("text_det_strings", pa.list_(pa.string()), "recognised text of each text_det_boxes box, null where not read"),
+    f("text_det_rec_scores", pa.list_(pa.float32()), "recognition score of each box, null where not read"),
     f("text_error", pa.string(), "inference error for this sample"),
 ]
 SAMPLE_WATERMARK = [
-    f("watermark_score", pa.float32(), "watermark probability"),
+    f("watermark_score", pa.float32(), "watermark probability (method ocr: the evidence model's, see "
+      "pipeline/stages/wm_evidence.py)"),
+    f("watermark_opacity", pa.float32(), "ocr: estimated opacity of the read text (median over boxes)"),
+    f("watermark_repeat", pa.int32(), "ocr: largest group of same or near-same strings (tiling)"),
+    f("watermark_placement", pa.float32(), "ocr: 1 if a small box sits in a corner band or a box is centred"),
+    f("watermark_mark_text", pa.float32(), "ocr: 1 if a string looks like a mark (©, domain, stock, ...)"),
+    f("watermark_center_word", pa.float32(), "ocr: 1 if a large centred word has estimated opacity <= 0.6"),
+    f("watermark_n_boxes", pa.int32(), "ocr: text boxes read (recognised with enough confidence)"),
+    f("watermark_strings", pa.list_(pa.string()), "ocr: recognised strings of the read boxes"),
     f("watermark_error", pa.string(), "inference error for this sample"),
 ]
 SAMPLE_ART = [

@@ -1,7 +1,8 @@
 """`humanset demo` / `make demo`: every room on embedded data, offline, on a CPU.
 
 1. curation: a small crawl from photos shipped in installed packages (plus generated duplicates,
-   overlays, graphics and broken files) -> catalog, curated shards, funnel, HTML report
+   overlays, watermarks, graphics and broken files) -> catalog, curated shards, funnel, HTML report;
+   the watermark stage runs its ocr method (no weights needed) and rejects the marked photos
 2. synthetic humans: a few anny bodies rendered with BlenderProc under the HDRIs shipped in bpy
    -> RGB, metric depth, normals, masks, cameras in render shards + contact sheets
 3. MAE pretraining for a few dozen steps on the curated shards + a reconstruction figure

@@ -59,6 +59,8 @@ def main_curate(argv: list[str] | None = None) -> int:
 CURATE_HELP = """Curate an image crawl into a catalog (one row per input sample) and curated shards.
 
 Stages (pipeline/default.yaml): decode -> size -> dedup -> person -> text -> watermark -> art.
+watermark reads text marks with the text stage's OCR (no weights needed; --set watermark.weights=PATH
+for a LAION checkpoint or a `humanset train-filter watermark` card); art is skipped without art.weights.
 Writes RUN/catalog/samples/*.parquet, RUN/shards/*.tar|.parquet, RUN/stats/*.json, RUN/manifest.json.
 
 examples:

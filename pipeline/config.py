@@ -12,6 +12,8 @@ from catalog import config as loader
 from catalog.config import Check, ConfigError
 from catalog.rules import CHECKS as RULE_CHECKS
 
+from .stages.watermark import METHODS as WATERMARK_METHODS
+
 DEFAULT_PATH = resources.files("pipeline") / "default.yaml"
 
 # beyond the rules' thresholds and what each YAML default's type implies
@@ -29,6 +31,11 @@ CHECKS: dict[str, Check] = {
     "text.min_rec_score": Check(("number",), low=0, high=1),
     "text.min_chars": Check(("int",), low=0),
     "watermark.weights": Check(("str",), nullable=True),
+    "watermark.method": Check(("str",), choices=WATERMARK_METHODS),
+    "watermark.max_side": Check(("int",), low=32),
+    "watermark.min_det_score": Check(("number",), low=0, high=1),
+    "watermark.min_rec_score": Check(("number",), low=0, high=1),
+    "watermark.max_boxes": Check(("int",), low=1),
     "art.weights": Check(("str",), nullable=True),
     "output.shard_max_count": Check(("int",), low=1),
     "output.shard_max_bytes": Check(("int",), low=1),

@@ -82,6 +82,14 @@ def with_watermark(im: Image.Image, text: str = "(c) stockphoto") -> Image.Image
     return Image.alpha_composite(im, layer).convert("RGB")
 
 
+def with_corner_mark(im: Image.Image, text: str = "© 2024 www.demo-stock.com") -> Image.Image:
+    """A photographer's line at 60 % opacity in the bottom-right corner (small: the text stage keeps it)."""
+    from .marks import MarkSpec, draw_mark, family_fonts
+    spec = MarkSpec(kind="corner", text=text, font=family_fonts("eval")[0], size_rel=0.04, opacity=0.6,
+                    colour=(255, 255, 255), shadow=True, angle=0.0, corner="br", jpeg_quality=90)
+    return draw_mark(im, spec)
+
+
 def flat_graphic(w: int = 800, h: int = 600, seed: int = 0) -> Image.Image:
     """A flat synthetic graphic (shapes on a plain background): not a photo of a person."""
     rng = np.random.default_rng(seed)
@@ -172,11 +180,16 @@ def demo_samples() -> list[tuple[str, str, bytes, str]]:
             "exact copy")
         add(name, "jpg", encode(im.resize((im.width * 3 // 4, im.height * 3 // 4)), quality=70),
             "resized and re-encoded duplicate")
-        add(name, "jpg", encode(im.crop((0, 0, im.width * 3 // 4, im.height)), quality=90), "crop")
+        crop = im.crop((0, 0, im.width * 3 // 4, im.height))
+        if name == "coffee":
+            add(name, "jpg", encode(crop, quality=90), "crop")
+        else:  # photos of people reach the watermark stage
+            add(name, "jpg", encode(with_corner_mark(crop), quality=90), "crop with a copyright line in a corner")
         add(name, "jpg", encode(with_caption(im), quality=90), "caption overlay")
         add(name, "jpg", encode(with_watermark(im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)), quality=90),
             "semi-transparent watermark (mirrored photo)")
         add(name, "jpg", encode(im.resize((im.width // 4, im.height // 4)), quality=90), "thumbnail (too small)")
+
     for i in range(3):
         add("graphic", "png", encode(flat_graphic(900, 700, seed=10 + i), "PNG"), "flat synthetic graphic")
     bases = [Image.open(io.BytesIO(photos[n])) for n in ("astronaut", "chelsea", "coffee", "camera") if n in photos]

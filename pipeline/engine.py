@@ -578,6 +578,7 @@ def _curate_locked(run: Path, inputs: list[str], cfg: dict, score_all: bool, pro
         log.warning("stage %s skipped: %s", name, why)
     active = [s for s in stages if s.enabled and s.name in cfg["stages"]]
     manifest.update(stages=[s.name for s in active], skipped_stages=skipped, versions=_versions(),
+                    stage_info={s.name: s.info() for s in active if s.info()},  # e.g. watermark's method
                     status="running", units=n_units, repeated_inputs=repeated, not_in_this_run=new)
     catalog.write_json(manifest_path, manifest)
 

@@ -13,6 +13,8 @@ def funnel_table(manifest: dict) -> str:
     lines.append(f"{'kept':<12}{'':>10}{kept:>10}{'':>10}{(100.0 * kept / total if total else 0):>8.1f}%")
     for name, why in (manifest.get("skipped_stages") or {}).items():
         lines.append(f"skipped: {name}: {why}")
+    for name, info in (manifest.get("stage_info") or {}).items():
+        lines.append(f"{name}: " + ", ".join(f"{k} {v}" for k, v in info.items()))
     return "\n".join(lines)
 
 

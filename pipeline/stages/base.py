@@ -74,6 +74,10 @@ class Stage:
     def skip_reason(self) -> str | None:
         return None
 
+    def info(self) -> dict:
+        """What the manifest records about how this stage ran (e.g. {"method": "ocr"}); {} = nothing."""
+        return {}
+
     # --- what a stage does ----------------------------------------------------------------------
     def setup(self) -> None:
         """Load models. Raise with a clear message if they cannot be loaded (stops the run)."""

@@ -6,6 +6,11 @@ recognition confirms it: confidence >= `text.min_rec_score` and at least `text.m
 or digits. That drops the detector's false boxes on texture (on scikit-image's coffee.png it puts
 one box over 79% of the image and reads it as "8").
 
+Every detected box, confirmed or not, is stored with its detector score (text_det_boxes,
+text_det_scores, original pixels) and, where it was recognised, its string and recognition score
+(text_det_strings, text_det_rec_scores; null where not read): the watermark stage reads them instead
+of detecting (and reading) again (pipeline/stages/ocr.py, one detection pass for both stages).
+
 Score: text_area_frac = area of the union of confirmed boxes / image area (independent of the
 resize). Reject when text_area_frac > `text.max_area_frac`; see default.yaml for the measurements
 behind the default.
@@ -34,6 +39,7 @@ from catalog.rules import RULES, TEXT_AREA
 
 from ..images import load_rgb
 from .base import Stage
+from .ocr import OCR, to_column
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +75,8 @@ class TextStage(Stage):
     name = "text"
     phase = "score"
     reads = ("image",)
-    writes = ("text_area_frac", "text_n_boxes", "text_strings", "text_error")
+    writes = ("text_area_frac", "text_n_boxes", "text_strings", "text_det_boxes", "text_det_scores",
+              "text_det_strings", "text_det_rec_scores", "text_error")
     stateful = True
     rules = RULES["text"]
     error_column = "text_error"
@@ -86,30 +93,7 @@ class TextStage(Stage):
         return int(self.cfg.get("max_side", 960))
 
     def setup(self) -> None:
-        try:
-            from rapidocr import RapidOCR
-        except ImportError as e:
-            raise RuntimeError("the text stage needs the 'rapidocr' and 'onnxruntime' packages "
-                               "(pip install rapidocr onnxruntime)") from e
-        # onnxruntime would otherwise start one thread per core on every actor of the pool
-        threads = max(1, int(round(self.resources.num_cpus)))
-        params = {
-            "Global.use_cls": False,        # 180-degree text still detects; area is what we need
-            "Global.log_level": "error",    # "detection result is empty" is the normal case here
-            "Global.max_side_len": self.max_side,
-            "Det.limit_type": "max",        # never upscale: the input size stays bounded
-            "Det.limit_side_len": self.max_side,
-            "EngineConfig.onnxruntime.intra_op_num_threads": threads,
-            "EngineConfig.onnxruntime.inter_op_num_threads": 1,
-            "EngineConfig.onnxruntime.enable_cpu_mem_arena": True,  # reuse buffers between images
-        }
-        try:
-            self.ocr = RapidOCR(params=params)
-            self.ocr(np.zeros((64, 64, 3), np.uint8))  # loads det (rec loads on first text)
-        except Exception as e:
-            raise RuntimeError(f"text: rapidocr could not load its shipped PP-OCR models ({e}); "
-                               f"reinstall rapidocr") from e
-        log.info("text: PP-OCR (rapidocr) det+rec, max side %d px, %d thread(s)", self.max_side, threads)
+        self.ocr = OCR(self.max_side, round(self.resources.num_cpus), "text")
 
     @property
     def recognize(self) -> str:
@@ -119,32 +103,14 @@ class TextStage(Stage):
         return r
 
     def _detect(self, bgr: np.ndarray):
-        """PP-OCR detection as rapidocr runs it -> (boxes in `bgr` pixels, crops for recognition)."""
-        from rapidocr.utils.process_img import map_boxes_to_original
-
-        ocr = self.ocr
-        ori = ocr.load_img(bgr)
-        img, op = ocr.preprocess_img(ori)
-        if ocr.cfg.Global.use_vertical_padding:
-            from rapidocr.utils.process_img import apply_vertical_padding
-            img, op = apply_vertical_padding(img, op, ocr.width_height_ratio, ocr.min_height)
-        else:
-            op["padding_1"] = {"top": 0, "left": 0}
-        det = ocr._load_det_model()(img)
-        if det.boxes is None or len(det.boxes) == 0:
-            return [], []
-        crops = ocr.crop_text_regions(img, det.boxes)
-        boxes = map_boxes_to_original(det.boxes, op, *ori.shape[:2])
-        return list(boxes), crops
+        """PP-OCR detection -> (boxes in `bgr` pixels, det scores, crops for recognition)."""
+        return self.ocr.detect(bgr)
 
     def _recognize(self, crops: list[np.ndarray]) -> tuple[list[str], list[float]]:
         """One recognition call over crops of any images (rapidocr batches them by width)."""
-        from rapidocr.ch_ppocr_rec import TextRecInput
-
         self.rec_calls += 1
         self.rec_crops += len(crops)
-        res = self.ocr._load_rec_model()(TextRecInput(img=crops, return_word_box=False))
-        return list(res.txts), [float(x) for x in res.scores]
+        return self.ocr.recognize(crops)
 
     def measure(self, batch: dict[str, list]) -> dict[str, list]:
         if self.ocr is None:
@@ -158,17 +124,19 @@ class TextStage(Stage):
         todo: dict[int, dict] = {}  # image -> its boxes, crops, what is read and confirmed so far
         for i, data in enumerate(batch["image"]):
             try:
-                rgb, _ = load_rgb(data, max_side=self.max_side)
+                rgb, scale = load_rgb(data, max_side=self.max_side)
             except Exception as e:
                 out["text_error"][i] = f"decode: {e}"
                 continue
             try:
-                boxes, crops = self._detect(np.ascontiguousarray(rgb[..., ::-1]))  # rapidocr takes BGR
+                boxes, det_scores, crops = self._detect(np.ascontiguousarray(rgb[..., ::-1]))  # BGR
             except Exception as e:
                 out["text_error"][i] = f"inference: {e}"
                 continue
             h, w = rgb.shape[:2]
             out["text_area_frac"][i], out["text_n_boxes"][i], out["text_strings"][i] = 0.0, 0, []
+            out["text_det_boxes"][i], out["text_det_scores"][i] = to_column(boxes, scale), det_scores
+            out["text_det_strings"][i], out["text_det_rec_scores"][i] = [None] * len(boxes), [None] * len(boxes)
             if not boxes:
                 continue
             if needed:
@@ -209,9 +177,11 @@ class TextStage(Stage):
                         read.update(zip(mine, zip(texts, scores)))
                     except Exception as e1:
                         out["text_error"][i] = f"inference: {e1}"
-                        out["text_area_frac"][i] = out["text_n_boxes"][i] = out["text_strings"][i] = None
+                        for c in self.writes[:-1]:
+                            out[c][i] = None
             for (i, k), (tx, sc) in read.items():
                 todo[i]["texts"][k] = str(tx)
+                out["text_det_strings"][i][k], out["text_det_rec_scores"][i][k] = str(tx), float(sc)
                 if confirmed([tx], [sc], min_rec, min_chars):
                     todo[i]["keep"].append(k)
             for i in list(dict.fromkeys(i for i, _ in offers)):

@@ -1,12 +1,17 @@
-"""watermark: LAION's watermark classifier, bring your own weights.
+"""watermark: three methods (`watermark.method`). `ocr`, the default when no weights are given, reads
+PP-OCR's text boxes (shared with the text stage) and scores the evidence of a text watermark
+(pipeline/stages/wm_ocr.py, wm_evidence.py); it cannot see logos without text. `laion` and `card`
+are classifiers whose weights the user brings, as below; `auto` picks by `watermark.weights`.
+
+`laion`: LAION's watermark classifier, bring your own weights.
 
 The model is LAION-5B-WatermarkDetection's: timm EfficientNet-B3 (`efficientnet_b3a`, which timm
 now names `efficientnet_b3`; same architecture) with a 1536-625-256-2 MLP head, fed 256x256 RGB
 with ImageNet normalisation. Softmax index 0 is "watermark" (LAION's convention). Set
 `watermark.weights` to a local copy of its `watermark_model_v1.pt` (a plain state dict); nothing is
-ever downloaded. With no weights the stage is skipped and its columns stay null.
+ever downloaded. With method laion or card and no weights the stage is skipped and its columns stay null.
 
-`watermark.weights` may instead name a humanset filter card (`humanset train-filter watermark`, a folder
+`card`: `watermark.weights` names a humanset filter card (`humanset train-filter watermark`, a folder
 with card.json and model.pt; see stages/card.py): its ViT is built with timm from the card and takes
 the LAION model's place, score = 1 - P(clean).
 """
@@ -22,7 +27,7 @@ from catalog.rules import RULES
 from ..images import load_rgb
 from .base import Stage
 from .batching import infer_each
-from .card import CARD_NAME, locate_weights
+from .card import CARD_NAME, find_card, locate_weights
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +35,7 @@ INPUT_PX = 256
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 WATERMARK_INDEX = 0
+METHODS = ("auto", "ocr", "laion", "card")
 
 
 def build_model():
@@ -71,8 +77,11 @@ def to_input(rgb: np.ndarray) -> np.ndarray:
 class WatermarkStage(Stage):
     name = "watermark"
     phase = "score"
-    reads = ("image",)
-    writes = ("watermark_score", "watermark_error")
+    # the text stage's boxes and reads, where it ran (wm_ocr.SHARED)
+    reads = ("image", "text_det_boxes", "text_det_scores", "text_det_strings", "text_det_rec_scores")
+    writes = ("watermark_score", "watermark_opacity", "watermark_repeat", "watermark_placement",
+              "watermark_mark_text", "watermark_center_word", "watermark_n_boxes", "watermark_strings",
+              "watermark_error")
     stateful = True
     rules = RULES["watermark"]
     error_column = "watermark_error"
@@ -81,16 +90,46 @@ class WatermarkStage(Stage):
     def __init__(self, cfg: dict | None = None):
         super().__init__(cfg)
         self.model = None
+        self.ocr = None
+        if self.method != "ocr":  # the classifiers measure a score only
+            self.writes = ("watermark_score", "watermark_error")
+
+    @property
+    def method(self) -> str:
+        """The method that runs: `watermark.method`, with auto resolved by `watermark.weights`."""
+        m = str(self.cfg.get("method") or "auto")
+        if m not in METHODS:
+            raise ValueError(f"watermark.method={m!r}: expected one of {', '.join(METHODS)}")
+        w = self.cfg.get("weights")
+        if m == "auto":
+            if not w:
+                return "ocr"
+            path = Path(str(w)).expanduser()
+            return "card" if path.exists() and find_card(path) is not None else "laion"
+        if m == "ocr" and w:
+            raise ValueError(f"watermark.method=ocr takes no weights (watermark.weights={w}); unset the weights "
+                             "or set watermark.method to laion or card (or auto)")
+        return m
+
+    def info(self) -> dict:
+        return {"method": self.method}
 
     def skip_reason(self) -> str | None:
-        if not self.cfg.get("weights"):
+        if self.method != "ocr" and not self.cfg.get("weights"):
             return "watermark.weights not set: stage skipped, columns null"
         return None
 
     def setup(self) -> None:
+        if self.method == "ocr":
+            from .wm_ocr import OcrWatermark
+            self.ocr = OcrWatermark(self.cfg, round(self.resources.num_cpus))
+            return
         import torch
 
         card, path = locate_weights(self, "a local copy of LAION's watermark_model_v1.pt")
+        if card is None and self.method == "card":
+            raise RuntimeError(f"watermark.method=card: watermark.weights={path} is not a humanset filter card "
+                               f"(a folder with {CARD_NAME} from `humanset train-filter watermark`)")
         if card is not None:
             self._setup_card(card)
             return
@@ -124,8 +163,10 @@ class WatermarkStage(Stage):
             return torch.softmax(logits.float(), dim=1)[:, WATERMARK_INDEX].cpu().numpy()
 
     def measure(self, batch: dict[str, list]) -> dict[str, list]:
-        if self.model is None:
+        if self.model is None and self.ocr is None:
             self.setup()
+        if self.ocr is not None:
+            return self.ocr.measure(batch)
         n = len(batch["image"])
         out: dict[str, list] = {c: [None] * n for c in self.writes}
         rows, xs = [], []

@@ -128,10 +128,14 @@ def test_model_stages_decide_clear_cases(demo_run):
     (thumb,) = _by_caption(rows, "bus: thumbnail (too small)")
     assert thumb["reject_reason"].startswith("size:") and thumb["person_scores"] is None
     assert "person" not in thumb["scored_stages"] and "person" in bus["scored_stages"]
-    # stages without weights are skipped, said so, and leave null columns
-    assert set(manifest["skipped_stages"]) == {"watermark", "art"}
-    assert "weights" in manifest["skipped_stages"]["watermark"]
-    assert all(r["watermark_score"] is None and r["art_score"] is None for r in rows.values())
+    # stages without weights are skipped, said so, and leave null columns; watermark runs its ocr method
+    assert set(manifest["skipped_stages"]) == {"art"}
+    assert "weights" in manifest["skipped_stages"]["art"]
+    assert all(r["art_score"] is None for r in rows.values())
+    assert manifest["stage_info"]["watermark"] == {"method": "ocr"}
+    marked = [r for r in rows.values() if r["caption"].endswith("crop with a copyright line in a corner")]
+    assert sum((r["reject_reason"] or "").startswith("watermark:watermark>") for r in marked) >= 2
+    assert bus["watermark_score"] is not None and bus["watermark_score"] <= 0.8  # scene text: kept
 
 
 def test_stats_markers_and_manifest(demo_run):

@@ -15,14 +15,15 @@ def _rows(run):
 def test_stricter_size_rejects_more_and_copies_bytes(demo_run, tmp_path):
     run, _ = demo_run
     out = tmp_path / "strict"
-    m = select(str(run), str(out), ["size.min_short_side=500"], progress=False)
+    # 600: the 512-px shipped photos kept by the demo run fall below it (its 384-px crop is now a watermark reject)
+    m = select(str(run), str(out), ["size.min_short_side=600"], progress=False)
     before, after = _rows(run), _rows(out)
     assert set(before) == set(after)
     for sid, r in after.items():
         if r["keep"]:
-            assert before[sid]["keep"] and r["short_side"] >= 500
+            assert before[sid]["keep"] and r["short_side"] >= 600
         elif before[sid]["keep"]:
-            assert r["reject_reason"] == "size:short_side<500"
+            assert r["reject_reason"] == "size:short_side<600"
     assert 0 < m["counts"]["kept"] < sum(r["keep"] for r in before.values())
     idx = catalog.read_index(out / "shards").to_pylist()
     assert {r["sample_id"] for r in idx} == {s for s, r in after.items() if r["keep"]}
@@ -95,9 +96,9 @@ def test_stricter_person_threshold(score_all_run, tmp_path):
 
 
 def test_refuses_thresholds_of_stages_that_did_not_run(demo_run, tmp_path):
-    with pytest.raises(SelectError, match="rerun `humanset curate` with the watermark stage"):
-        select(str(demo_run[0]), str(tmp_path / "x"), ["watermark.max_score=0.5"], progress=False)
+    with pytest.raises(SelectError, match="rerun `humanset curate` with the art stage"):
+        select(str(demo_run[0]), str(tmp_path / "x"), ["art.max_score=0.3"], progress=False)
     p = subprocess.run([sys.executable, "-m", "humanset.cli", "select", str(demo_run[0]), "--set",
-                        "watermark.max_score=0.5", "--output", str(tmp_path / "y")], capture_output=True, text=True)
-    assert p.returncode == 2 and "watermark" in p.stderr and "Traceback" not in p.stderr
+                        "art.max_score=0.3", "--output", str(tmp_path / "y")], capture_output=True, text=True)
+    assert p.returncode == 2 and "art" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "y").exists()

@@ -1,0 +1,211 @@
+"""Benchmark of the OCR watermark rule (watermark.method=ocr). Prints one JSON object.
+
+The set is generated from the photos shipped in installed packages (pipeline/demo.py: ultralytics'
+bus and zidane, scikit-image's photos) with marks drawn by pipeline/marks.py: kinds tiled, corner,
+center; installed fonts (fc-list); sizes; opacities 0.1-0.8; colours; shadows; level and diagonal;
+JPEG re-encoding at quality 60-95. Clean images are the photos and random crops/rescales of them.
+
+  --family eval (default): fonts and strings the rule was not tuned on, seed 2; the figures in README.
+  --family tune:           the set the evidence weights and the cut were checked on (seed 1).
+Both print `sweep`: recall at opacity >= 0.2 and clean rejection at other cuts.
+
+Output: per kind precision / recall at watermark.max_score, ROC AUC (marked of that kind vs clean),
+recall at opacity >= 0.2 and by opacity bin; FP rate on clean photos, and on clean photos with scene
+text (bus, motorcycle_left/right: a shop ad, a brand name); stage images/s for text alone, watermark
+on the text stage's boxes (shared), watermark detecting itself, and the ratio (text + watermark
+shared) / text alone.
+
+usage: python bench/watermark.py [--family eval|tune] [--n-marked 180] [--n-clean 60]
+                                 [--seed N] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from catalog.rules import WATERMARK  # noqa: E402
+from pipeline import marks  # noqa: E402
+from pipeline.config import default_config  # noqa: E402
+from pipeline.demo import shipped_photos  # noqa: E402
+
+PHOTOS = ("bus", "zidane", "astronaut", "camera", "coffee", "chelsea", "rocket", "motorcycle_left",
+          "motorcycle_right", "hubble_deep_field")
+SCENE_TEXT = ("bus", "motorcycle_left", "motorcycle_right")
+SEEDS = {"tune": 1, "eval": 2}
+
+
+def photos() -> dict[str, Image.Image]:
+    got = shipped_photos()
+    from importlib import resources
+    extra = Path(str(resources.files("skimage") / "data")) / "motorcycle_right.png"
+    if extra.is_file():
+        got["motorcycle_right"] = extra.read_bytes()
+    return {n: Image.open(io.BytesIO(got[n])).convert("RGB") for n in PHOTOS if n in got}
+
+
+def build_set(family: str, n_marked: int, n_clean: int, seed: int) -> list[dict]:
+    """Rows of {image, label, kind, photo, opacity, spec}: marked images then clean ones."""
+    rng = np.random.default_rng(seed)
+    base = photos()
+    names = sorted(base)
+    rows = []
+    for j in range(n_marked):
+        kind = marks.KINDS[j % len(marks.KINDS)]
+        name = names[int(rng.integers(0, len(names)))]
+        im = marks.clean_view(base[name], rng) if rng.random() < 0.5 else base[name]
+        spec = marks.sample_spec(rng, kind, family)
+        rows.append({"image": marks.jpeg(marks.draw_mark(im, spec), spec.jpeg_quality), "label": 1, "kind": kind,
+                     "photo": name, "opacity": spec.opacity, "spec": spec.to_dict()})
+    for j in range(n_clean):
+        name = names[j % len(names)]
+        im = base[name] if j < len(names) else marks.clean_view(base[name], rng)
+        rows.append({"image": marks.jpeg(im, int(rng.integers(60, 96))), "label": 0, "kind": "clean",
+                     "photo": name, "opacity": None, "spec": None})
+    return rows
+
+
+def measure(stage, rows: list[dict], batch: int, extra: list[dict] | None = None) -> tuple[dict, float]:
+    out: dict[str, list] = {}
+    t0 = time.perf_counter()
+    for s in range(0, len(rows), batch):
+        b = {"image": [r["image"] for r in rows[s:s + batch]]}
+        if extra is not None:
+            for c in extra[0]:
+                b[c] = [e[c] for e in extra[s:s + batch]]
+        for c, v in stage.measure(b).items():
+            out.setdefault(c, []).extend(v)
+    return out, time.perf_counter() - t0
+
+
+def auc(pos: list[float], neg: list[float]) -> float | None:
+    """ROC AUC as the Mann-Whitney statistic (ties count half)."""
+    if not pos or not neg:
+        return None
+    p, q = np.asarray(pos)[:, None], np.asarray(neg)[None, :]
+    return float(((p > q).sum() + 0.5 * (p == q).sum()) / (p.size * q.size))
+
+
+def sweep(rows: list[dict], scores: list[float]) -> list[dict]:
+    """Recall (opacity >= 0.2) and clean rejection at candidate cuts: how the default cut was chosen."""
+    lab = np.array([r["label"] for r in rows])
+    op = np.array([r["opacity"] if r["opacity"] is not None else 0.0 for r in rows])
+    sc = np.array([-1.0 if s is None else s for s in scores])
+    out = []
+    for cut in (0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9):
+        f = sc > cut
+        out.append({"cut": cut, "recall_opacity_ge_0.2": round(float(f[(lab == 1) & (op >= 0.2)].mean()), 3),
+                    "clean_rejected": round(float(f[lab == 0].mean()), 3)})
+    return out
+
+
+def report(rows: list[dict], scores: list[float], cut: float, n_read: list) -> dict:
+    n_read = np.array([v or 0 for v in n_read])
+    lab = np.array([r["label"] for r in rows])
+    sc = np.array([-1.0 if s is None else s for s in scores])
+    flagged = sc > cut
+    clean = lab == 0
+    scene = np.array([r["photo"] in SCENE_TEXT for r in rows]) & clean
+    out = {"cut": cut, "n_marked": int(lab.sum()), "n_clean": int(clean.sum()),
+           "clean_rejected": round(float(flagged[clean].mean()), 4),
+           "scene_text_clean": {"n": int(scene.sum()), "rejected": int(flagged[scene].sum())},
+           "kinds": {}}
+    op = np.array([r["opacity"] if r["opacity"] is not None else np.nan for r in rows])
+    for kind in (*marks.KINDS, "all"):
+        m = (lab == 1) if kind == "all" else np.array([r["kind"] == kind for r in rows])
+        tp, fp = int((flagged & m).sum()), int((flagged & clean).sum())
+        hi = m & (op >= 0.2)
+        bins = {}
+        for lo_, hi_ in ((0.1, 0.2), (0.2, 0.35), (0.35, 0.5), (0.5, 0.8)):
+            sel = m & (op >= lo_) & (op < hi_ + (1e-9 if hi_ == 0.8 else 0))
+            bins[f"{lo_:.2f}-{hi_:.2f}"] = round(float(flagged[sel].mean()), 3) if sel.any() else None
+        out["kinds"][kind] = {
+            "n": int(m.sum()), "nothing_read": int((m & (n_read == 0)).sum()), "recall": round(tp / max(1, int(m.sum())), 3),
+            "precision": round(tp / max(1, tp + fp), 3),
+            "recall_opacity_ge_0.2": round(float(flagged[hi].mean()), 3) if hi.any() else None,
+            "recall_by_opacity": bins,
+            "roc_auc": auc(sc[m].tolist(), sc[clean].tolist())}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--family", choices=marks.FAMILIES, default="eval")
+    ap.add_argument("--n-marked", type=int, default=180)
+    ap.add_argument("--n-clean", type=int, default=60)
+    ap.add_argument("--seed", type=int, default=None, help="default: 1 for tune, 2 for eval")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--no-own", action="store_true", help="skip the pass that detects in the watermark stage")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    from pipeline.stages.text import TextStage
+    from pipeline.stages.watermark import WatermarkStage
+    from pipeline.stages.wm_ocr import SHARED
+
+    seed = SEEDS[a.family] if a.seed is None else a.seed
+    rows = build_set(a.family, a.n_marked, a.n_clean, seed)
+    cfg = default_config()
+    text = TextStage(cfg["text"])
+    text.setup()
+    wm = WatermarkStage(cfg["watermark"])
+    wm.setup()
+    wm_own = WatermarkStage(cfg["watermark"])
+    wm_own.setup()
+    measure(text, rows[:4], a.batch)  # warm-up: the recogniser loads on first text
+    measure(wm_own, rows[:4], a.batch)
+    t_out, t_text = measure(text, rows, a.batch)
+    shared = [{c: t_out[c][i] for c in SHARED} for i in range(len(rows))]
+    w_out, t_wm = measure(wm, rows, a.batch, shared)
+    own_before = wm_own.ocr.own_detections
+    o_out, t_own = measure(wm_own, rows if not a.no_own else rows[:1], a.batch)
+    clean_rows = [r for r in rows if r["label"] == 0]
+    c_out, t_text_clean = measure(text, clean_rows, a.batch)
+    _, t_wm_clean = measure(wm, clean_rows, a.batch, [{c: c_out[c][i] for c in SHARED} for i in range(len(clean_rows))])
+    n = len(rows)
+    evs = [{c: w_out[c][i] for c in w_out} for i in range(n)]
+    result = {"family": a.family, "seed": seed, "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+              "load_avg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
+              "fonts": len(marks.family_fonts(a.family))}
+    scores = w_out["watermark_score"]
+    result["sweep"] = sweep(rows, scores)
+    result.update(report(rows, scores, float(WATERMARK.default), w_out["watermark_n_boxes"]))
+    result["same_as_own_detection"] = sum(
+        (a_ is None and b_ is None) or (a_ is not None and b_ is not None and abs(a_ - b_) < 1e-6)
+        for a_, b_ in zip(w_out["watermark_score"], o_out["watermark_score"])) / len(o_out["watermark_score"])
+    result["speed"] = {
+        "images": n, "batch": a.batch,
+        "text_images_per_s": round(n / t_text, 2),
+        "watermark_shared_images_per_s": round(n / t_wm, 2),
+        "watermark_own_detection_images_per_s": None if a.no_own else round(n / t_own, 2),
+        "text_plus_watermark_over_text": round((t_text + t_wm) / t_text, 3),
+        "clean_only": {"images": len(clean_rows), "text_images_per_s": round(len(clean_rows) / t_text_clean, 2),
+                       "watermark_shared_images_per_s": round(len(clean_rows) / t_wm_clean, 2),
+                       "text_plus_watermark_over_text": round((t_text_clean + t_wm_clean) / t_text_clean, 3)},
+        "own_detections_shared": wm.ocr.own_detections, "own_detections_alone": wm_own.ocr.own_detections - own_before,
+        "text_det_calls": text.ocr.det_calls}
+    misses = [{"kind": r["kind"], "opacity": round(r["opacity"], 2), "text": r["spec"]["text"],
+               "score": None if s is None else round(s, 3), "strings": e["watermark_strings"]}
+              for r, s, e in zip(rows, scores, evs) if r["label"] == 1 and (s is None or s <= WATERMARK.default)]
+    false_pos = [{"photo": r["photo"], "score": round(s, 3), "strings": e["watermark_strings"]}
+                 for r, s, e in zip(rows, scores, evs) if r["label"] == 0 and s is not None and s > WATERMARK.default]
+    result["examples"] = {"missed": misses[:12], "false_positives": false_pos[:12]}
+    text_json = json.dumps(result, indent=1, default=str)
+    print(text_json)
+    if a.out:
+        Path(a.out).write_text(text_json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

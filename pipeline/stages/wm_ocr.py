@@ -1,0 +1,115 @@
+"""The watermark stage's `ocr` method: PP-OCR boxes (shared with the text stage) -> evidence -> score.
+
+Per batch: each image is draft-decoded (longer side <= watermark.max_side); its boxes come from the
+text stage's `text_det_boxes` when the text stage saw the sample (one detection pass serves both
+stages), else from this stage's own detection. The boxes that can be text (det score, size) are
+recognised in one call across the batch, at most `watermark.max_boxes` per image (largest first),
+then scored by pipeline/stages/wm_evidence.py.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ..images import load_rgb
+from . import wm_evidence
+from .ocr import OCR, crop_box, from_column
+
+log = logging.getLogger(__name__)
+
+COLUMNS = ("watermark_score", "watermark_opacity", "watermark_repeat", "watermark_placement",
+           "watermark_mark_text", "watermark_center_word", "watermark_n_boxes", "watermark_strings",
+           "watermark_error")
+SHARED = ("text_det_boxes", "text_det_scores", "text_det_strings", "text_det_rec_scores")  # from the text stage
+
+
+class OcrWatermark:
+    def __init__(self, cfg: dict, threads: int):
+        self.max_side = int(cfg.get("max_side", 960))
+        self.min_det_score = float(cfg.get("min_det_score", 0.5))
+        self.min_rec_score = float(cfg.get("min_rec_score", 0.5))
+        self.max_boxes = int(cfg.get("max_boxes", 8))
+        self.ocr = OCR(self.max_side, threads, "watermark")
+        self.own_detections = 0  # images this stage detected itself (the text stage had not)
+
+    def _boxes(self, bgr: np.ndarray, scale: float, shared: list):
+        """(boxes, det scores, [(string, rec score) or None per box]): the text stage's where it saw the
+        sample (its reads reused), else this stage's own detection."""
+        boxes, scores, texts, rec = shared
+        if boxes is not None:
+            n = len(boxes)
+            read = [None if t is None or r is None else (t, r) for t, r in zip(texts or [None] * n, rec or [None] * n)]
+            return from_column(boxes, scale), list(scores or [1.0] * n), read
+        self.own_detections += 1
+        boxes, scores, _ = self.ocr.detect(bgr)
+        return boxes, scores, [None] * len(boxes)
+
+    def _candidates(self, boxes, scores, h: int, w: int) -> list[int]:
+        """Boxes worth reading: confident, at least 6 px high, not a texture box over half the image."""
+        keep = []
+        for k, (b, s) in enumerate(zip(boxes, scores)):
+            bw, bh = float(np.ptp(b[:, 0])), float(np.ptp(b[:, 1]))
+            if s is not None and s >= self.min_det_score and min(bw, bh) >= 6 and bw * bh <= 0.5 * h * w:
+                keep.append(k)
+        keep.sort(key=lambda k: -float(np.ptp(boxes[k][:, 0]) * np.ptp(boxes[k][:, 1])))
+        return keep[: self.max_boxes]
+
+    def measure(self, batch: dict[str, list]) -> dict[str, list]:
+        import cv2
+
+        n = len(batch["image"])
+        out: dict[str, list] = {c: [None] * n for c in COLUMNS}
+        shared = [batch.get(c) or [None] * n for c in SHARED]
+        images: dict[int, tuple] = {}  # row -> (gray, boxes to read)
+        texts: dict[int, list] = {}  # row -> (string, rec score) per picked box, None until read
+        crops: list[np.ndarray] = []
+        owner: list[tuple[int, int]] = []  # (row, index among its picked boxes) of each crop
+        for i, data in enumerate(batch["image"]):
+            if shared[0][i] is not None and len(shared[0][i]) == 0:  # the text stage saw no text: nothing to decode
+                ev = wm_evidence.evidence(np.zeros((1, 1), np.uint8), [], [], [])
+                for c in COLUMNS[1:-1]:
+                    out[c][i] = ev[c]
+                out["watermark_score"][i] = 0.0
+                continue
+            try:
+                rgb, scale = load_rgb(data, max_side=self.max_side)
+            except Exception as e:
+                out["watermark_error"][i] = f"decode: {e}"
+                continue
+            bgr = np.ascontiguousarray(rgb[..., ::-1])
+            try:
+                boxes, scores, read = self._boxes(bgr, scale, [col[i] for col in shared])
+            except Exception as e:
+                out["watermark_error"][i] = f"inference: {e}"
+                continue
+            h, w = rgb.shape[:2]
+            ks = self._candidates(boxes, scores, h, w)
+            images[i] = (cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY), [boxes[k] for k in ks])
+            texts[i] = [read[k] for k in ks]
+            for j, k in enumerate(ks):
+                if read[k] is None:  # not read by the text stage
+                    crops.append(crop_box(bgr, boxes[k]))
+                    owner.append((i, j))
+        try:
+            for (i, j), got in zip(owner, zip(*self.ocr.recognize(crops))) if crops else ():
+                texts[i][j] = got
+        except Exception as e:  # a crop that breaks recognition costs only its own image
+            log.warning("watermark: recognition of %d crops failed (%s); retrying image by image", len(crops), e)
+            for i in images:
+                mine = [(o, c) for o, c in zip(owner, crops) if o[0] == i]
+                try:
+                    for ((_, j), _), got in zip(mine, zip(*self.ocr.recognize([c for _, c in mine]))):
+                        texts[i][j] = got
+                except Exception as e1:
+                    out["watermark_error"][i] = f"inference: {e1}"
+        for i, (gray, picked) in images.items():
+            if out["watermark_error"][i] is not None or any(t is None for t in texts[i]):
+                out["watermark_error"][i] = out["watermark_error"][i] or "inference: recognition returned too few results"
+                continue
+            strings = [t for t, _ in texts[i]]
+            ev = wm_evidence.evidence(gray, picked, strings, [s for _, s in texts[i]], self.min_rec_score)
+            for c in COLUMNS[1:-1]:
+                out[c][i] = ev[c]
+            out["watermark_score"][i] = wm_evidence.score(ev)
+        return out

@@ -1,0 +1,150 @@
+"""watermark.method=ocr: the real PP-OCR models (rapidocr) on shipped photos and generated marks."""
+from __future__ import annotations
+
+import importlib.util
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import catalog
+from pipeline import marks
+from pipeline.config import ConfigError, default_config, load_config
+from pipeline.demo import with_watermark
+from pipeline.stages import wm_evidence
+from pipeline.stages.text import TextStage
+from pipeline.stages.watermark import WatermarkStage
+from pipeline.stages.wm_ocr import SHARED
+
+ASSETS = Path(list(importlib.util.find_spec("ultralytics").submodule_search_locations)[0]) / "assets"
+SKIMAGE = Path(str(resources.files("skimage") / "data"))
+# shipped photos with scene text: an ad on the bus, the brand on the motorcycle's tank
+SCENE_TEXT = {"bus": ASSETS / "bus.jpg", "motorcycle_left": SKIMAGE / "motorcycle_left.png",
+              "motorcycle_right": SKIMAGE / "motorcycle_right.png"}
+CLEAN = {"astronaut": SKIMAGE / "astronaut.png", "coffee": SKIMAGE / "coffee.png",
+         "chelsea": SKIMAGE / "chelsea.png", "zidane": ASSETS / "zidane.jpg"}
+
+
+def _table(out, n):
+    return catalog.conform([{k: v[i] for k, v in out.items()} for i in range(n)], catalog.SAMPLES)
+
+
+def _marked() -> dict[str, bytes]:
+    """One mark of each kind at opacity 0.5 (tune family, fixed seed) and the demo's tiled mark."""
+    rng = np.random.default_rng(7)
+    out = {}
+    for kind, photo in (("tiled", "chelsea"), ("corner", "zidane"), ("center", "coffee")):
+        spec = marks.sample_spec(rng, kind, "tune", opacity=0.5)
+        spec = type(spec)(**{**spec.to_dict(), "colour": (255, 255, 255), "angle": 0.0 if kind != "tiled" else 30.0})
+        out[kind] = marks.jpeg(marks.draw_mark(Image.open(CLEAN[photo]), spec), 90)
+    out["demo"] = marks.jpeg(with_watermark(Image.open(CLEAN["astronaut"])), 90)
+    return out
+
+
+@pytest.fixture(scope="module")
+def stages():
+    cfg = default_config()
+    text, wm, alone = TextStage(cfg["text"]), WatermarkStage(cfg["watermark"]), WatermarkStage(cfg["watermark"])
+    for s in (text, wm, alone):
+        s.setup()
+    return text, wm, alone
+
+
+@pytest.fixture(scope="module")
+def scored(stages):
+    """Text stage, then the watermark stage on its boxes (shared) and on its own (alone)."""
+    text, wm, alone = stages
+    images = {**{k: p.read_bytes() for k, p in {**SCENE_TEXT, **CLEAN}.items()}, **_marked()}
+    names = list(images)
+    batch = {"image": list(images.values())}
+    det_before = text.ocr.det_calls
+    t = text.measure(batch)
+    assert text.ocr.det_calls - det_before == len(names)
+    w_det, w_rec = wm.ocr.ocr.det_calls, wm.ocr.ocr.rec_crops
+    shared = wm.measure({**batch, **{c: t[c] for c in SHARED}})
+    shared_dets, shared_reads = wm.ocr.ocr.det_calls - w_det, wm.ocr.ocr.rec_crops - w_rec
+    a_det, a_rec = alone.ocr.ocr.det_calls, alone.ocr.ocr.rec_crops
+    own = alone.measure(batch)
+    own_dets, own_reads = alone.ocr.ocr.det_calls - a_det, alone.ocr.ocr.rec_crops - a_rec
+    return names, t, shared, own, (shared_dets, shared_reads), (own_dets, own_reads)
+
+
+def test_one_detection_pass_serves_both_stages(scored, stages):
+    names, t, shared, own, (shared_dets, shared_reads), (own_dets, own_reads) = scored
+    assert shared_dets == 0  # every box came from the text stage's column
+    assert own_dets == len(names)  # without the text stage's boxes it detects itself, once per image
+    assert all(b is not None for b in t["text_det_boxes"])
+    # the boxes the text stage recognised are not read again
+    assert sum(r is not None for rs in t["text_det_rec_scores"] for r in rs) > 0
+    assert shared_reads < own_reads
+    # the same boxes, so the same evidence and verdicts either way (recognition scores may move a little
+    # with the other crops of a recognition batch: rapidocr pads a batch to one width)
+    assert shared["watermark_score"] == pytest.approx(own["watermark_score"], abs=0.05)
+    stage = stages[1]
+    assert stage.reject(_table(shared, len(names))) == stage.reject(_table(own, len(names)))
+
+
+def test_a_sample_the_text_stage_did_not_see_is_detected_again(stages):
+    _, wm, _ = stages
+    before = wm.ocr.ocr.det_calls
+    data = [SKIMAGE.joinpath("astronaut.png").read_bytes()] * 2
+    wm.measure({"image": data, "text_det_boxes": [[], None], "text_det_scores": [[], None],
+                "text_det_strings": [[], None], "text_det_rec_scores": [[], None]})
+    assert wm.ocr.ocr.det_calls - before == 1  # the null row only: an empty list is "no text", not "not seen"
+
+
+def test_marks_are_rejected_scene_text_and_clean_photos_are_not(scored, stages):
+    names, _, shared, _, _, _ = scored
+    reasons = dict(zip(names, stages[1].reject(_table(shared, len(names)))))
+    score = dict(zip(names, shared["watermark_score"]))
+    for n in (*SCENE_TEXT, *CLEAN):
+        assert reasons[n] is None, (n, score[n], shared["watermark_strings"][names.index(n)])
+    for n in ("tiled", "corner", "center", "demo"):
+        assert reasons[n] == "watermark>0.8", (n, score[n], shared["watermark_strings"][names.index(n)])
+    assert min(score[n] for n in ("tiled", "corner", "center", "demo")) > max(score[n] for n in (*SCENE_TEXT, *CLEAN))
+    # the evidence columns say why: the tiled mark repeats, the demo's "(c) stockphoto" reads as a mark
+    assert shared["watermark_repeat"][names.index("tiled")] >= 3
+    assert shared["watermark_mark_text"][names.index("demo")] == 1.0
+    assert shared["watermark_opacity"][names.index("bus")] > shared["watermark_opacity"][names.index("tiled")]
+
+
+def test_evidence_functions():
+    assert wm_evidence.looks_like_mark("© 2023 John Smith") and wm_evidence.looks_like_mark("www.example.com")
+    assert wm_evidence.looks_like_mark("Copýrighit Kim Lee")  # OCR misreads, accents folded
+    assert wm_evidence.looks_like_mark("istockimage") and wm_evidence.looks_like_mark("PREVIEW")
+    assert not any(wm_evidence.looks_like_mark(s) for s in ("MADRID", "emisiones", "YAMAHA", "compiles"))
+    assert wm_evidence.repeat_count(["shutterpix", "shutterp", "hutterpix", "MADRID"]) == 3
+    assert wm_evidence.repeat_count(["cero", "emisiones"]) == 1 and wm_evidence.repeat_count([]) == 0
+    # opacity of white text drawn at alpha a over a textured grey background: estimated within 0.12
+    rng = np.random.default_rng(0)
+    for a in (0.2, 0.5, 0.9):
+        bg = np.clip(rng.normal(110, 12, (60, 300)), 0, 255)
+        ink = np.zeros((60, 300), bool)
+        for x0 in range(20, 280, 40):
+            ink[15:45, x0:x0 + 8] = True
+            ink[15:21, x0:x0 + 25] = True
+        img = np.where(ink, bg + a * (255 - bg), bg).astype(np.uint8)
+        box = np.array([[10, 8], [290, 8], [290, 52], [10, 52]], np.float32)
+        assert wm_evidence.box_opacity(img, box) == pytest.approx(a, abs=0.12)
+    assert wm_evidence.score({"watermark_n_boxes": 0}) == 0.0
+
+
+def test_method_resolution_and_config_checks(tmp_path):
+    cfg = default_config()["watermark"]
+    s = WatermarkStage(cfg)
+    assert s.method == "ocr" and s.enabled and s.info() == {"method": "ocr"}
+    assert "watermark_repeat" in s.writes
+    laion = WatermarkStage(cfg | {"weights": str(tmp_path / "w.pt")})
+    assert laion.method == "laion" and laion.writes == ("watermark_score", "watermark_error")
+    (tmp_path / "card").mkdir()
+    (tmp_path / "card" / "card.json").write_text("{}")
+    assert WatermarkStage(cfg | {"weights": str(tmp_path / "card")}).method == "card"
+    assert WatermarkStage(cfg | {"method": "laion"}).skip_reason() == "watermark.weights not set: stage skipped, columns null"
+    with pytest.raises(ValueError, match="watermark.method=ocr takes no weights"):
+        WatermarkStage(cfg | {"method": "ocr", "weights": "x.pt"})
+    with pytest.raises(ConfigError, match="watermark.method must be one of auto, ocr, laion, card"):
+        load_config(sets=["watermark.method=trained"])
+    with pytest.raises(ConfigError, match="watermark.max_boxes"):
+        load_config(sets=["watermark.max_boxes=0"])
