@@ -123,3 +123,23 @@ def test_render_keypoints_read_the_frames_json_and_box_the_mask(people):
         ys, xs = np.nonzero(raw["mask"])
         assert (x, y, x + w - 1, y + h - 1) == (xs.min(), ys.min(), xs.max(), ys.max())
     assert mask_box(np.zeros((4, 4), bool)) is None
+
+
+def test_cli_pose_from_a_render_run_and_evaluate_says_what_it_scores(people, tmp_path, capsys):
+    import json
+
+    from humanset.cli import main as humanset
+    out = tmp_path / "pose"
+    assert humanset(["finetune", "--task", "pose", "--data", str(people), "--output", str(out), "--model", "micro",
+                     "--image-size", "64x48", "--steps", "2", "--batch-size", "2", "--set", "head_width=16",
+                     "--set", "loader_workers=0", "--set", "progress=false"]) == 0
+    ckpt = out / "checkpoints" / "step-00000002.pt"
+    capsys.readouterr()
+    assert humanset(["evaluate", "--checkpoint", str(ckpt)]) == 0
+    captured = capsys.readouterr()
+    assert "TRAINING data" in captured.err and '"scored_on": "training data"' in captured.out
+    assert humanset(["evaluate", "--checkpoint", str(ckpt), "--data", str(people), "--baselines",
+                     "--out", str(tmp_path / "m.json")]) == 0
+    result = json.loads((tmp_path / "m.json").read_text())
+    assert {"AP", "PCK@0.05", "PCK@0.1", "PCK@0.2"} <= set(result)
+    assert result["baselines"]["best"] == "mean train pose in the box"
