@@ -64,6 +64,11 @@ def bodies(run: Path) -> set:
     return {b for f in files for b in pq.read_table(f, columns=["scan_id"]).column("scan_id").to_pylist()}
 
 
+def frame_count(run: Path) -> int:
+    files = sorted((run / "catalog" / "frames").glob("*.parquet"))
+    return sum(pq.read_table(f, columns=["error"]).column("error").null_count for f in files)
+
+
 def pretrain(work: Path, train_renders: Path, args) -> Path:
     """The demo crawl curated as `make demo` does, then MAE on its photos plus the training renders."""
     out = work / "mae"
@@ -95,8 +100,6 @@ def pretrain(work: Path, train_renders: Path, args) -> Path:
 def finetune_and_score(task: str, init: str, encoder: str, train: Path, test: Path, work: Path, args) -> dict:
     from training.evaluate import evaluate
     from training.finetune import FinetuneConfig, finetune
-    from training.scoring import error_of
-
     out = work / "finetune" / f"{task}-{init}"
     cfg = FinetuneConfig(task=task, data=str(train), output=str(out), encoder=encoder if init == "mae" else "",
                          model="tiny", image_size=tuple(args.size), head_width=args.head_width, batch_size=4,
@@ -137,7 +140,12 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="fine-tuning seed")
     p.add_argument("--work", default="runs/bench-learning", help="work folder (default runs/bench-learning)")
     p.add_argument("--out", help="also write the JSON here")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="only merge the JSON of earlier runs (e.g. --inits mae and --inits random run side by "
+                        "side) into one report with the MAE-against-random comparison")
     args = p.parse_args(argv)
+    if args.merge:
+        return print_report(merge([json.loads(Path(f).read_text()) for f in args.merge]), args.out)
     args.size = [int(v) for v in args.size.lower().split("x")]
     args.fill = [float(v) for v in args.fill.split(",")]
     tasks, inits = args.tasks.split(","), args.inits.split(",")
@@ -163,26 +171,51 @@ def main(argv=None) -> int:
         for init in inits:
             results[task][init] = finetune_and_score(task, init, encoder, train, test, work, args)
             print(json.dumps({task: {init: results[task][init]}}), file=sys.stderr, flush=True)
-        if {"mae", "random"} <= set(inits):
-            g_mae, g_rand = results[task]["mae"]["gain_vs_baseline"], results[task]["random"]["gain_vs_baseline"]
-            results[task]["mae_vs_random"] = {
-                "mae_better": g_mae > g_rand,
-                "error_reduction": round(error_reduction(task, results[task]["mae"], results[task]["random"]), 4)}
+        compare(task, results[task])
+    args.train, args.test = frame_count(train), frame_count(test)  # the frames used, rendered here or reused
     report = {"bench": "learning", "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
               "load_avg_at_start": load_at_start, "train_frames": str(train), "test_frames": str(test),
               "train_bodies": len(bodies(train)), "test_bodies": len(bodies(test)),
               "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work")},
               "results": results, **timings, "total_s": round(time.time() - t0, 1), "load_avg_at_end": load()}
+    return print_report(report, args.out)
+
+
+def print_report(report: dict, out=None) -> int:
     text = json.dumps(report, indent=2)
     print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    if out:
+        Path(out).write_text(text + "\n")
     return 0
+
+
+def compare(task: str, per_init: dict) -> None:
+    if {"mae", "random"} <= set(per_init):
+        per_init["mae_vs_random"] = {
+            "mae_better": error_of(task, per_init["mae"]["held_out"]) < error_of(task, per_init["random"]["held_out"]),
+            "error_reduction": round(error_reduction(task, per_init["mae"], per_init["random"]), 4)}
+
+
+def merge(reports: list[dict]) -> dict:
+    """Reports of the same renders with different --inits or --tasks -> one report (results joined)."""
+    out = {**reports[0], "results": {}, "merged_from": [r.get("settings") for r in reports]}
+    for r in reports:
+        for task, per_init in r["results"].items():
+            out["results"].setdefault(task, {}).update({k: v for k, v in per_init.items() if k != "mae_vs_random"})
+    for task, per_init in out["results"].items():
+        compare(task, per_init)
+    for key in ("render_s", "pretrain_s", "total_s"):
+        out[key] = round(sum(r.get(key, 0) for r in reports), 1)
+    return out
+
+
+def error_of(task: str, figures: dict) -> float:
+    from training.scoring import error_of as task_error
+    return task_error(task, figures)
 
 
 def error_reduction(task: str, mae: dict, rand: dict) -> float:
     """1 - error(MAE init) / error(random init) on the held-out frames (> 0: MAE init is better)."""
-    from training.scoring import error_of
     return 1 - error_of(task, mae["held_out"]) / error_of(task, rand["held_out"])
 
 
