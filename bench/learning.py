@@ -21,11 +21,14 @@ curation and pretraining there).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -106,10 +109,11 @@ def finetune_and_score(task: str, init: str, encoder: str, train: Path, test: Pa
                          steps=args.steps, warmup_steps=max(1, args.steps // 10), lr=args.lr, loader_workers=0,
                          cpu_threads=args.threads, checkpoint_every=args.steps, log_every=50, seed=args.seed,
                          progress=False)
-    t = time.time()
-    summary = finetune(cfg)
-    seconds = time.time() - t
-    result = evaluate(summary["checkpoint"], data=str(test), baselines=True)
+    with contextlib.redirect_stdout(sys.stderr):  # the training log lines; stdout carries the JSON alone
+        t = time.time()
+        summary = finetune(cfg)
+        seconds = time.time() - t
+        result = evaluate(summary["checkpoint"], data=str(test), baselines=True)
     base = result["baselines"]
     best = base[base["best"]]
     err, base_err = error_of(task, result), error_of(task, best)
@@ -126,7 +130,7 @@ def main(argv=None) -> int:
     p.add_argument("--size", default="128x96", help="render and fine-tuning size HxW (default 128x96)")
     p.add_argument("--samples", type=int, default=8, help="Cycles samples per pixel (default 8)")
     p.add_argument("--fill", default="0.8,0.95", help="person height as a fraction of the frame (default 0.8,0.95)")
-    p.add_argument("--steps", type=int, default=500, help="fine-tuning steps per head and init (default 500)")
+    p.add_argument("--steps", type=int, default=1000, help="fine-tuning steps per head and init (default 1000)")
     p.add_argument("--lr", type=float, default=2e-3, help="fine-tuning peak lr (default 2e-3, FINETUNE.md's smoke lr)")
     p.add_argument("--head-width", type=int, default=32, help="decoder width (default 32)")
     p.add_argument("--pretrain-steps", type=int, default=300, help="MAE steps (default 300)")
@@ -136,7 +140,8 @@ def main(argv=None) -> int:
     p.add_argument("--train-renders", help="reuse this render run for training (skips rendering)")
     p.add_argument("--test-renders", help="reuse this render run as the held-out frames")
     p.add_argument("--encoder", help="reuse this MAE encoder (skips curation and pretraining)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2; 1 on a shared machine)")
+    p.add_argument("--jobs", type=int, default=2, help="fine-tuning runs side by side (default 2, one per core)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
     p.add_argument("--seed", type=int, default=0, help="fine-tuning seed")
     p.add_argument("--work", default="runs/bench-learning", help="work folder (default runs/bench-learning)")
     p.add_argument("--out", help="also write the JSON here")
@@ -165,12 +170,18 @@ def main(argv=None) -> int:
         t = time.time()
         encoder = args.encoder or str(pretrain(work, train, args))
         timings["pretrain_s"] = round(time.time() - t, 1)
-    results: dict = {}
-    for task in tasks:
-        results[task] = {}
-        for init in inits:
-            results[task][init] = finetune_and_score(task, init, encoder, train, test, work, args)
+    runs = [(task, init) for task in tasks for init in inits]
+    t = time.time()
+    results: dict = {task: {} for task in tasks}
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(finetune_and_score, task, init, encoder, train, test, work, args): (task, init)
+                   for task, init in runs}
+        for future in as_completed(futures):
+            task, init = futures[future]
+            results[task][init] = future.result()
             print(json.dumps({task: {init: results[task][init]}}), file=sys.stderr, flush=True)
+    timings["finetune_s"] = round(time.time() - t, 1)
+    for task in tasks:
         compare(task, results[task])
     args.train, args.test = frame_count(train), frame_count(test)  # the frames used, rendered here or reused
     report = {"bench": "learning", "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
@@ -204,7 +215,7 @@ def merge(reports: list[dict]) -> dict:
             out["results"].setdefault(task, {}).update({k: v for k, v in per_init.items() if k != "mae_vs_random"})
     for task, per_init in out["results"].items():
         compare(task, per_init)
-    for key in ("render_s", "pretrain_s", "total_s"):
+    for key in ("render_s", "pretrain_s", "finetune_s", "total_s"):
         out[key] = round(sum(r.get(key, 0) for r in reports), 1)
     return out
 
