@@ -156,7 +156,7 @@ def main(argv=None) -> int:
     tasks, inits = args.tasks.split(","), args.inits.split(",")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    t0, load_at_start = time.time(), load()
+    t0, load_at_start, started = time.time(), load(), time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     timings = {}
     train = Path(args.train_renders) if args.train_renders else render(work / "train", args.train, 0, args)
     test = Path(args.test_renders) if args.test_renders else render(work / "test", args.test, 1, args)
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
     for task in tasks:
         compare(task, results[task])
     args.train, args.test = frame_count(train), frame_count(test)  # the frames used, rendered here or reused
-    report = {"bench": "learning", "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+    report = {"bench": "learning", "started_utc": started, "ended_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
               "load_avg_at_start": load_at_start, "train_frames": str(train), "test_frames": str(test),
               "train_bodies": len(bodies(train)), "test_bodies": len(bodies(test)),
               "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work")},
