@@ -119,7 +119,8 @@ def finetune_and_score(task: str, init: str, encoder: str, train: Path, test: Pa
     err, base_err = error_of(task, result), error_of(task, best)
     return {"held_out": {k: round(result[k], 4) for k in FIGURES[task]},
             "baseline": base["best"], "baseline_held_out": {k: round(best[k], 4) for k in FIGURES[task]},
-            "gain_vs_baseline": round(1 - err / base_err, 4), "beats_baseline_by_10pct": 1 - err / base_err >= TARGET_GAIN,
+            "gain_vs_baseline": round(1 - err / base_err, 4),
+            "beats_baseline_by_10pct": 1 - err / base_err >= TARGET_GAIN,
             "steps": args.steps, "seconds": round(seconds, 1), "n_test": result["n"]}
 
 

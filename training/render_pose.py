@@ -4,13 +4,16 @@ Each rendered frame of a generated body carries its COCO-17 keypoints in its `{k
 (`keypoints_coco17`: [x, y, v] per joint in image pixels, v = 2 visible, 1 in the image but hidden,
 0 outside it; render/job.py). One frame holds one person; its annotation, in COCO's terms:
 
-    id, image_id   the frame's position in the run's index (rendered frames only, index order)
+    id, image_id   the frame index (the key's number)
     key, shard     the frame key and its shard tar (the image is the shard's {key}.rgb.png)
     bbox           [x, y, w, h] of the person mask's pixels: x = leftmost column, w = rightmost - leftmost
                    + 1 (pycocotools' box of a mask), likewise y / h
-    area           person mask pixels
-    keypoints      the 17 x (x, y, v) as rendered, flattened; num_keypoints = joints with v > 0
-    iscrowd        0
+    area           person mask pixels (int)
+    keypoints      the 17 x (x, y, v) as rendered (floats unrounded), flattened, with x = y = 0 where v = 0
+                   (COCO's unlabelled point); num_keypoints = joints with v > 0
+    iscrowd, category_id   0, 1
+Frames left out: no keypoints in the json (scans from files), no person pixel, or num_keypoints = 0 (as
+CocoKeypoints leaves such annotations out of a COCO file).
 
 `render_annotations(RUN)` lists them (a COCO export of the same run should agree); `RenderKeypoints`
 crops and augments them exactly as `CocoKeypoints` does a COCO file (task_data.pose_example).
@@ -58,7 +61,6 @@ class RenderKeypoints(RenderFrames):
         for i in range(self.index.num_rows):
             ann = self.annotation(i, field)
             if ann is not None:
-                ann["id"] = ann["image_id"] = len(self.anns)
                 self.anns.append(ann)
                 rows.append(i)
         skipped = self.index.num_rows - len(rows)
@@ -80,16 +82,20 @@ class RenderKeypoints(RenderFrames):
         if not kp:
             return None
         kp = np.asarray(kp, np.float64).reshape(-1, 3)
-        if len(kp) != len(self.vocab):
-            raise ValueError(f"{tar} key {r['key']}: {len(kp)} keypoints in {field}, vocabulary {self.vocab.name} "
-                             f"has {len(self.vocab)}")
+        names = frame.get("keypoint_names")
+        if len(kp) != len(self.vocab) or (names is not None and tuple(names) != tuple(self.vocab.names)):
+            raise ValueError(f"{tar} key {r['key']}: {len(kp)} keypoints in {field} named {(names or [])[:3]}..., "
+                             f"not those of vocabulary {self.vocab.name}")
+        kp[kp[:, 2] <= 0] = 0.0  # COCO writes an unlabelled point as 0, 0, 0
         mask = np.asarray(decode_image(catalog.read_member(tar, *mem["mask.png"])).convert("L")) > 0
         box = mask_box(mask)
         n = int((kp[:, 2] > 0).sum())
         if box is None or n == 0:
             return None
-        return {"key": r["key"], "shard": r["shard"], "bbox": box, "area": float(mask.sum()),
-                "keypoints": kp.ravel().tolist(), "num_keypoints": n, "iscrowd": 0, "category_id": 1}
+        fid = int(r["key"])
+        flat = [float(v) if j % 3 < 2 else int(v) for j, v in enumerate(kp.ravel())]
+        return {"id": fid, "image_id": fid, "key": r["key"], "shard": r["shard"], "bbox": box,
+                "area": int(mask.sum()), "keypoints": flat, "num_keypoints": n, "iscrowd": 0, "category_id": 1}
 
     def __getitem__(self, item) -> dict:
         i, epoch = item if isinstance(item, tuple) else (item, 0)
