@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from .cli import add_config_args, user_errors
 
@@ -12,8 +13,9 @@ TASK_HELP = "pose (keypoint heatmaps), seg (body-part classes), depth (relative 
 def add_finetune_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--task", required=True, choices=["pose", "seg", "depth", "normal"], help=TASK_HELP)
     p.add_argument("--data", required=True,
-                   help="depth / normal: a render run (or its shards/ folder); pose: a COCO JSON file; seg: a COCO "
-                        "JSON file or a render run (its parts.png)")
+                   help="depth / normal: a render run (or its shards/ folder); pose: a COCO keypoint JSON file or "
+                        "a render run of anny bodies (each frame's keypoints_coco17, boxes from the masks); seg: a "
+                        "COCO JSON file or a render run (its parts.png)")
     p.add_argument("--images", help="pose / seg: folder holding the JSON's file_names (default: the JSON's folder)")
     p.add_argument("--output", required=True, help="run folder: checkpoints/, log.jsonl, config.json")
     p.add_argument("--encoder", help="pretrained encoder: humanset MAE checkpoint, OUT/encoder.pth or a timm "
@@ -65,7 +67,10 @@ def cmd_finetune(args) -> int:
 def cmd_evaluate(args) -> int:
     from .evaluate import evaluate, write_result
 
-    result = evaluate(args.checkpoint, args.data, args.images, args.batch_size, args.limit)
+    if not args.data:
+        print("evaluate: no --data given, so this scores the checkpoint's own TRAINING data: the figures say "
+              "how well it fits, not how it generalises; pass --data HELD_OUT for that", file=sys.stderr)
+    result = evaluate(args.checkpoint, args.data, args.images, args.batch_size, args.limit, baselines=args.baselines)
     if args.out:
         write_result(result, args.out)
     print(json.dumps(result, indent=2))
@@ -95,17 +100,24 @@ def register(sub) -> None:
     add_finetune_args(p).set_defaults(func=cmd_finetune)
 
     e = sub.add_parser("evaluate", help="metrics of a fine-tuned checkpoint on held-out data",
-                       description="pose: OKS AP; seg: mIoU, mAcc; depth: RMSE, AbsRel, delta<1.25 after "
-                                   "scale-and-shift alignment; normal: mean / median angle, % within "
-                                   "11.25 / 22.5 / 30 degrees. Example:\n  humanset evaluate --checkpoint "
-                                   "runs/depth/checkpoints/step-00001000.pt --data TEST_RENDER_RUN",
+                       description="pose: OKS AP, PCK@0.05 / 0.1 / 0.2 (of the box's longer side); seg: mIoU, "
+                                   "mAcc; depth: AbsRel, RMSE, delta<1.25 after scale-and-shift alignment; normal: "
+                                   "mean / median angle, % within 11.25 / 22.5 / 30 degrees. On small data delta1 "
+                                   "(~1 even for a constant) and AP (~0 for small people) mean little: read AbsRel "
+                                   "and PCK, and compare with --baselines. Example:\n  humanset evaluate "
+                                   "--checkpoint runs/depth/checkpoints/step-00001000.pt --data TEST_RENDER_RUN "
+                                   "--baselines",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     e.add_argument("--checkpoint", required=True, help="fine-tuning checkpoint OUT/checkpoints/step-N.pt")
-    e.add_argument("--data", help="evaluation data (default: the training data of the checkpoint)")
+    e.add_argument("--data", help="held-out evaluation data, same kind as the training data (without it the "
+                                  "checkpoint's own training data is scored, and a note says so)")
     e.add_argument("--images", help="pose / seg: image folder of the COCO JSON")
     e.add_argument("--batch-size", type=int, default=4)
     e.add_argument("--limit", type=int, help="evaluate only the first N samples")
     e.add_argument("--out", help="also write the metrics to this JSON file")
+    e.add_argument("--baselines", action="store_true",
+                   help="also score trivial baselines computed from the training data (mean depth map, mean "
+                        "normal, per-pixel majority class, mean pose in the box): a model should beat them")
     e.set_defaults(func=cmd_evaluate)
 
     r = sub.add_parser("predict", help="run a fine-tuned checkpoint on images and draw the results",

@@ -92,9 +92,14 @@ def sample_rng(seed: int, epoch: int, shard: str, row: int) -> random.Random:
     return random.Random(f"{seed}/{epoch}/{shard}/{row}")
 
 
+RENDER_IMAGE = "rgb.png"  # a render frame's picture ({key}.rgb.png beside its depth, normals and mask)
+
+
 def read_image_member(fh, members: list[dict]) -> bytes:
+    """The bytes of a sample's image member: a curated shard's {key}.jpg / .png / ..., or a render shard's
+    {key}.rgb.png (so MAE pretraining reads render runs' shards too)."""
     for m in members:
-        if catalog.split_member(m["name"])[1].lower() in IMAGE_EXTS:
+        if catalog.split_member(m["name"])[1].lower() in IMAGE_EXTS + (RENDER_IMAGE,):
             fh.seek(m["offset"])
             data = fh.read(m["size"])
             if len(data) != m["size"]:

@@ -68,7 +68,7 @@ def build_model(cfg: "FinetuneConfig") -> TaskModel:
 @dataclass
 class FinetuneConfig(RunConfig):
     task: str = "depth"  # pose | seg | depth | normal
-    data: str = ""  # depth / normal: render run or its shards folder; pose / seg: COCO JSON
+    data: str = ""  # depth / normal: render run or its shards folder; pose / seg: COCO JSON or a render run
     images: str = ""  # pose / seg: folder of the JSON's file_names (default: the JSON's folder)
     encoder: str = ""  # pretrained weights; empty = random initialisation (smoke tests only)
     model: str = "sapiens-0.3b"
@@ -137,6 +137,9 @@ def build_dataset(cfg: FinetuneConfig, train: bool = True):
     if cfg.task in ("depth", "normal"):
         return RenderFrames(cfg.data, cfg.image_size, aug, cfg.seed, pool)
     vocab = load_vocab(cfg.vocab)
+    if cfg.task == "pose" and Path(cfg.data).is_dir():  # a render run: keypoints from its frames' json
+        from .render_pose import RenderKeypoints
+        return RenderKeypoints(cfg.data, vocab, cfg.image_size, aug, cfg.seed, cfg.heatmap_sigma)
     if cfg.task == "pose":
         return CocoKeypoints(cfg.data, cfg.images or None, vocab, cfg.image_size, aug, cfg.seed, cfg.heatmap_sigma)
     if Path(cfg.data).is_dir():  # a render run: part labels from its parts.png members
@@ -276,7 +279,8 @@ def check_inputs(cfg: FinetuneConfig):
         raise ValueError("--output is required: the run folder for checkpoints and logs")
     if not cfg.data or not Path(cfg.data).exists():
         what = {"depth": "a render run (or its shards folder)", "normal": "a render run (or its shards folder)",
-                "seg": "a COCO JSON file or a render run with parts.png"}.get(cfg.task, "a COCO JSON file")
+                "seg": "a COCO JSON file or a render run with parts.png"}.get(
+                    cfg.task, "a COCO keypoint JSON file or a render run of generated bodies (keypoints_coco17)")
         raise FileNotFoundError(f"--data {cfg.data!r}: no such path; task {cfg.task} reads {what}")
 
 

@@ -1,6 +1,7 @@
 """Evaluation metrics of the four tasks, in numpy (tests/training/test_finetune_metrics.py checks known inputs).
 
-pose    COCO OKS-based AP (mean over OKS thresholds 0.50:0.05:0.95, 101-point interpolated precision)
+pose    COCO OKS-based AP (mean over OKS thresholds 0.50:0.05:0.95, 101-point interpolated precision);
+        PCK@t: labelled keypoints within t x the person box's longer side
 seg     mIoU and mAcc from a confusion matrix accumulated over images
 depth   RMSE, AbsRel, delta < 1.25 over person pixels after least-squares scale-and-shift alignment
 normal  mean / median angular error and % of pixels within 11.25, 22.5, 30 degrees
@@ -74,6 +75,22 @@ def interpolated_ap(recall: np.ndarray, precision: np.ndarray) -> float:
     points = np.linspace(0, 1, 101)
     idx = np.searchsorted(recall, points, side="left")
     return float(np.where(idx < len(p), p[np.minimum(idx, len(p) - 1)], 0.0).mean())
+
+
+PCK_THRESHOLDS = (0.05, 0.1, 0.2)
+
+
+def pck(pred: np.ndarray, gt: np.ndarray, box_sides: np.ndarray, thresholds=PCK_THRESHOLDS) -> dict:
+    """Percentage of correct keypoints: pred (N, K, 2+), gt (N, K, 3: x, y, v), box_sides (N,) the longer
+    side of each person box. A labelled keypoint (v > 0) is correct within t * its box side; returns
+    {"PCK@t": fraction of labelled keypoints} (unlike OKS AP, it still separates models on tiny people).
+    """
+    pred, gt = np.asarray(pred, np.float64), np.asarray(gt, np.float64)
+    vis = gt[..., 2] > 0
+    if not vis.any():
+        raise ValueError("PCK: no labelled keypoint")
+    dist = np.linalg.norm(pred[..., :2] - gt[..., :2], axis=-1) / np.asarray(box_sides, np.float64)[:, None]
+    return {f"PCK@{t:g}": float((dist[vis] < t).mean()) for t in thresholds}
 
 
 # --- segmentation -------------------------------------------------------------------------------

@@ -324,26 +324,32 @@ class CocoKeypoints:
 
     def __getitem__(self, item) -> dict:
         i, epoch = item if isinstance(item, tuple) else (item, 0)
-        rng = sample_rng(self.seed, epoch, i)
         a = self.anns[i]
         img = read_rgb(self.root / self.images[a["image_id"]]["file_name"])
-        m, flip = box_affine(a["bbox"], self.out_hw, rng, self.aug)
-        crop = warp(img, m, self.out_hw)
-        kp = np.asarray(a["keypoints"], np.float64).reshape(-1, 3)
-        xy = np.c_[kp[:, :2], np.ones(len(kp))] @ m.T
-        vis = kp[:, 2] > 0
-        if flip:  # the mirrored left wrist is now a right wrist
-            perm = self.vocab.flip_index
-            xy, vis = xy[perm], vis[perm]
-        if self.aug.train and self.aug.photometric:
-            crop = photometric(crop, rng)
-        hm_hw = (self.out_hw[0] // 4, self.out_hw[1] // 4)
-        hm_xy = (xy + 0.5) / 4 - 0.5  # pixel centres of the 1/4 grid
-        inside = (hm_xy[:, 0] >= 0) & (hm_xy[:, 0] <= hm_hw[1] - 1) & (hm_xy[:, 1] >= 0) & (hm_xy[:, 1] <= hm_hw[0] - 1)
-        valid = vis & inside
-        inv = cv2.invertAffineTransform(m)
-        return {"image": chw(crop), "heatmaps": gaussian_heatmaps(hm_xy, valid, hm_hw, self.sigma),
-                "weights": valid.astype(np.float32), "inv": inv.astype(np.float32), "ann": i}
+        return pose_example(self, img, a, sample_rng(self.seed, epoch, i), i)
+
+
+def pose_example(ds, img: np.ndarray, a: dict, rng, i: int) -> dict:
+    """A top-down pose example from an image and its COCO annotation `a` (bbox, keypoints): the box crop
+    (random scale, rotation, flip with left/right swapped when training), photometric jitter, Gaussian
+    heatmaps at 1/4 and the inverse affine. `ds` gives out_hw, aug, vocab and sigma."""
+    m, flip = box_affine(a["bbox"], ds.out_hw, rng, ds.aug)
+    crop = warp(img, m, ds.out_hw)
+    kp = np.asarray(a["keypoints"], np.float64).reshape(-1, 3)
+    xy = np.c_[kp[:, :2], np.ones(len(kp))] @ m.T
+    vis = kp[:, 2] > 0
+    if flip:  # the mirrored left wrist is now a right wrist
+        perm = ds.vocab.flip_index
+        xy, vis = xy[perm], vis[perm]
+    if ds.aug.train and ds.aug.photometric:
+        crop = photometric(crop, rng)
+    hm_hw = (ds.out_hw[0] // 4, ds.out_hw[1] // 4)
+    hm_xy = (xy + 0.5) / 4 - 0.5  # pixel centres of the 1/4 grid
+    inside = (hm_xy[:, 0] >= 0) & (hm_xy[:, 0] <= hm_hw[1] - 1) & (hm_xy[:, 1] >= 0) & (hm_xy[:, 1] <= hm_hw[0] - 1)
+    valid = vis & inside
+    inv = cv2.invertAffineTransform(m)
+    return {"image": chw(crop), "heatmaps": gaussian_heatmaps(hm_xy, valid, hm_hw, ds.sigma),
+            "weights": valid.astype(np.float32), "inv": inv.astype(np.float32), "ann": i}
 
 
 def decode_segmentation(seg, h: int, w: int) -> np.ndarray:

@@ -103,16 +103,18 @@ def sphere_frame(rng: np.random.Generator, hw=(96, 72), background_inf: bool = F
     d = np.stack([(u + 0.5 - k[0, 2]) / f, (v + 0.5 - k[1, 2]) / f, np.ones_like(u)], axis=-1)  # z = 1 rays
     depth = np.full((h, w), np.inf)
     normal = np.zeros((h, w, 3))
+    which = np.zeros((h, w), np.uint8)  # 0 background, 1 body, 2 head
     z0 = rng.uniform(1.6, 2.2)
     body = np.array([rng.uniform(-0.15, 0.15), rng.uniform(0.05, 0.25), z0]), rng.uniform(0.45, 0.6)
     head = body[0] + np.array([rng.uniform(-0.1, 0.1), -body[1] - 0.25, rng.uniform(-0.1, 0.1)]), 0.25
-    for c, r in (body, head):
+    for part, (c, r) in enumerate((body, head), start=1):
         dd = (d * d).sum(-1)
         dc = d @ c
         disc = dc ** 2 - dd * (c @ c - r * r)
         t = np.where(disc > 0, (dc - np.sqrt(np.maximum(disc, 0))) / dd, np.inf)
         closer = t < depth
         depth = np.where(closer, t, depth)
+        which = np.where(closer, part, which)
         p = d * t[..., None]
         normal = np.where(closer[..., None], (p - c) / r, normal)
     mask = np.isfinite(depth)
@@ -126,21 +128,71 @@ def sphere_frame(rng: np.random.Generator, hw=(96, 72), background_inf: bool = F
     if not background_inf:
         depth = np.where(mask, depth, 0.0)
     return {"rgb": rgb.clip(0, 255).astype(np.uint8), "depth": depth.astype(np.float32),
-            "normal": normal.astype(np.float32), "mask": (mask * 255).astype(np.uint8), "K": k}
+            "normal": normal.astype(np.float32), "mask": (mask * 255).astype(np.uint8), "K": k,
+            "which": which, "spheres": (body, head)}
+
+
+# sapiens28 classes of the sphere person's parts (body sphere split at its centre row, head)
+SPHERE_PARTS = {"upper": "Upper_Clothing", "lower": "Lower_Clothing", "head": "Face_Neck"}
+# COCO-17 joints as offsets from a sphere's centre in units of its radius (camera frame: x right, y down,
+# z away from the camera; the person faces the camera, so its left is at +x); all inside the silhouette
+SPHERE_JOINTS = [("head", (0, 0.1, -1)), ("head", (0.35, -0.25, -0.9)), ("head", (-0.35, -0.25, -0.9)),
+                 ("head", (0.95, 0, 0)), ("head", (-0.95, 0, 0)), ("body", (0.75, -0.6, -0.2)),
+                 ("body", (-0.75, -0.6, -0.2)), ("body", (1.0, -0.1, -0.1)), ("body", (-1.0, -0.1, -0.1)),
+                 ("body", (0.9, 0.45, -0.3)), ("body", (-0.9, 0.45, -0.3)), ("body", (0.3, 0.4, -0.8)),
+                 ("body", (-0.3, 0.4, -0.8)), ("body", (0.35, 0.65, -0.6)), ("body", (-0.35, 0.65, -0.6)),
+                 ("body", (0.4, 0.85, -0.3)), ("body", (-0.4, 0.85, -0.3))]
+
+
+def sphere_parts(fr: dict) -> np.ndarray:
+    """sapiens28 label map of a sphere frame: the head, the body's upper and lower halves."""
+    from .vocab import load
+    names = load("sapiens28").names
+    h = fr["which"].shape[0]
+    (c, r), _ = fr["spheres"]
+    centre_row = fr["K"][1, 1] * c[1] / c[2] + fr["K"][1, 2]
+    rows = np.arange(h)[:, None]
+    labels = np.zeros_like(fr["which"])
+    labels[fr["which"] == 2] = names.index(SPHERE_PARTS["head"])
+    labels[(fr["which"] == 1) & (rows < centre_row)] = names.index(SPHERE_PARTS["upper"])
+    labels[(fr["which"] == 1) & (rows >= centre_row)] = names.index(SPHERE_PARTS["lower"])
+    return labels
+
+
+def sphere_keypoints(fr: dict) -> list:
+    """COCO-17 [x, y, v] of the sphere person (v = 2 in the image, 0 outside), as renders store them."""
+    body, head = fr["spheres"]
+    h, w = fr["which"].shape
+    out = []
+    for sphere, offset in SPHERE_JOINTS:
+        c, r = head if sphere == "head" else body
+        p = c + r * np.asarray(offset, np.float64)
+        x, y = (fr["K"] @ p)[:2] / p[2] - 0.5  # pixel centres at integers, as render.sampling.project
+        out.append([float(x), float(y), 2 if (0 <= x < w and 0 <= y < h) else 0])
+    return out
 
 
 def write_sphere_renders(folder, n_frames: int = 8, hw=(96, 72), per_shard: int = 4, seed: int = 0,
-                         prefix: str = "render") -> Path:
-    """A render run folder (RUN/shards/...) of analytic frames; odd frames store inf on the background."""
+                         prefix: str = "render", people: bool = False) -> Path:
+    """A render run folder (RUN/shards/...) of analytic frames; odd frames store inf on the background.
+    `people`: also part labels (parts.png, sapiens28, with RUN/render.json naming the vocabulary) and
+    COCO-17 keypoints in each frame's json (`keypoints_coco17`), as renders of generated bodies have."""
     rng = np.random.default_rng(seed)
     shards = Path(folder) / "shards"
+    if people:
+        from .vocab import load
+        catalog.write_json(Path(folder) / "render.json", {"part_vocabulary": {"names": list(load("sapiens28").names)}})
     with catalog.ShardWriter(shards, prefix, catalog.FRAMES, max_count=per_shard) as writer:
         for i in range(n_frames):
             fr = sphere_frame(rng, hw, background_inf=bool(i % 2))
             key = f"{i:08d}"
             meta = {"frame_index": i, "K": fr["K"].tolist(), "cam_to_world": np.eye(4).tolist(), "synthetic": "spheres"}
+            extra = {}
+            if people:
+                meta["keypoints_coco17"] = sphere_keypoints(fr)
+                extra["parts.png"] = _png(sphere_parts(fr))
             writer.add(key, {"rgb.png": _png(fr["rgb"]), "depth.npy": _npy(fr["depth"]),
-                             "normal.npy": _npy(fr["normal"]), "mask.png": _png(fr["mask"]), "json": meta},
+                             "normal.npy": _npy(fr["normal"]), "mask.png": _png(fr["mask"]), **extra, "json": meta},
                        {"frame_index": i, "scan_id": "spheres", "height": hw[0], "width": hw[1],
                         "K": fr["K"].ravel().tolist(), "cam_to_world": np.eye(4).ravel().tolist(),
                         "person_px": int((fr["mask"] > 0).sum()), "params": json.dumps({"seed": seed})})

@@ -136,6 +136,19 @@ def test_read_image_member_uses_index_offsets(shards):
     assert decode_image(data).size == (row["width"], row["height"])
 
 
+def test_render_shards_stream_their_rgb_member(tmp_path):
+    """MAE pretraining on renders: a render frame's image is its {key}.rgb.png, not its mask.png."""
+    from training.testing import write_sphere_renders
+    from training.task_data import RenderFrames
+    run = write_sphere_renders(tmp_path, n_frames=2, per_shard=2)
+    row = catalog.read_index(run / "shards").to_pylist()[0]
+    with open(run / "shards" / row["shard"], "rb") as fh:
+        data = read_image_member(fh, row["members"])
+    np.testing.assert_array_equal(np.asarray(decode_image(data)), RenderFrames(run, (96, 72)).raw(0)["rgb"])
+    batch = take(ShardStream(run / "shards", 32, batch_size=2, seed=0), 1, workers=0)[0]
+    assert batch["images"].shape == (2, 3, 32, 32)
+
+
 def test_missing_folder_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no curated shards"):
         ShardStream(tmp_path, 32, 4)

@@ -88,3 +88,13 @@ def test_normal_angle_statistics():
     s = normal_scores(err)
     assert s["mean"] == pytest.approx(32) and s["median"] == pytest.approx(20)
     assert (s["within_11.25"], s["within_22.5"], s["within_30"]) == pytest.approx((40, 60, 60))
+
+
+def test_pck_by_hand():
+    from training.metrics import pck
+    gt = np.array([[[0.0, 0.0, 2], [10.0, 0.0, 2], [5.0, 5.0, 0]]])  # the third keypoint is unlabelled
+    pred = np.array([[[0.0, 4.0], [10.0, 12.0], [99.0, 99.0]]])
+    # distances 4 and 12 over a box side of 100: within 0.05 one of two, within 0.2 both
+    assert pck(pred, gt, np.array([100.0])) == {"PCK@0.05": 0.5, "PCK@0.1": 0.5, "PCK@0.2": 1.0}
+    with pytest.raises(ValueError, match="no labelled keypoint"):
+        pck(pred, gt * [1, 1, 0], np.array([100.0]))
