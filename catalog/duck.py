@@ -220,10 +220,17 @@ def connect(run_dir, database: str = ":memory:", prefix: str = "",
     return con
 
 
-def register(con: duckdb.DuckDBPyConnection, run_dir, prefix: str = "", by_generation: bool = False) -> list[str]:
+def register(con: duckdb.DuckDBPyConnection, run_dir, prefix: str = "", by_generation: bool = False,
+             load: tuple[str, ...] = ()) -> list[str]:
+    """Create the run's views on `con`; those named in `load` become temporary tables (load_table)."""
     run = Path(run_dir)
     made = []
     for view in VIEWS:
+        if view in load:
+            if sniff(run, view)[0]:
+                load_table(con, run, view, prefix + view)
+                made.append(prefix + view)
+            continue
         sql = view_sql(run, view, by_generation)
         if sql is not None:
             con.execute(f"CREATE OR REPLACE VIEW {prefix}{view} AS {sql}")
@@ -233,6 +240,54 @@ def register(con: duckdb.DuckDBPyConnection, run_dir, prefix: str = "", by_gener
                     + PERSONS_SQL.replace("FROM samples", f"FROM {prefix}samples"))
         made.append(prefix + "persons")
     return made
+
+
+CHUNK_FILES = 1000  # parts per scan when a view is loaded into a table: DuckDB holds ~4 KB per file a scan reads
+
+
+def load_table(con: duckdb.DuckDBPyConnection, run_dir, view: str, name: str, chunk: int = CHUNK_FILES) -> int:
+    """Replace the view `name` by a temporary table of the view's parts, read `chunk` parts per scan;
+    return its rows.
+
+    DuckDB 2.0.1 holds ~4 KB per file for as long as a scan over many files runs (measured with
+    3-column files too, freed when the query ends), so a command that scans a run a dozen times
+    (`humanset stats`, `report`) reads it once, in chunks: its memory is the rows', not the parts'.
+    A chunk with parts of an older generation is read by name (`union_by_name` over that chunk only),
+    the columns it lacks NULL."""
+    run = Path(run_dir)
+    found, sniffed = sniff(run, view)
+    declared = DECLARED[view] if sniffed is None else _declared_for(view, sniffed)
+    cols = ", ".join(f"{_ident(f.name)} {duck_type(f.type)}" for f in declared)
+    con.execute(f"DROP VIEW IF EXISTS {name}")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ({cols})")
+    names = ", ".join(_ident(f.name) for f in declared)
+    parts = _parts(run, view)
+    # with insertion order kept, DuckDB buffers each file's rows apart (~150 KB per part); order is no contract
+    con.execute("SET preserve_insertion_order = false")
+    try:
+        _load_chunks(con, parts, name, names, declared, chunk)
+    finally:
+        con.execute("RESET preserve_insertion_order")
+    return con.execute(f"SELECT count(*) FROM {name}").fetchone()[0]
+
+
+def _load_chunks(con, parts, name: str, names: str, declared: pa.Schema, chunk: int) -> None:
+    import itertools
+
+    while True:
+        batch = [str(p) for p in itertools.islice(parts, chunk)]
+        if not batch:
+            break
+        files = "[" + ", ".join(_lit(glob_escape(b)) for b in batch) + "]"
+        try:
+            con.execute(f"INSERT INTO {name} SELECT {names} FROM read_parquet({files}, bound_schema = "
+                        f"{_bound(declared)}, hive_partitioning = false)")
+        except duckdb.Error as e:
+            if not is_generation_mismatch(e):
+                raise
+            present = set(declared.names) & set().union(*(set(_part_schema(Path(b)).names) for b in batch))
+            con.execute(f"INSERT INTO {name} SELECT {_projection(declared, present)} FROM read_parquet({files}, "
+                        "union_by_name = true)")
 
 
 def retry_by_generation(fn):

@@ -300,7 +300,7 @@ def render_report(run_dir, *, thumbs: int = 12, seed: int = 0, max_reasons: int 
 
 
 def _render(run: Path, thumbs: int, seed: int, max_reasons: int, max_sources: int, by_generation: bool) -> str:
-    con, (p,) = st.open_runs(run, by_generation=by_generation)
+    con, (p,) = st.open_runs(run, by_generation=by_generation, load=True)
     try:
         manifest = st.read_manifest(run)
         s = st.collect(con, manifest, run, p)

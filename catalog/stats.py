@@ -360,22 +360,27 @@ def overlap(con, pa_: str, pb: str) -> dict:
             "only_in_a": row[3], "only_in_b": row[4], "why_b_rejected_a_kept": why}
 
 
-def open_runs(*run_dirs, by_generation: bool = False):
+def open_runs(*run_dirs, by_generation: bool = False, load: bool = False):
     """A DuckDB connection with each run's views registered, and the view prefix of each run.
 
     One run gets the plain names (samples, persons, shards, ...); several get r0_samples, r1_samples...
     by_generation: type the views from every part's columns (catalog.duck: runs with older parts).
+    load: `samples` is a temporary table of the run's rows, read once (catalog.duck.load_table).
     """
+    import tempfile
+
     import duckdb
 
-    con = duckdb.connect()
+    # a loaded table larger than DuckDB's memory spills to the system's temporary folder, never the cwd
+    con = duckdb.connect(config={"temp_directory": str(Path(tempfile.gettempdir()) / "humanset-duckdb")})
     prefixes = []
     try:
         for i, run in enumerate(run_dirs):
             if not Path(run).is_dir():
                 raise FileNotFoundError(f"{run}: no such run directory")
             prefix = "" if len(run_dirs) == 1 else f"r{i}_"
-            if f"{prefix}samples" not in register(con, run, prefix, by_generation):
+            # load: a dozen scans follow, so the parts are read once, a chunk at a time (catalog.duck)
+            if f"{prefix}samples" not in register(con, run, prefix, by_generation, ("samples",) if load else ()):
                 raise FileNotFoundError(f"{run}: no catalog/samples/*.parquet in it; "
                                         "is it a curation run directory?")
             prefixes.append(prefix)
@@ -391,7 +396,7 @@ def run_stats(*run_dirs) -> dict:
 
 
 def _run_stats(run_dirs, by_generation: bool) -> dict:
-    con, prefixes = open_runs(*run_dirs, by_generation=by_generation)
+    con, prefixes = open_runs(*run_dirs, by_generation=by_generation, load=True)
     try:
         results = [collect(con, read_manifest(r), r, p) for r, p in zip(run_dirs, prefixes)]
         if len(run_dirs) == 1:

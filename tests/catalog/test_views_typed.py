@@ -147,3 +147,20 @@ def test_failed_units_listed_in_stats_json(tmp_path, capsys):
     assert cli.main(["stats", str(run)]) == 0
     text = capsys.readouterr().out
     assert "4 input units, 3 units with errors" in text and "Units with errors" in text and "not_a_tar" in text
+
+
+def test_load_table_reads_parts_in_chunks_of_any_generation(tmp_path):
+    """stats and report read the parts once into a table, a chunk of parts per scan: chunks holding
+    older parts, newer ones or both give the same rows as the view."""
+    run = tmp_path / "mixed"
+    _part(run, "a0", _rows("a0", 2), old=True)
+    _part(run, "a1", [], old=True)
+    _part(run, "m0", _rows("m0", 3, art=0.5))
+    _part(run, "m1", [])
+    view = _art(catalog.connect(run, by_generation=True))
+    for chunk in (1, 2, 1000):
+        con = duckdb.connect()
+        assert duck.load_table(con, run, "samples", "samples", chunk=chunk) == 5
+        assert con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall() == [("samples",)]
+        assert _art(con) == pytest.approx(view)
+        assert [r[0] for r in con.execute("DESCRIBE samples").fetchall()] == catalog.SAMPLES.names
