@@ -243,6 +243,30 @@ def register(con: duckdb.DuckDBPyConnection, run_dir, prefix: str = "", by_gener
 
 
 CHUNK_FILES = 1000  # parts per scan when a view is loaded into a table: DuckDB holds ~4 KB per file a scan reads
+LOAD_MAX_ROWS = 20_000_000  # load_table only below this estimate: above, the parts are large and few per row
+
+
+def estimated_rows(run_dir, view: str) -> int:
+    """Rows of a view guessed from one footer: the first readable part's rows times the parts (one
+    directory listing, counted, not kept)."""
+    import pyarrow.parquet as pq
+
+    run = Path(run_dir)
+    n, rows = 0, None
+    for path in _parts(run, view):
+        n += 1
+        if rows is None:
+            try:
+                rows = pq.read_metadata(path).num_rows
+            except (pa.ArrowInvalid, OSError):
+                pass
+    return n * (rows or 0)
+
+
+def worth_loading(run_dir, view: str = "samples") -> bool:
+    """Load the view into a table for a command that scans it many times: when it has many small parts
+    (the per-file cost of a scan dominates), not when it is large (a table would copy the catalog)."""
+    return estimated_rows(run_dir, view) <= LOAD_MAX_ROWS
 
 
 def load_table(con: duckdb.DuckDBPyConnection, run_dir, view: str, name: str, chunk: int = CHUNK_FILES) -> int:

@@ -11,7 +11,7 @@ import math
 import re
 from pathlib import Path
 
-from .duck import register, retry_by_generation
+from .duck import register, retry_by_generation, worth_loading
 from .rules import PERSON_BOX, PERSON_SCORE, RULES, Rule
 from .unit_stats import unit_outcomes
 
@@ -365,7 +365,8 @@ def open_runs(*run_dirs, by_generation: bool = False, load: bool = False):
 
     One run gets the plain names (samples, persons, shards, ...); several get r0_samples, r1_samples...
     by_generation: type the views from every part's columns (catalog.duck: runs with older parts).
-    load: `samples` is a temporary table of the run's rows, read once (catalog.duck.load_table).
+    load: `samples` is a temporary table of the run's rows, read once (catalog.duck.load_table), when
+    the run's parts are small (catalog.duck.worth_loading).
     """
     import tempfile
 
@@ -380,7 +381,8 @@ def open_runs(*run_dirs, by_generation: bool = False, load: bool = False):
                 raise FileNotFoundError(f"{run}: no such run directory")
             prefix = "" if len(run_dirs) == 1 else f"r{i}_"
             # load: a dozen scans follow, so the parts are read once, a chunk at a time (catalog.duck)
-            if f"{prefix}samples" not in register(con, run, prefix, by_generation, ("samples",) if load else ()):
+            loaded = ("samples",) if load and worth_loading(run) else ()
+            if f"{prefix}samples" not in register(con, run, prefix, by_generation, loaded):
                 raise FileNotFoundError(f"{run}: no catalog/samples/*.parquet in it; "
                                         "is it a curation run directory?")
             prefixes.append(prefix)

@@ -164,3 +164,15 @@ def test_load_table_reads_parts_in_chunks_of_any_generation(tmp_path):
         assert con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall() == [("samples",)]
         assert _art(con) == pytest.approx(view)
         assert [r[0] for r in con.execute("DESCRIBE samples").fetchall()] == catalog.SAMPLES.names
+
+
+def test_only_small_catalogs_are_loaded(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    for u in ("a", "b", "c"):
+        _part(run, u, _rows(u, 4))
+    assert duck.estimated_rows(run, "samples") == 12 and duck.worth_loading(run)
+    monkeypatch.setattr(duck, "LOAD_MAX_ROWS", 11)
+    assert not duck.worth_loading(run)
+    con, (p,) = stats.open_runs(run, load=True)  # large: the view stays a view, and the numbers agree
+    assert con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'samples'").fetchall() == [(1,)]
+    assert stats.totals(con, p)["inputs"] == 12
