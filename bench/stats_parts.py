@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import catalog  # noqa: E402
-from stats import CONFIG, STAGES, chunk  # noqa: E402  (bench/stats.py, this folder)
+from stats import CONFIG, chunk  # noqa: E402  (bench/stats.py, this folder)
 
 UNIT_ERRORS = [("not_a_tar", "not a tar archive (bad header checksum at byte 0)"),
                ("truncated", "tar ends inside member 00017.jpg at byte 81920"),
