@@ -8,7 +8,7 @@ from pathlib import Path
 
 QUANTILE_COLUMNS = [("min", "p0"), ("p5", "p5"), ("p25", "p25"), ("p50", "p50"), ("p75", "p75"),
                     ("p95", "p95"), ("max", "p100")]
-MAX_SOURCES = 25  # per-source rows printed; --json has them all
+MAX_SOURCES = 25  # per-source rows printed; --json has the first catalog.stats.MAX_PER_SOURCE
 
 
 def register(sub) -> None:
@@ -134,6 +134,7 @@ def format_stats(runs: list[dict], overlap: dict | None = None) -> str:
                 out.append(f"  skipped: {s} ({why})")
         out.append(f"  {tot['inputs']:,} inputs, {tot['kept']:,} kept ({tot['kept_pct']:.1f}%), "
                    f"{tot['decode_errors']:,} decode errors")
+        out.append(f"  {tot['units']:,} input units, {tot['units_with_errors']:,} units with errors")
 
     # funnel: the union of stages, in the first run's order
     stages = []
@@ -244,9 +245,25 @@ def format_stats(runs: list[dict], overlap: dict | None = None) -> str:
     section("Scores per stage (rows the stage measured)",
             _table(["score", "n"] + qhead + ["kept if", "fail"], rows) if rows else "  none measured")
 
+    body = []
+    for label, r in zip(labels, runs):
+        u = r["units"]
+        if not u["units_with_errors"]:
+            continue
+        head = f"  run {label}: " if multi else "  "
+        body.append(f"{head}{u['units_with_errors']:,} of {u['units']:,} units")
+        body.append(_table(["kind", "units", "example"],
+                           [[k["kind"], k["units"], (k["example"] or "")[:70]] for k in u["error_kinds"]]))
+        body.append(_table(["unit", "kind", "inputs read", "error"],
+                           [[f["unit"], f["kind"], f["inputs"], f["error"][:70]] for f in u["failed_units"]]))
+        if u["units_with_errors"] > u["failed_units_listed"]:
+            body.append(f"  (first {u['failed_units_listed']:,} by name; every marker: RUN/stats/*.json)")
+    section("Units with errors (read stopped at damage; rows before it kept)", "\n".join(body) or "  none")
+
     shards = []
     for r in runs:
         shards += [x["shard"] for x in r["per_source"] if x["shard"] not in shards]
+    n_sources = max((r["per_source"][0]["sources"] for r in runs if r["per_source"]), default=0)
     rows = []
     for shard in shards[:MAX_SOURCES]:
         row = [shard]
@@ -255,8 +272,9 @@ def format_stats(runs: list[dict], overlap: dict | None = None) -> str:
             row += [x["inputs"], _count_pct(x["kept"], x["kept_pct"]), x["decode_errors"], x["top_reason"] or ""] \
                 if x else ["", "", "", ""]
         rows.append(row)
-    more = f"\n  ... and {len(shards) - MAX_SOURCES:,} more sources (--json lists all)" if len(shards) > MAX_SOURCES else ""
-    section(f"Per source ({len(shards):,} input units)",
+    more = (f"\n  ... and {n_sources - min(len(shards), MAX_SOURCES):,} more sources (--json lists the first "
+            f"{len(shards):,})" if n_sources > min(len(shards), MAX_SOURCES) else "")
+    section(f"Per source ({n_sources:,} input units with rows)",
             _table(["source"] + [h for lab in labels for h in (f"inputs {lab}".strip(), f"kept {lab}".strip(),
                                                                  f"decode err {lab}".strip(), f"top reason {lab}".strip())],
                    rows) + more)
@@ -285,10 +303,10 @@ def format_stats(runs: list[dict], overlap: dict | None = None) -> str:
 
 # --- query ------------------------------------------------------------------------------------
 
-def cmd_query(args) -> int:
+def cmd_query(args, by_generation: bool = False) -> int:
     import duckdb
 
-    from .duck import connect
+    from .duck import connect, is_generation_mismatch
     from .io import atomic_path
 
     out = Path(args.out) if args.out else None
@@ -296,7 +314,7 @@ def cmd_query(args) -> int:
         print(f"humanset query: --out {out}: the file must end in .parquet or .csv", file=sys.stderr)
         return 2
     try:
-        con = connect(args.run)
+        con = connect(args.run, by_generation=by_generation)
     except FileNotFoundError as e:
         print(f"humanset query: {e}", file=sys.stderr)
         return 2
@@ -321,6 +339,9 @@ def cmd_query(args) -> int:
         print(f"wrote {n:,} rows to {out}")
         return 0
     except duckdb.Error as e:
+        if is_generation_mismatch(e) and not by_generation:  # the run holds parts of an older schema
+            con.close()
+            return cmd_query(args, by_generation=True)
         views = ", ".join(r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal "
                                                     "ORDER BY 1").fetchall())
         print(f"humanset query: {e}\n(views of this run: {views})", file=sys.stderr)

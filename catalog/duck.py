@@ -1,9 +1,42 @@
-"""DuckDB over a run directory: every Parquet table of the run as a view, read in place."""
+"""DuckDB over a run directory: every Parquet table of the run as a view, read in place.
+
+How the views are typed (the cost of a view must not grow with the number of parts; a billion-image
+run has ~10^6 catalog parts):
+
+- A view's columns and types come from its declared schema in catalog/schema.py, handed to DuckDB's
+  `read_parquet(..., bound_schema=...)` (DuckDB >= 2.0). Making the view reads no part's footer;
+  each part is opened, mapped by column name and cast only when a query scans it, so a part with a
+  corrupt footer fails that scan, naming the file, never the view. `union_by_name = true` is not
+  used on this path: it reads and keeps every part's footer when the view is made (135 MB per
+  1,000 parts).
+- One part is sniffed (the first the directory listing yields, one footer): its key-value metadata
+  names its schema (`humanset.schema`: RUN/shards/*.parquet of a render run are `frames`, of a
+  curation run `curated_index`), and its columns say whether it holds every declared column.
+- Generations. Columns are only ever added (catalog/schema.py: a new nullable column is
+  compatible), so the declared schema is the union of every version written so far and older
+  parts hold a subset of it. DuckDB's `bound_schema` and `schema` (field-id) options give no
+  per-file NULL for a column a part lacks by name, so a run with parts of an older generation is
+  read by generations: every part's columns are listed once, streamed (pyarrow, one footer at a
+  time, nothing kept but the distinct column sets). One generation (an old run read by a newer
+  humanset) binds to the columns it has and gives the others as typed NULLs. Several generations
+  (a run resumed across an upgrade) fall back to `union_by_name` over the parts, with the NULLs
+  projected in the same way.
+- A run whose sniffed part is current but which also holds older parts (a resumed run) fails a scan
+  that reads a newer column of an older part with DuckDB's "schema mismatch" error, naming the file:
+  `is_generation_mismatch(e)` tells the callers (`humanset stats`, `query`, `report`, `select`) to
+  open the run again with `by_generation=True`. No part's column is ever dropped silently: the bound
+  schema is the newest, and a part lacking one of its columns is an error, never a NULL.
+"""
 from __future__ import annotations
 
+import fnmatch
+import os
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
+
+from .schema import CURATED_INDEX, FRAMES, HDRIS, SAMPLES, SCANS, SCHEMAS
 
 # view name -> glob inside a run directory
 VIEWS = {
@@ -13,6 +46,8 @@ VIEWS = {
     "hdris": "catalog/hdris/*.parquet",
     "frames": "catalog/frames/*.parquet",
 }
+# the schema a view's parts declare when their metadata does not say
+DECLARED = {"samples": SAMPLES, "shards": CURATED_INDEX, "scans": SCANS, "hdris": HDRIS, "frames": FRAMES}
 
 # one row per detected person, from the samples' list columns
 PERSONS_SQL = """
@@ -29,6 +64,33 @@ FROM samples s, (SELECT unnest(range(1, 1 + max(len(person_scores)))) AS i FROM 
 WHERE p.i <= len(s.person_scores)
 """
 
+_SCALARS = {pa.string(): "VARCHAR", pa.large_string(): "VARCHAR", pa.bool_(): "BOOLEAN",
+            pa.int8(): "TINYINT", pa.int16(): "SMALLINT", pa.int32(): "INTEGER", pa.int64(): "BIGINT",
+            pa.uint8(): "UTINYINT", pa.uint16(): "USMALLINT", pa.uint32(): "UINTEGER", pa.uint64(): "UBIGINT",
+            pa.float32(): "FLOAT", pa.float64(): "DOUBLE", pa.binary(): "BLOB", pa.large_binary(): "BLOB"}
+
+
+def duck_type(t: pa.DataType) -> str:
+    """The DuckDB type of an Arrow column as DuckDB reads it back from Parquet (a fixed-size list is a
+    plain list in Parquet)."""
+    if t in _SCALARS:
+        return _SCALARS[t]
+    if pa.types.is_timestamp(t):
+        return "TIMESTAMP WITH TIME ZONE" if t.tz else "TIMESTAMP"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return duck_type(t.value_type) + "[]"
+    if pa.types.is_struct(t):
+        return "STRUCT(" + ", ".join(f"{_ident(f.name)} {duck_type(f.type)}" for f in t) + ")"
+    raise TypeError(f"no DuckDB type for Arrow type {t}")
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _lit(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
 
 def glob_escape(path: str) -> str:
     """`path` as a DuckDB glob that matches only itself: a run folder named `exp[1]` or `a*b` must
@@ -36,16 +98,111 @@ def glob_escape(path: str) -> str:
     return "".join(f"[{c}]" if c in "[*?" else c for c in str(path))
 
 
+def _glob(run: Path, view: str) -> str:
+    return f"{glob_escape(run)}/{VIEWS[view]}"
+
+
+def _bound(schema: pa.Schema, names=None) -> str:
+    """A `bound_schema` struct literal: column -> DuckDB type, for the columns in `names` (all)."""
+    fields = [f for f in schema if names is None or f.name in names]
+    return "{" + ", ".join(f"{_lit(f.name)}: {_lit(duck_type(f.type))}" for f in fields) + "}"
+
+
+def _projection(schema: pa.Schema, present) -> str:
+    """Every declared column, in declared order: the part's own, or a typed NULL where it has none."""
+    return ", ".join(_ident(f.name) if f.name in present else f"NULL::{duck_type(f.type)} AS {_ident(f.name)}"
+                     for f in schema)
+
+
+def typed_scan(glob: str, schema: pa.Schema) -> str:
+    """`read_parquet` over parts of `schema`'s current generation, typed from the schema: no footer
+    is read until a query scans the parts."""
+    return (f"read_parquet({_lit(glob)}, bound_schema = {_bound(schema)}, hive_partitioning = false)")
+
+
 def parts_sql(run_dir, view: str) -> str:
-    """`read_parquet(...)` over one view's files, for a query that scans a whole run (the engine's
-    final counts). The views unify the parts' schemas by name, which reads every file's footer when
-    the view is made: 135 MB more at 1,000 parts, so O(parts) on one process. The parts of one view
-    of one run come from one writer with one schema, so this reads them as they are."""
-    glob = f"{glob_escape(Path(run_dir))}/{VIEWS[view]}".replace("'", "''")
-    return f"read_parquet('{glob}')"
+    """A typed `read_parquet(...)` over one view's files of a run this humanset wrote (the engine's
+    final counts): every part holds the current declared columns, and no footer is read up front."""
+    return typed_scan(_glob(Path(run_dir), view), DECLARED[view])
 
 
-def connect(run_dir, database: str = ":memory:", prefix: str = "") -> duckdb.DuckDBPyConnection:
+def _parts(run: Path, view: str):
+    """The view's parts, from a directory listing read lazily (never the whole listing in memory:
+    a folder may hold 10^6 parts). Our writers' temporary files start with a dot."""
+    folder, pattern = (run / VIEWS[view]).parent, Path(VIEWS[view]).name
+    try:
+        with os.scandir(folder) as it:
+            for e in it:
+                if fnmatch.fnmatchcase(e.name, pattern) and not e.name.startswith("."):
+                    yield Path(e.path)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+
+
+SNIFF_TRIES = 8  # parts tried for a readable footer before the view is typed as current unseen
+
+
+def sniff(run: Path, view: str) -> tuple[bool, pa.Schema | None]:
+    """(the view has parts, the schema of the first of them whose footer reads). A damaged part is
+    not an error here: it fails the scan that reaches it, naming the file."""
+    n = 0
+    for path in _parts(run, view):
+        try:
+            return True, _part_schema(path)
+        except duckdb.Error:
+            n += 1
+            if n >= SNIFF_TRIES:
+                break
+    return n > 0, None
+
+
+def _declared_for(view: str, part_schema: pa.Schema) -> pa.Schema:
+    name = (part_schema.metadata or {}).get(b"humanset.schema", b"").decode()
+    return SCHEMAS.get(name, DECLARED[view])
+
+
+def _part_schema(path: Path) -> pa.Schema:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_schema(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise duckdb.InvalidInputException(f"{path}: not a readable Parquet file ({e}); "
+                                           "remove it or rerun the command that wrote it") from e
+
+
+def column_sets(run: Path, view: str) -> set[frozenset]:
+    """The distinct column sets of a view's parts: every footer read once, one at a time, nothing kept
+    but the sets (a run has a handful of generations, not one per part)."""
+    return {frozenset(_part_schema(path).names) for path in _parts(run, view)}
+
+
+def view_sql(run: Path, view: str, by_generation: bool = False) -> str | None:
+    """The SELECT of one view, or None when the run has no part of it."""
+    found, sniffed = sniff(run, view)
+    if not found:
+        return None
+    declared = DECLARED[view] if sniffed is None else _declared_for(view, sniffed)
+    glob = _glob(run, view)
+    if not by_generation and (sniffed is None or set(declared.names) <= set(sniffed.names)):
+        return f"SELECT * FROM {typed_scan(glob, declared)}"
+    sets = column_sets(run, view)
+    if len(sets) == 1:  # one generation: bind the columns it has, NULL for the rest
+        present = set(declared.names) & next(iter(sets))
+        return (f"SELECT {_projection(declared, present)} FROM read_parquet({_lit(glob)}, "
+                f"bound_schema = {_bound(declared, present)}, hive_partitioning = false)")
+    present = set(declared.names) & set().union(*sets)
+    return f"SELECT {_projection(declared, present)} FROM read_parquet({_lit(glob)}, union_by_name = true)"
+
+
+def is_generation_mismatch(e: BaseException) -> bool:
+    """DuckDB's error for a part lacking a column the view was bound with (a part of an older
+    generation in a run whose views were typed as current): open the run with by_generation=True."""
+    return isinstance(e, duckdb.Error) and "schema mismatch in glob" in str(e)
+
+
+def connect(run_dir, database: str = ":memory:", prefix: str = "",
+            by_generation: bool = False) -> duckdb.DuckDBPyConnection:
     """Open DuckDB with the run's Parquet files registered as views.
 
     Views exist only for tables the run has. `prefix` names them `{prefix}samples`, ... so that
@@ -55,21 +212,118 @@ def connect(run_dir, database: str = ":memory:", prefix: str = "") -> duckdb.Duc
     if not run.is_dir():
         raise FileNotFoundError(f"{run}: no such run directory")
     con = duckdb.connect(database)
-    register(con, run, prefix)
+    try:
+        register(con, run, prefix, by_generation)
+    except BaseException:
+        con.close()
+        raise
     return con
 
 
-def register(con: duckdb.DuckDBPyConnection, run_dir, prefix: str = "") -> list[str]:
+def register(con: duckdb.DuckDBPyConnection, run_dir, prefix: str = "", by_generation: bool = False,
+             load: tuple[str, ...] = ()) -> list[str]:
+    """Create the run's views on `con`; those named in `load` become temporary tables (load_table)."""
     run = Path(run_dir)
     made = []
-    for view, pattern in VIEWS.items():
-        if any(run.glob(pattern)):
-            glob = f"{glob_escape(run)}/{pattern}".replace("'", "''")
-            con.execute(f"CREATE OR REPLACE VIEW {prefix}{view} AS "
-                        f"SELECT * FROM read_parquet('{glob}', union_by_name = true)")
+    for view in VIEWS:
+        if view in load:
+            if sniff(run, view)[0]:
+                load_table(con, run, view, prefix + view)
+                made.append(prefix + view)
+            continue
+        sql = view_sql(run, view, by_generation)
+        if sql is not None:
+            con.execute(f"CREATE OR REPLACE VIEW {prefix}{view} AS {sql}")
             made.append(prefix + view)
     if f"{prefix}samples" in made:
         con.execute(f"CREATE OR REPLACE VIEW {prefix}persons AS "
                     + PERSONS_SQL.replace("FROM samples", f"FROM {prefix}samples"))
         made.append(prefix + "persons")
     return made
+
+
+CHUNK_FILES = 1000  # parts per scan when a view is loaded into a table: DuckDB holds ~4 KB per file a scan reads
+LOAD_MAX_ROWS = 20_000_000  # load_table only below this estimate: above, the parts are large and few per row
+
+
+def estimated_rows(run_dir, view: str) -> int:
+    """Rows of a view guessed from one footer: the first readable part's rows times the parts (one
+    directory listing, counted, not kept)."""
+    import pyarrow.parquet as pq
+
+    run = Path(run_dir)
+    n, rows = 0, None
+    for path in _parts(run, view):
+        n += 1
+        if rows is None:
+            try:
+                rows = pq.read_metadata(path).num_rows
+            except (pa.ArrowInvalid, OSError):
+                pass
+    return n * (rows or 0)
+
+
+def worth_loading(run_dir, view: str = "samples") -> bool:
+    """Load the view into a table for a command that scans it many times: when it has many small parts
+    (the per-file cost of a scan dominates), not when it is large (a table would copy the catalog)."""
+    return estimated_rows(run_dir, view) <= LOAD_MAX_ROWS
+
+
+def load_table(con: duckdb.DuckDBPyConnection, run_dir, view: str, name: str, chunk: int = CHUNK_FILES) -> int:
+    """Replace the view `name` by a temporary table of the view's parts, read `chunk` parts per scan;
+    return its rows.
+
+    DuckDB 2.0.1 holds ~4 KB per file for as long as a scan over many files runs (measured with
+    3-column files too, freed when the query ends), so a command that scans a run a dozen times
+    (`humanset stats`, `report`) reads it once, in chunks: its memory is the rows', not the parts'.
+    A chunk with parts of an older generation is read by name (`union_by_name` over that chunk only),
+    the columns it lacks NULL."""
+    run = Path(run_dir)
+    found, sniffed = sniff(run, view)
+    declared = DECLARED[view] if sniffed is None else _declared_for(view, sniffed)
+    cols = ", ".join(f"{_ident(f.name)} {duck_type(f.type)}" for f in declared)
+    con.execute(f"DROP VIEW IF EXISTS {name}")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} ({cols})")
+    names = ", ".join(_ident(f.name) for f in declared)
+    parts = _parts(run, view)
+    # with insertion order kept, DuckDB buffers each file's rows apart (~150 KB per part); order is no contract
+    con.execute("SET preserve_insertion_order = false")
+    try:
+        _load_chunks(con, parts, name, names, declared, chunk)
+    finally:
+        con.execute("RESET preserve_insertion_order")
+    return con.execute(f"SELECT count(*) FROM {name}").fetchone()[0]
+
+
+def _load_chunks(con, parts, name: str, names: str, declared: pa.Schema, chunk: int) -> None:
+    import itertools
+
+    while True:
+        batch = [str(p) for p in itertools.islice(parts, chunk)]
+        if not batch:
+            break
+        files = "[" + ", ".join(_lit(glob_escape(b)) for b in batch) + "]"
+        try:
+            con.execute(f"INSERT INTO {name} SELECT {names} FROM read_parquet({files}, bound_schema = "
+                        f"{_bound(declared)}, hive_partitioning = false)")
+        except duckdb.Error as e:
+            if not is_generation_mismatch(e):
+                raise
+            present = set(declared.names) & set().union(*(set(_part_schema(Path(b)).names) for b in batch))
+            con.execute(f"INSERT INTO {name} SELECT {_projection(declared, present)} FROM read_parquet({files}, "
+                        "union_by_name = true)")
+
+
+def retry_by_generation(fn):
+    """fn(by_generation=False); again with by_generation=True when a part of an older generation
+    turns up in a run whose views were typed as current."""
+    try:
+        return fn(by_generation=False)
+    except duckdb.Error as e:
+        if not is_generation_mismatch(e):
+            raise
+        return fn(by_generation=True)
+
+
+__all__ = ["VIEWS", "DECLARED", "connect", "register", "parts_sql", "typed_scan", "duck_type", "glob_escape",
+           "is_generation_mismatch", "retry_by_generation", "view_sql", "column_sets"]

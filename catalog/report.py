@@ -293,8 +293,14 @@ QHEAD = ["measure", "n", "min", "p5", "p25", "p50", "p75", "p95", "max"]
 
 def render_report(run_dir, *, thumbs: int = 12, seed: int = 0, max_reasons: int = 12, max_sources: int = 200) -> str:
     """The report of `run_dir` as one HTML string."""
-    run = Path(run_dir)
-    con, (p,) = st.open_runs(run)
+    from .duck import retry_by_generation
+
+    return retry_by_generation(lambda by_generation: _render(Path(run_dir), thumbs, seed, max_reasons, max_sources,
+                                                             by_generation))
+
+
+def _render(run: Path, thumbs: int, seed: int, max_reasons: int, max_sources: int, by_generation: bool) -> str:
+    con, (p,) = st.open_runs(run, by_generation=by_generation, load=True)
     try:
         manifest = st.read_manifest(run)
         s = st.collect(con, manifest, run, p)
@@ -304,6 +310,7 @@ def render_report(run_dir, *, thumbs: int = 12, seed: int = 0, max_reasons: int 
         info, tot = s["run"], s["totals"]
         meta = [["inputs", tot["inputs"]], ["kept", f"{tot['kept']:,} ({tot['kept_pct']:.1f}%)"],
                 ["decode errors", tot["decode_errors"]],
+                ["input units", tot["units"]], ["units with errors", tot["units_with_errors"]],
                 ["stages", " → ".join(info["stages"] or []) or "unknown (no manifest.json)"],
                 ["started", info["started"]], ["finished", info["finished"]]]
         meta += [[f"skipped: {k}", v] for k, v in (info["skipped_stages"] or {}).items()]
@@ -391,13 +398,28 @@ def render_report(run_dir, *, thumbs: int = 12, seed: int = 0, max_reasons: int 
                                             ["largest cluster", d["largest_cluster"]],
                                             ["largest cluster's canonical", d["largest_canonical"]]]))
 
+        u = s["units"]
+        parts.append(f"<h2>Units with errors ({u['units_with_errors']:,} of {u['units']:,} input units)</h2>")
+        if u["units_with_errors"]:
+            parts.append(_html_table(["kind", "units", "example"],
+                                     [[k["kind"], k["units"], k["example"]] for k in u["error_kinds"]]))
+            parts.append(_html_table(["unit", "kind", "inputs read", "error"],
+                                     [[f["unit"], f["kind"], f["inputs"], f["error"]] for f in u["failed_units"]]))
+            if u["units_with_errors"] > u["failed_units_listed"]:
+                parts.append(f"<p class=muted>first {u['failed_units_listed']:,} by name; the rest: "
+                             "RUN/stats/*.json</p>")
+        else:
+            parts.append("<p class=muted>every unit was read to its end</p>")
+
         src = s["per_source"]
-        parts.append(f"<h2>Per source ({len(src):,} input units)</h2>")
+        n_src = src[0]["sources"] if src else 0
+        parts.append(f"<h2>Per source ({n_src:,} input units with rows)</h2>")
         parts.append(_html_table(["source", "inputs", "kept", "kept %", "decode errors", "top reason"],
                                  [[r["shard"], r["inputs"], r["kept"], r["kept_pct"], r["decode_errors"],
                                    r["top_reason"]] for r in src[:max_sources]]))
-        if len(src) > max_sources:
-            parts.append(f"<p class=muted>... {len(src) - max_sources:,} more: humanset stats RUN --json</p>")
+        if n_src > min(len(src), max_sources):
+            parts.append(f"<p class=muted>... {n_src - min(len(src), max_sources):,} more: "
+                         "humanset query RUN \"SELECT shard, count(*) FROM samples GROUP BY 1\"</p>")
         if s["curated"]:
             c = s["curated"]
             parts.append(f"<p>Curated shards: {c['shards']:,} files, {c['samples']:,} samples, "

@@ -11,8 +11,9 @@ import math
 import re
 from pathlib import Path
 
-from .duck import register
+from .duck import register, retry_by_generation, worth_loading
 from .rules import PERSON_BOX, PERSON_SCORE, RULES, Rule
+from .unit_stats import unit_outcomes
 
 QUANTILES = (0.0, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0)
 PERSON_BUCKETS = ("1", "2", "3", "4", "5+")
@@ -80,13 +81,14 @@ def totals(con, p: str = "") -> dict:
     return {"inputs": n, "kept": kept, "rejected": n - kept, "kept_pct": _pct(kept, n), "decode_errors": bad}
 
 
-def funnel(con, manifest: dict, p: str = "") -> list[dict]:
+def funnel(con, manifest: dict, p: str = "", n: int | None = None) -> list[dict]:
     """inputs -> remaining after each stage -> kept, from each row's first failing stage.
 
     Works for cascade runs and --score-all runs alike, since reject_reason is the first failure in
     stage order. Rejections by a stage the manifest does not list are shown after the listed ones.
     """
-    n = con.execute(f"SELECT count(*) FROM {p}samples").fetchone()[0]
+    if n is None:
+        n = con.execute(f"SELECT count(*) FROM {p}samples").fetchone()[0]
     dropped = dict(con.execute(
         f"SELECT coalesce(nullif(split_part(reject_reason, ':', 1), ''), '(no reason)'), count(*) "
         f"FROM {p}samples WHERE {FAILED} GROUP BY 1").fetchall())
@@ -110,10 +112,11 @@ def funnel(con, manifest: dict, p: str = "") -> list[dict]:
     return out
 
 
-def reasons(con, p: str = "") -> list[dict]:
+def reasons(con, p: str = "", n: int | None = None) -> list[dict]:
     """Reject reasons (normalised to 'stage:kind') with the number of samples they rejected first,
     and the number they failed at all (differs from `first` when later stages scored rejected rows)."""
-    n = con.execute(f"SELECT count(*) FROM {p}samples").fetchone()[0]
+    if n is None:
+        n = con.execute(f"SELECT count(*) FROM {p}samples").fetchone()[0]
     # group the raw strings first: few distinct values, so the regex runs on those only
     first = {r[0]: r[1:] for r in con.execute(f"""
         SELECT {REASON_KIND.format(col='r')}, sum(n)::BIGINT, min(r)
@@ -253,18 +256,23 @@ def _number(t) -> bool:
     return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
 
 
-def per_source(con, p: str = "") -> list[dict]:
-    """One row per input unit (shard): inputs, kept, decode errors and its most common reason."""
+MAX_PER_SOURCE = 1000  # per-source rows returned (a crawl has ~10^6 units; the markers count them all)
+
+
+def per_source(con, p: str = "", limit: int = MAX_PER_SOURCE) -> list[dict]:
+    """One row per input unit (shard), the first `limit` by name: inputs, kept, decode errors and its
+    most common reason. Each row carries `sources`, the number of units with rows."""
     rows = _rows(con, f"""
-        WITH raw AS (SELECT shard, reject_reason AS r, count(*) AS n FROM {p}samples
-                     WHERE reject_reason IS NOT NULL GROUP BY 1, 2),
+        WITH c AS (SELECT shard, count(*) AS inputs, count(*) FILTER (WHERE keep) AS kept,
+                          count(*) FILTER (WHERE decode_error IS NOT NULL) AS decode_errors
+                   FROM {p}samples GROUP BY shard),
+             first AS (SELECT *, count(*) OVER () AS sources FROM c ORDER BY shard LIMIT {int(limit)}),
+             raw AS (SELECT shard, reject_reason AS r, count(*) AS n FROM {p}samples
+                     WHERE reject_reason IS NOT NULL AND shard IN (SELECT shard FROM first) GROUP BY 1, 2),
              kinds AS (SELECT shard, {REASON_KIND.format(col='r')} AS kind, sum(n) AS n FROM raw GROUP BY 1, 2),
              top AS (SELECT shard, arg_max(kind, n) AS top_reason FROM kinds GROUP BY 1)
-        SELECT c.*, top.top_reason FROM (
-            SELECT shard, count(*) AS inputs, count(*) FILTER (WHERE keep) AS kept,
-                   count(*) FILTER (WHERE decode_error IS NOT NULL) AS decode_errors
-            FROM {p}samples GROUP BY shard) c
-        LEFT JOIN top ON c.shard IS NOT DISTINCT FROM top.shard ORDER BY c.shard""")
+        SELECT first.*, top.top_reason FROM first
+        LEFT JOIN top ON first.shard IS NOT DISTINCT FROM top.shard ORDER BY first.shard""")
     for r in rows:
         r["kept_pct"] = _pct(r["kept"], r["inputs"])
     return rows
@@ -272,9 +280,11 @@ def per_source(con, p: str = "") -> list[dict]:
 
 def duplicates(con, p: str = "") -> dict:
     """Duplicate clusters: how many, how large, exact vs near, and the largest one's canonical."""
-    n_dup, clusters, largest, canonical, exact, near = con.execute(f"""
+    # count(DISTINCT) in a query of its own: beside FILTERed aggregates DuckDB 2.0 held ~20 KB per part
+    clusters = con.execute(f"SELECT count(*) FROM (SELECT DISTINCT dup_of FROM {p}samples "
+                           f"WHERE dup_of <> sample_id)").fetchone()[0]
+    n_dup, largest, canonical, exact, near = con.execute(f"""
         SELECT count(*) FILTER (WHERE dup_of <> sample_id),
-               count(DISTINCT dup_of) FILTER (WHERE dup_of <> sample_id),
                max(dup_cluster_size),
                arg_max(coalesce(dup_of, sample_id), dup_cluster_size) FILTER (WHERE dup_cluster_size > 1),
                count(*) FILTER (WHERE dup_kind = 'exact' AND dup_of <> sample_id),
@@ -313,11 +323,14 @@ def collect(con, manifest: dict, run_dir, p: str = "", exact: bool | None = None
     tot = totals(con, p)
     if exact is None:
         exact = tot["inputs"] <= EXACT_MAX_ROWS
+    units = unit_outcomes(run_dir)
+    tot.update(units=units["units"], units_with_errors=units["units_with_errors"])
     return {
         "run": run_info(manifest, run_dir),
         "totals": tot,
-        "funnel": funnel(con, manifest, p),
-        "reasons": reasons(con, p),
+        "units": units,
+        "funnel": funnel(con, manifest, p, tot["inputs"]),
+        "reasons": reasons(con, p, tot["inputs"]),
         "decode_errors": decode_errors(con, p),
         "formats": formats(con, p),
         "persons_per_kept_image": persons_per_image(con, p),
@@ -347,21 +360,29 @@ def overlap(con, pa_: str, pb: str) -> dict:
             "only_in_a": row[3], "only_in_b": row[4], "why_b_rejected_a_kept": why}
 
 
-def open_runs(*run_dirs):
+def open_runs(*run_dirs, by_generation: bool = False, load: bool = False):
     """A DuckDB connection with each run's views registered, and the view prefix of each run.
 
     One run gets the plain names (samples, persons, shards, ...); several get r0_samples, r1_samples...
+    by_generation: type the views from every part's columns (catalog.duck: runs with older parts).
+    load: `samples` is a temporary table of the run's rows, read once (catalog.duck.load_table), when
+    the run's parts are small (catalog.duck.worth_loading).
     """
+    import tempfile
+
     import duckdb
 
-    con = duckdb.connect()
+    # a loaded table larger than DuckDB's memory spills to the system's temporary folder, never the cwd
+    con = duckdb.connect(config={"temp_directory": str(Path(tempfile.gettempdir()) / "humanset-duckdb")})
     prefixes = []
     try:
         for i, run in enumerate(run_dirs):
             if not Path(run).is_dir():
                 raise FileNotFoundError(f"{run}: no such run directory")
             prefix = "" if len(run_dirs) == 1 else f"r{i}_"
-            if f"{prefix}samples" not in register(con, run, prefix):
+            # load: a dozen scans follow, so the parts are read once, a chunk at a time (catalog.duck)
+            loaded = ("samples",) if load and worth_loading(run) else ()
+            if f"{prefix}samples" not in register(con, run, prefix, by_generation, loaded):
                 raise FileNotFoundError(f"{run}: no catalog/samples/*.parquet in it; "
                                         "is it a curation run directory?")
             prefixes.append(prefix)
@@ -373,7 +394,11 @@ def open_runs(*run_dirs):
 
 def run_stats(*run_dirs) -> dict:
     """Statistics of one run, or of several side by side with their overlap ({'runs': [...]})."""
-    con, prefixes = open_runs(*run_dirs)
+    return retry_by_generation(lambda by_generation: _run_stats(run_dirs, by_generation))
+
+
+def _run_stats(run_dirs, by_generation: bool) -> dict:
+    con, prefixes = open_runs(*run_dirs, by_generation=by_generation, load=True)
     try:
         results = [collect(con, read_manifest(r), r, p) for r, p in zip(run_dirs, prefixes)]
         if len(run_dirs) == 1:

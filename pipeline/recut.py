@@ -5,12 +5,15 @@ A threshold that needs a score the run never computed is refused, naming the sta
 """
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 from collections import defaultdict
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 import catalog
 from catalog import SAMPLES
@@ -19,8 +22,8 @@ from catalog.sources import read_source
 from . import console
 from . import dedup as dedup_mod
 from .config import apply_sets
-from .decide import decide, funnel
-from .engine import _now, _versions, write_curated
+from .decide import decide
+from .engine import _now, _versions, funnel_from_counts, write_curated
 from .stages import REGISTRY, build_stages
 
 log = logging.getLogger("humanset.select")
@@ -68,65 +71,110 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
     if (out / "manifest.json").exists():
         raise SelectError(f"{out}: already holds a run; choose a new --output")
     stages = [s for s in build_stages(cfg) if s.name in manifest["stages"]]
-    con = catalog.connect(run_p)
-    table = con.sql("SELECT * FROM samples ORDER BY shard, key").to_arrow_table()
-    table = catalog.conform(table, SAMPLES)
-    if any(k.startswith("dedup.") or k.startswith("size.") for k in changed):
-        table = _redo_dedup(table, stages, cfg)
-    table = decide(table, stages)
-    _refuse_unscored(table, stages)
+    dedup = _redo_dedup(run_p, stages, cfg) if any(k.startswith(("dedup.", "size.")) for k in changed) else None
 
-    kept = table.filter(table.column("keep"))
-    log.info("select: %d of %d samples kept (was %d)", kept.num_rows, table.num_rows,
-             manifest["counts"]["kept"])
-    stored = _stored_members(run_p)
-    by_unit = defaultdict(list)
-    for i, u in enumerate(table.column("shard").to_pylist()):
-        by_unit[u].append(i)
-    for unit, rows in console.progress(iterable=sorted(by_unit.items()), desc="select", enabled=progress):
-        part = table.take(pa.array(rows, pa.int64()))
+    # two passes over the parts, one unit at a time (memory flat in the number of parts): the first
+    # refuses thresholds the stored scores cannot decide, before anything is written
+    unscored: dict[str, int] = {}
+    for _, part in _parts(run_p, progress=False):
+        for name, n in _unscored(decide(_with_dedup(part, dedup), stages), stages).items():
+            unscored[name] = unscored.get(name, 0) + n
+    for name, missing in unscored.items():
+        raise SelectError(f"{missing} samples now reach the {name} stage but were never scored by it "
+                          f"(the cascade skipped them); rerun `humanset curate` with these thresholds or "
+                          f"with --score-all")
+
+    first: dict[str, int] = {}
+    n_rows = n_kept = 0
+    for unit, part in _parts(run_p, progress):
+        part = decide(_with_dedup(part, dedup), stages)
         keep = part.filter(part.column("keep"))
-        images = _images(run_p, keep, stored)
-        written = write_curated(out / "shards", unit, keep, images, cfg)
+        images = _images(run_p, keep, _unit_members(run_p, unit))
+        written = write_curated(out / "shards", unit, keep, images, cfg) if keep.num_rows else []
         catalog.write_parquet(out / "catalog" / "samples" / f"{unit}.parquet", part)
         reasons = defaultdict(int)
         for r in part.column("reject_reason").to_pylist():
             if r:
                 reasons[r] += 1
-        catalog.write_json(out / "stats" / f"{unit}.json", {
-            "unit": unit, "inputs": part.num_rows, "kept": keep.num_rows, "rejected": dict(sorted(reasons.items())),
-            "shards": written, "selected_from": str(run_p), "finished": _now()})
-    first = table.column("reject_reason").to_pylist()
+                first[r.split(":", 1)[0]] = first.get(r.split(":", 1)[0], 0) + 1
+        marker = {"unit": unit, "inputs": part.num_rows, "kept": keep.num_rows, "rejected": dict(sorted(reasons.items())),
+                  "shards": written, "selected_from": str(run_p), "finished": _now()}
+        marker.update(_unit_error(run_p, unit))  # a failed unit stays failed in the selection
+        catalog.write_json(out / "stats" / f"{unit}.json", marker)
+        n_rows += part.num_rows
+        n_kept += keep.num_rows
+    log.info("select: %d of %d samples kept (was %d)", n_kept, n_rows, manifest["counts"]["kept"])
     result = {**{k: manifest.get(k) for k in ("inputs", "stages", "skipped_stages", "score_all", "units")},
               "config": cfg, "selected_from": str(run_p.resolve()), "changed": changed, "started": _now(),
               "finished": _now(), "status": "complete", "versions": _versions(),
-              "funnel": funnel(first, manifest["stages"]),
-              "counts": {"inputs": table.num_rows, "kept": kept.num_rows}}
+              "funnel": funnel_from_counts(first, n_rows, manifest["stages"]),
+              "counts": {"inputs": n_rows, "kept": n_kept}}
     catalog.write_json(out / "manifest.json", result)
     return result
 
 
-def _redo_dedup(table: pa.Table, stages, cfg: dict) -> pa.Table:
-    """Recluster among samples passing decode and size under the new thresholds."""
+def _parts(run: Path, progress: bool):
+    """(unit, its catalog rows conformed to SAMPLES) for every catalog part, read one at a time, in
+    name order. Parts of an older schema generation get the columns added since as nulls; a part
+    with zero rows is a unit too (its marker and counts carry over)."""
+    folder = run / "catalog" / "samples"
+    names = sorted(e.name for e in os.scandir(folder) if e.name.endswith(".parquet") and not e.name.startswith("."))
+    for name in console.progress(iterable=names, desc="select", enabled=progress):
+        path = folder / name
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise SelectError(f"{path}: not a readable catalog part ({e}); rerun `humanset curate` on {run} "
+                              "to rewrite it") from e
+        table = catalog.conform(table.select([c for c in table.column_names if c in SAMPLES.names]), SAMPLES)
+        yield name[:-len(".parquet")], table.sort_by("key")
+
+
+def _unit_error(run: Path, unit: str) -> dict:
+    """The unit error fields of the unit's marker in the run (none when it read cleanly)."""
+    try:
+        old = catalog.read_json(run / "stats" / f"{unit}.json")
+    except (OSError, ValueError):
+        return {}
+    return {k: old[k] for k in ("unit_error", "unit_error_kind") if old.get(k)} if isinstance(old, dict) else {}
+
+
+def _redo_dedup(run: Path, stages, cfg: dict) -> dict[str, tuple]:
+    """Recluster among samples passing decode and size under the new thresholds: sample_id ->
+    (dup_of, dup_kind, dup_cluster_size) of every candidate. The candidates' hashes are read part by
+    part; the clustering itself is global."""
     early = [s for s in stages if s.name in ("decode", "size")]
-    reasons = [s.reject(table) for s in early]
-    alive = pa.array([not any(r[i] for r in reasons) for i in range(table.num_rows)], pa.bool_())
-    cand = table.filter(alive).select(["sample_id", "sha256", "phash", "width", "height"])
+    cols = ["sample_id", "sha256", "phash", "width", "height"]
+    cands = []
+    for _, part in _parts(run, progress=False):
+        part = decide(part, early)  # derive + the early stages' reasons, as the cascade saw them
+        cands.append(part.filter(part.column("keep")).select(cols))
+    cand = pa.concat_tables(cands) if cands else catalog.conform([], SAMPLES).select(cols)
     d = cfg.get("dedup", {})
     result = dedup_mod.cluster(cand, d.get("max_distance", 4), d.get("exact", True))
-    row = pc.index_in(table.column("sample_id"), value_set=result.column("sample_id"))  # null: not a candidate
-    for col in ("dup_of", "dup_kind", "dup_cluster_size"):
+    return dict(zip(result.column("sample_id").to_pylist(),
+                    zip(*(result.column(c).to_pylist() for c in ("dup_of", "dup_kind", "dup_cluster_size")))))
+
+
+def _with_dedup(table: pa.Table, dedup: dict | None) -> pa.Table:
+    """The unit's dup columns from a reclustering (null for rows that were no candidate)."""
+    if dedup is None:
+        return table
+    got = [dedup.get(sid) for sid in table.column("sample_id").to_pylist()]
+    for k, col in enumerate(("dup_of", "dup_kind", "dup_cluster_size")):
         idx = table.schema.get_field_index(col)
-        table = table.set_column(idx, col, result.column(col).take(row).cast(SAMPLES.field(col).type))
+        table = table.set_column(idx, col, pa.array([g[k] if g else None for g in got], SAMPLES.field(col).type))
     return table
 
 
-def _refuse_unscored(table: pa.Table, stages) -> None:
-    """A sample that now reaches a stage it was never scored by cannot be decided from the run."""
+def _unscored(table: pa.Table, stages) -> dict[str, int]:
+    """Per score stage, samples that now reach it but were never scored by it (the cascade skipped
+    them): a threshold the run's stored scores cannot decide."""
     order = [s.name for s in stages]
     scored = table.column("scored_stages").to_pylist()
     reasons = table.column("reject_reasons").to_pylist()
     decoded = pc.is_null(table.column("decode_error")).to_pylist()
+    out = {}
     for s in stages:
         if s.phase != "score":
             continue
@@ -135,18 +183,22 @@ def _refuse_unscored(table: pa.Table, stages) -> None:
                       if ok and s.name not in (sc or [])
                       and all(order.index(r.split(":")[0]) >= pos for r in rs or []))
         if missing:
-            raise SelectError(f"{missing} samples now reach the {s.name} stage but were never scored by it "
-                              f"(the cascade skipped them); rerun `humanset curate` with these thresholds or "
-                              f"with --score-all")
+            out[s.name] = missing
+    return out
 
 
-def _stored_members(run: Path) -> dict[str, tuple[Path, int, int]]:
+def _unit_members(run: Path, unit: str) -> dict[str, tuple[Path, int, int]]:
+    """sample_id -> (tar, offset, size) of the image member, from the unit's curated shards
+    ({unit}-00000.tar, -00001, ... as engine.write_curated names them)."""
     out = {}
-    if not catalog.list_shards(run / "shards"):
-        return out
-    for r in catalog.read_index(run / "shards").select(["sample_id", "shard", "members"]).to_pylist():
-        m = next(m for m in r["members"] if not m["name"].endswith(".json"))
-        out[r["sample_id"]] = (run / "shards" / r["shard"], m["offset"], m["size"])
+    for i in itertools.count():
+        tar = run / "shards" / f"{unit}-{i:05d}.tar"
+        index = catalog.index_path(tar)
+        if not index.exists():
+            return out
+        for r in pq.read_table(index, columns=["sample_id", "shard", "members"]).to_pylist():
+            m = next(m for m in r["members"] if not m["name"].endswith(".json"))
+            out[r["sample_id"]] = (run / "shards" / r["shard"], m["offset"], m["size"])
     return out
 
 
