@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from .duck import register, retry_by_generation, worth_loading
-from .rules import PERSON_BOX, PERSON_SCORE, RULES, Rule
+from .rules import INPUT_STAGE, PERSON_BOX, PERSON_SCORE, RULES, Rule
 from .unit_stats import unit_outcomes
 
 QUANTILES = (0.0, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0)
@@ -100,6 +100,8 @@ def funnel(con, manifest: dict, p: str = "", n: int | None = None) -> list[dict]
         stages = [s for s in configured if s in stages or s in skipped] + \
                  [s for s in stages if s not in configured] + [s for s in skipped if s not in configured]
     stages += sorted((s for s in dropped if s not in stages), key=lambda s: -dropped[s])
+    if INPUT_STAGE in stages:  # samples the source never gave bytes for (a failed download) come first
+        stages = [INPUT_STAGE] + [s for s in stages if s != INPUT_STAGE]
     out = [{"stage": "inputs", "count": n, "pct": _pct(n, n), "dropped": 0}]
     left = n
     for s in stages:
