@@ -3,7 +3,7 @@
 Imports nothing else of humanset; pipeline/, render/ and training/ build on it.
 """
 from .duck import connect
-from .io import RunLocked, atomic_path, clean_tmp, read_json, run_lock, write_bytes, write_json, write_parquet
+from .io import RunLocked, atomic_path, clean_tmp, commit_together, read_json, run_lock, write_bytes, write_json, write_parquet
 from .schema import (CURATED_INDEX, FRAMES, HDRIS, SAMPLES, SCANS, SCHEMA_VERSION, SCHEMAS,
                      conform)
 from .shards import (ShardTruncated, ShardWriter, TarRecord, index_path, iter_tar, list_shards,
@@ -12,7 +12,7 @@ from .storage import (ConditionalWritesUnsupported, Entry, Storage, StorageError
                       open_storage)
 
 __all__ = [
-    "connect", "RunLocked", "run_lock", "atomic_path", "clean_tmp", "read_json", "write_bytes", "write_json", "write_parquet",
+    "connect", "RunLocked", "run_lock", "atomic_path", "clean_tmp", "commit_together", "read_json", "write_bytes", "write_json", "write_parquet",
     "CURATED_INDEX", "FRAMES", "HDRIS", "SAMPLES", "SCANS", "SCHEMA_VERSION", "SCHEMAS", "conform",
     "ShardTruncated", "ShardWriter", "TarRecord", "index_path", "iter_tar", "list_shards", "read_index",
     "read_member", "readable_name", "split_member", "unsafe_member",

@@ -1,6 +1,8 @@
 """Atomic writers: write to a temporary name in the same folder, then rename into place.
 
-A crash leaves at most a `*.tmp-*` file, never a half file under the final name.
+A crash leaves at most a `*.tmp-*` file, never a half file under the final name. Each file is
+fsynced before its rename; inside `commit_together()` a task's many small files are flushed with
+one sync of their file system instead, then renamed in the order they were written.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,19 +26,105 @@ def tmp_name(path: str | os.PathLike) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
+class Commits:
+    """The files written inside one commit_together(), waiting for their sync and rename."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.pending, self._sealed = folder, [], 0
+
+    def seal(self) -> None:
+        """What was written so far is complete (e.g. one unit's files, its marker last): it is
+        committed even if a later write fails."""
+        self._sealed = len(self.pending)
+
+    def drop_unsealed(self) -> None:
+        for tmp, _ in self.pending[self._sealed:]:
+            Path(tmp).unlink(missing_ok=True)
+        del self.pending[self._sealed:]
+
+    def commit(self) -> None:
+        if not self.pending:
+            return
+        _sync(self.folder, [tmp for tmp, _ in self.pending])
+        for tmp, path in self.pending:  # after the sync: no name is durable before its bytes
+            os.replace(tmp, path)
+        self.pending.clear()
+
+
+_local = threading.local()
+
+
+def _sync(folder: Path, files: list) -> None:
+    """One syncfs(2) of the folder's file system (Linux), else one fsync per file."""
+    try:
+        import ctypes
+        syncfs = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        syncfs = None
+    if syncfs is not None:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            if syncfs(fd) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err), str(folder))
+        finally:
+            os.close(fd)
+        return
+    for f in files:
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+
+
+@contextmanager
+def commit_together(folder: str | os.PathLike):
+    """Atomic writes inside the block are committed at its end with one sync (see Commits); on an
+    error the sealed ones are committed and the rest removed. Nested blocks join the outer one."""
+    if getattr(_local, "commits", None) is not None:
+        yield _local.commits
+        return
+    c = _local.commits = Commits(Path(folder))
+    try:
+        yield c
+    except BaseException:
+        c.drop_unsealed()
+        _local.commits = None
+        c.commit()
+        raise
+    _local.commits = None
+    try:
+        c.commit()
+    except BaseException:
+        for tmp, _ in c.pending:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def commit(tmp: str | os.PathLike, path: str | os.PathLike) -> bool:
+    """Put a finished temporary file in place: fsync and rename now, or at the end of the
+    commit_together() block this runs in. True when deferred (the temporary file stays for now)."""
+    c = getattr(_local, "commits", None)
+    if c is not None:
+        c.pending.append((Path(tmp), Path(path)))
+        return True
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return False
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike):
-    """Yield a temporary path; on success fsync and rename it to `path`, on error remove it."""
+    """Yield a temporary path; on success fsync and rename it to `path` (see commit), on error
+    remove it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp_name(path)
+    deferred = False
     try:
         yield tmp
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        deferred = commit(tmp, path)
     finally:
-        if tmp.exists():
+        if not deferred and tmp.exists():
             tmp.unlink()
 
 

@@ -9,7 +9,6 @@ place first, the index second: an index on disk means its tar is whole.
 from __future__ import annotations
 
 import json
-import os
 import re
 import tarfile
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .io import atomic_path, tmp_name
+from .io import atomic_path, commit, tmp_name
 from .schema import conform
 from .tars import ShardTruncated, TarRecord, iter_tar, readable_name, split_member, unsafe_member  # noqa: F401
 
@@ -118,10 +117,8 @@ class ShardWriter:
         # end of archive as tarfile writes it: two zero blocks, then zeros up to a whole record
         end = self._offset + 2 * tarfile.BLOCKSIZE
         self._fh.write(tarfile.NUL * (2 * tarfile.BLOCKSIZE + -end % tarfile.RECORDSIZE))
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
         self._fh.close()
-        os.replace(self._tmp, self.folder / self._name)
+        commit(self._tmp, self.folder / self._name)
         table = conform(self._rows, self.schema)
         with atomic_path(index_path(self.folder / self._name)) as tmp:
             pq.write_table(table, tmp, compression="zstd")

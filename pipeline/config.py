@@ -44,6 +44,8 @@ CHECKS: dict[str, Check] = {
     "engine.task_poll_s": Check(("number",), low=0.001, high=1),
     "engine.max_batch_bytes": Check(("int",), low=1 << 16),
     "engine.window_units": Check(("int",), low=1),
+    "engine.bundle_bytes": Check(("int",), low=0),
+    "engine.bundle_units": Check(("int",), low=1),
     "ray.address": Check(("str",), nullable=True),
     "ray.num_cpus": Check(("int",), nullable=True, low=1),
     "*.batch_size": Check(("int",), low=1),

@@ -65,22 +65,21 @@ _now = now
 RUN_WRITERS = ["", "stats", "catalog/samples", "shards", "work/measure", "work/dedup", "work/dedup/pairs"]  # where
 # our writers write in a RUN (clean_tmp looks only there)
 DEFAULT_WINDOW_UNITS = 2048  # engine.window_units: units one Ray Data pipeline is given at a time
+DEFAULT_BUNDLE_BYTES = 8 << 20  # engine.bundle_bytes: units smaller than this together share a task
+DEFAULT_BUNDLE_UNITS = 64  # engine.bundle_units: at most this many units in one task
+ESTIMATED_FILE_BYTES = 256 << 10  # a loose file's bytes for bundling (a folder's listing does not stat)
 
 
 # --------------------------------------------------------------------------------------------
 # Ray Data functions of each phase (run on workers; thin: the work is in unit_io)
 
-def _one_unit(batch: pa.Table, run: Path) -> Unit:
-    """The block's unit with its files, read from its line of RUN/units.jsonl (the driver hands
-    out units without their files)."""
-    items = batch.column("unit").to_pylist()
-    if len(items) != 1:  # one block per unit; anything else is a bug here
-        raise RunError(f"engine: a block holds {len(items)} units, expected 1")
-    return load_unit(Unit.from_dict(json.loads(items[0])), listing_path(run))
-
-
-def _unit_id(batch: pa.Table) -> str:
-    return json.loads(batch.column("unit")[0].as_py())["unit_id"]
+def _units_of(batch: pa.Table, run: Path) -> list[Unit]:
+    """The block's units with their files, read from their lines of RUN/units.jsonl (the driver
+    hands out units without their files). A block is one bundle: one unit, or several small ones."""
+    items = batch.column("units").to_pylist()
+    if len(items) != 1:  # one block per bundle; anything else is a bug here
+        raise RunError(f"engine: a block holds {len(items)} bundles, expected 1")
+    return [load_unit(Unit.from_dict(d), listing_path(run)) for d in json.loads(items[0])]
 
 
 @contextmanager
@@ -96,29 +95,61 @@ def _faults_reported(run: str, unit_id: str, out: list):
         out.append(summary(unit_id, 0, fault=fault))
 
 
+def _faulted(out: list) -> bool:
+    return out[-1].column("fault")[0].as_py() is not None
+
+
+def _each_unit(batch: pa.Table, run: str, work) -> pa.Table:
+    """work(unit) -> summary for each unit of the block's bundle, one after the other, their files
+    committed together (one sync for the bundle; a unit's files count once it finished). A fault of
+    the environment ends the bundle with its summary (the driver stops the run on it); anything
+    else propagates (the task is retried, then its unfinished units isolated)."""
+    out: list = []
+    units = _units_of(batch, Path(run))
+    try:
+        with catalog.commit_together(run) as commits:
+            for unit in units:
+                with _faults_reported(run, unit.unit_id, out):
+                    out.append(work(unit))
+                if _faulted(out):  # the rest of the bundle waits for the rerun
+                    commits.drop_unsealed()
+                    break
+                commits.seal()
+    except Exception as e:  # the commit itself (a sync or rename on a full disk)
+        fault = environment_fault(e, run)
+        if fault is None:
+            raise
+        out.append(summary(units[0].unit_id, 0, fault=fault))
+    return pa.concat_tables(out)
+
+
 def _measure_block(batch: pa.Table, run: str, limits: dict, cfg: dict, score_all: bool) -> pa.Table:
-    out: list = []
-    with _faults_reported(run, _unit_id(batch), out):
-        stages = [s for s in build_stages(cfg) if s.phase == "measure" and s.name in cfg["stages"]]
-        out.append(measure_unit(Path(run), _one_unit(batch, Path(run)), stages, limits, score_all,
-                                max_batch_bytes(cfg)))
-    return out[-1]
+    """Phase 1 of a bundle's units: their summaries."""
+    stages = [s for s in build_stages(cfg) if s.phase == "measure" and s.name in cfg["stages"]]
+    return _each_unit(batch, run, lambda unit: measure_unit(Path(run), unit, stages, limits, score_all,
+                                                            max_batch_bytes(cfg)))
 
 
-def _score_block(batch: pa.Table, run: str, limits: dict, score_all: bool, cfg: dict) -> pa.Table:
+def _score_block(batch: pa.Table, run: str, limits: dict, score_all: bool, cfg: dict, fused: bool = False) -> pa.Table:
+    """Phase 3's read of one unit, whose rows go on to the stages; or, with `fused` (no stage in
+    phase 3), read and write of each unit of the bundle: their summaries."""
+    if fused:
+        return _each_unit(batch, run, lambda unit: finish_unit(Path(run), read_for_score(Path(run), unit, limits,
+                                                                                          score_all), cfg))
     out: list = []
-    with _faults_reported(run, _unit_id(batch), out):
-        table = read_for_score(Path(run), _one_unit(batch, Path(run)), limits, score_all)
-        if table.num_rows == 0:  # Ray Data drops empty blocks: an empty unit is finished here, and its
-            # summary passes the stages and the writer untouched
-            out.append(finish_unit(Path(run), table, cfg))
-        else:
+    unit = _units_of(batch, Path(run))[0]  # unbundled: one unit a block
+    with _faults_reported(run, unit.unit_id, out):
+        table = read_for_score(Path(run), unit, limits, score_all)
+        if table.num_rows:
             return table
+        # an empty unit is finished here (Ray Data drops empty blocks): its summary passes the stages
+        # and the writer untouched
+        out.append(finish_unit(Path(run), table, cfg))
     return out[-1]
 
 
 def _finish_unit_block(batch: pa.Table, run: str, cfg: dict) -> pa.Table:
-    if "fault" in batch.column_names:  # a summary from _score_block (empty unit, fault) passes through
+    if "fault" in batch.column_names:  # summaries from _score_block (empty units, faults) pass through
         return batch
     out: list = []
     with _faults_reported(run, unit_meta(batch)["unit"]["unit_id"], out):
@@ -165,9 +196,40 @@ def _unit_blocks(ray, cpus: float | None = None):
 
 
 
-def _units_ds(units: list[Unit]):
+def _weight(u: Unit) -> int:
+    """A unit's bytes as the listing saw them; a unit of unknown size weighs a full bundle."""
+    if u.bytes:
+        return u.bytes
+    return u.count * ESTIMATED_FILE_BYTES if u.kind == "files" and u.count else 1 << 62
+
+
+def bundles(units: list[Unit], cfg: dict, cpus: float) -> list[list[Unit]]:
+    """Consecutive units packed into tasks: small units share one (engine.bundle_bytes,
+    engine.bundle_units), so Ray's cost per task is paid per bundle, not per unit; a window keeps
+    at least 4 tasks per CPU, so a cluster's CPUs all have work."""
+    eng = cfg.get("engine", {})
+    cap_bytes = int(eng.get("bundle_bytes") or DEFAULT_BUNDLE_BYTES)
+    cap_units = max(1, min(int(eng.get("bundle_units") or DEFAULT_BUNDLE_UNITS), len(units) // max(1, int(4 * cpus))))
+    out: list[list[Unit]] = []
+    cur: list[Unit] = []
+    size = 0
+    for u in units:
+        w = _weight(u)
+        if cur and (len(cur) >= cap_units or size + w > cap_bytes):
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(u)
+        size += w
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _units_ds(units: list[Unit], cfg: dict, bundled: bool):
     import ray
-    return ray.data.from_items([{"unit": json.dumps(u.to_dict())} for u in units], override_num_blocks=len(units))
+    groups = bundles(units, cfg, ray.cluster_resources().get("CPU", 1)) if bundled else [[u] for u in units]
+    return ray.data.from_items([{"units": json.dumps([u.to_dict() for u in g])} for g in groups],
+                               override_num_blocks=len(groups))
 
 
 def _drain(batches, total: int, desc: str, progress: bool, bar=None) -> set[str]:
@@ -189,6 +251,16 @@ def _drain(batches, total: int, desc: str, progress: bool, bar=None) -> set[str]
 @contextmanager
 def _same(bar):
     yield bar
+
+
+def _failed(units: list[Unit], done: set[str], folder: Path, suffix: str) -> list[Unit]:
+    """The units of a window with no summary and no output: a task that failed for good loses its
+    whole bundle's summaries, but the units it finished before have their files."""
+    missing = [u for u in units if u.unit_id not in done]
+    if not missing:
+        return []
+    finished = NameSet(folder, suffix)
+    return [u for u in missing if u.unit_id not in finished]
 
 
 def _retries(cfg: dict) -> int:
@@ -247,11 +319,11 @@ def _measure(run: Path, units: list[Unit], cfg: dict, score_all: bool, bar, prog
     measure_cpus = max([s.resources.num_cpus for s in build_stages(cfg)
                         if s.phase == "measure" and s.name in cfg["stages"]] or [1.0])
     with _unit_blocks(ray, cpus):
-        ds = _units_ds(units).map_batches(
+        ds = _units_ds(units, cfg, bundled=True).map_batches(
             _measure_block, fn_kwargs=dict(run=str(run), limits=_limits(cfg), cfg=cfg, score_all=score_all),
             batch_size=None, batch_format="pyarrow", num_cpus=measure_cpus, max_retries=retries)
         done = _drain(ds.iter_batches(batch_format="pyarrow", batch_size=None), len(units), "measure", True, bar)
-    failed = [u for u in units if u.unit_id not in done]
+    failed = _failed(units, done, run / "work" / "measure", ".parquet")
     if failed:
         _isolate(run, failed, "measure", cfg, score_all, progress)
 
@@ -261,7 +333,12 @@ def _score_ds(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, scor
     import ray
     retries = _retries(cfg)
     with _unit_blocks(ray):  # a Dataset keeps the context it was built in
-        ds = _units_ds(units)
+        if not stages:  # read and write in one task per bundle
+            return _units_ds(units, cfg, bundled=True).map_batches(
+                _score_block, fn_kwargs=dict(run=str(run), limits=_limits(cfg), score_all=score_all, cfg=cfg,
+                                             fused=True),
+                batch_size=None, batch_format="pyarrow", max_retries=retries)
+        ds = _units_ds(units, cfg, bundled=False)
         if gate is not None:  # one zero-CPU task at a time waits (no CPU or worker per unit held); once
             # the gate is open a unit passes in a few milliseconds, far below its work downstream
             ds = ds.map_batches(_after_gate, fn_kwargs=dict(gate=gate[0], token=gate[1]), batch_size=None,
@@ -282,7 +359,7 @@ def _score_and_write(run: Path, units: list[Unit], stages: list[Stage], cfg: dic
     else:
         ds = _score_ds(run, units, stages, cfg, score_all)
         done = _drain(ds.iter_batches(batch_format="pyarrow", batch_size=None), len(units), "score+write", True, bar)
-    failed = [u for u in units if u.unit_id not in done]
+    failed = _failed(units, done, run / "stats", ".json")
     if failed:
         _isolate(run, failed, "score", cfg, score_all, progress)
 

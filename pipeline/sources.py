@@ -70,12 +70,14 @@ class Unit:
     count: int = 0  # ... and how many sources it has
     errors: dict[str, str] = field(default_factory=dict)  # kind "files": file index -> why it is no source
     error: str = ""  # the listing could not read the rest of this unit's input (a unit-level error)
+    bytes: int = 0  # kind "tar": the shard's size when the listing saw it (0: not known); the engine
+    # packs small units into one task by it
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}  # asdict would deep-copy the file lists
         if self.offset < 0:  # a listing line: the unit with its files
             del d["offset"], d["count"]
-        for k in ("errors", "error"):  # written only when set: listings stay as they were
+        for k in ("errors", "error", "bytes"):  # written only when set: listings stay as they were
             if not d[k]:
                 del d[k]
         return d
@@ -83,7 +85,7 @@ class Unit:
     def brief(self) -> "Unit":
         """The unit without its files (what the driver holds and hands to the workers)."""
         return Unit(self.unit_id, self.kind, self.uri, root=self.root, offset=self.offset, count=self.count,
-                    error=self.error)
+                    error=self.error, bytes=self.bytes)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Unit":
@@ -274,11 +276,21 @@ def iter_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -
     exts = tuple(e.lower().lstrip(".") for e in exts)
     for kind, uri in _input_parts(inputs, exts):
         if kind == "tar":
-            yield Unit(Path(uri).stem, "tar", uri)
+            yield Unit(Path(uri).stem, "tar", uri, bytes=_size(uri))
         elif kind == "manifest":
             yield from _manifest_units(uri, files_per_unit)
         else:
             yield from _folder_units(Path(uri), files_per_unit, exts)
+
+
+def _size(uri: str) -> int:
+    """A local shard's size in bytes (one stat); 0 for a remote one (its listing has to say)."""
+    if _is_uri(uri) and not uri.startswith("file://"):
+        return 0
+    try:
+        return os.stat(uri.removeprefix("file://")).st_size
+    except OSError:
+        return 0
 
 
 def _sources(u: Unit) -> list[str]:

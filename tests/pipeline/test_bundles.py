@@ -1,0 +1,93 @@
+"""Small units share a task (engine.bundle_bytes / engine.bundle_units): the same catalog, shards and
+markers as one task per unit, and a bundle that crashes loses only its unfinished units."""
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from pipeline.engine import bundles
+from pipeline.sources import Unit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _unit(i, size=0, kind="tar", count=0):
+    return Unit(f"u{i:03d}", kind, f"/x/u{i:03d}.tar", bytes=size, count=count)
+
+
+def test_small_units_are_packed_big_and_unknown_ones_ride_alone():
+    cfg = {"engine": {"bundle_bytes": 1000, "bundle_units": 4}}
+    units = [_unit(i, 100) for i in range(10)] + [_unit(10, 5000), _unit(11, 0)] + [_unit(12 + i, 600) for i in range(3)]
+    groups = [[u.unit_id for u in g] for g in bundles(units, cfg, cpus=0.25)]
+    assert groups == [["u000", "u001", "u002", "u003"], ["u004", "u005", "u006", "u007"], ["u008", "u009"],
+                      ["u010"], ["u011"], ["u012"], ["u013"], ["u014"]]
+    assert [u.unit_id for g in bundles(units, cfg, 0.25) for u in g] == [u.unit_id for u in units]  # order kept
+
+
+def test_a_window_keeps_four_tasks_per_cpu():
+    units = [_unit(i, 10) for i in range(64)]
+    assert len(bundles(units, {}, cpus=2)) == 8  # 64 tiny units on 2 CPUs: 8 tasks of 8, not one of 64
+    assert len(bundles(units, {}, cpus=64)) == 64  # a big cluster: one unit a task
+
+
+def test_loose_files_weigh_by_their_count():
+    cfg = {"engine": {"bundle_bytes": 1 << 20}}
+    units = [_unit(i, kind="files", count=2) for i in range(4)]  # 2 files of ~256 KiB each
+    assert [len(g) for g in bundles(units, cfg, cpus=0.25)] == [2, 2]
+
+
+def _crawl(folder: Path, n: int) -> None:
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).resize((64, 64)).save(buf, "JPEG")
+        with tarfile.open(folder / f"{i:05d}.tar", "w") as tf:
+            info = tarfile.TarInfo(f"k{i:05d}.jpg")
+            info.size = len(buf.getvalue())
+            tf.addfile(info, io.BytesIO(buf.getvalue()))
+
+
+def _curate(crawl, run, *sets):
+    cmd = [sys.executable, str(ROOT / "pipeline" / "curate.py"), "--input", str(crawl), "--output", str(run),
+           "--no-progress", "--set", "ray.num_cpus=2", "--set", "stages=[decode,size,dedup]",
+           "--set", "size.min_short_side=32"]
+    for s in sets:
+        cmd += ["--set", s]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+
+
+def _catalog(run: Path):
+    return pq.read_table(sorted((run / "catalog" / "samples").glob("*.parquet"))).sort_by("sample_id")
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bundles")
+    _crawl(root / "crawl", 48)
+    _curate(root / "crawl", root / "bundled")  # 48 units of ~1 KB: bundles of up to 6 on 2 CPUs
+    _curate(root / "crawl", root / "single", "engine.bundle_units=1")
+    return root
+
+
+def test_bundled_and_single_unit_tasks_give_the_same_run(two_runs):
+    a, b = two_runs / "bundled", two_runs / "single"
+    ta, tb = _catalog(a), _catalog(b)
+    assert ta.num_rows == 48 and ta.equals(tb)
+    for folder in ("shards", "stats", "work/measure"):
+        assert sorted(os.listdir(a / folder)) == sorted(os.listdir(b / folder))
+    for tar in (a / "shards").glob("*.tar"):
+        assert tar.read_bytes() == (b / "shards" / tar.name).read_bytes()
+    marker = json.loads(next((a / "stats").glob("*.json")).read_text())
+    assert marker["inputs"] == 1 and marker["kept"] == 1
+    assert not [p for p in a.rglob(".*.tmp-*")]  # every temporary renamed or removed
