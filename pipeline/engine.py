@@ -716,23 +716,32 @@ def _curate_locked(run: Path, inputs: list[str], cfg: dict, score_all: bool, pro
         missing = next((u.unit_id for u in iter_listing(listing_path(run)) if u.unit_id not in done), "?")
         raise RunError(f"{n_units - len(done)} units have no stats marker after the run (e.g. {missing}); "
                        "rerun the same command to finish them")
-    counts, n_inputs, n_kept = _reason_counts(run)
+    counts, n_inputs, n_kept, reasons = _reason_counts(run)
     manifest.update(status="complete", finished=_now(), funnel=funnel_from_counts(counts, n_inputs, manifest["stages"]),
-                    counts={"inputs": n_inputs, "kept": n_kept}, seconds=seconds)
+                    counts={"inputs": n_inputs, "kept": n_kept}, reject_reasons=reasons, seconds=seconds)
     catalog.write_json(manifest_path, manifest)
     return manifest
 
 
-def _reason_counts(run: Path) -> tuple[dict[str, int], int, int]:
-    """Rejections per stage (first reason), inputs and kept, by DuckDB over the catalog."""
-    import duckdb
-    from catalog.duck import parts_sql
-    con = duckdb.connect()
-    rows = con.execute(f"SELECT split_part(reject_reason, ':', 1) AS stage, count(*) FROM "
-                       f"{parts_sql(run, 'samples')} GROUP BY 1").fetchall()
-    counts = {stage: n for stage, n in rows if stage is not None}
-    n_inputs = sum(n for _, n in rows)
-    return counts, n_inputs, sum(n for stage, n in rows if stage is None)
+def _reason_counts(run: Path) -> tuple[dict[str, int], int, int, dict[str, int]]:
+    """Rejections per stage (first reason), inputs, kept and the count of each reject reason, from
+    the units' stats markers read one at a time (the driver holds counters only; a DuckDB scan of
+    the catalog would hold ~4 KB per part until it ends)."""
+    by_stage: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    n_inputs = n_kept = 0
+    with os.scandir(run / "stats") as it:
+        for e in it:
+            if not e.name.endswith(".json") or e.name.startswith("."):
+                continue
+            m = catalog.read_json(e.path)
+            n_inputs += int(m.get("inputs") or 0)
+            n_kept += int(m.get("kept") or 0)
+            for reason, n in (m.get("rejected") or {}).items():
+                reasons[reason] = reasons.get(reason, 0) + n
+                stage = reason.split(":", 1)[0]
+                by_stage[stage] = by_stage.get(stage, 0) + n
+    return by_stage, n_inputs, n_kept, dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def funnel_from_counts(rejected: dict[str, int], n_inputs: int, stage_names: list[str]) -> list[dict]:

@@ -85,6 +85,7 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
                           f"with --score-all")
 
     first: dict[str, int] = {}
+    all_reasons: dict[str, int] = {}
     n_rows = n_kept = 0
     for unit, part in _parts(run_p, progress):
         part = decide(_with_dedup(part, dedup), stages)
@@ -96,6 +97,7 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
         for r in part.column("reject_reason").to_pylist():
             if r:
                 reasons[r] += 1
+                all_reasons[r] = all_reasons.get(r, 0) + 1
                 first[r.split(":", 1)[0]] = first.get(r.split(":", 1)[0], 0) + 1
         marker = {"unit": unit, "inputs": part.num_rows, "kept": keep.num_rows, "rejected": dict(sorted(reasons.items())),
                   "shards": written, "selected_from": str(run_p), "finished": _now()}
@@ -108,7 +110,8 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
               "config": cfg, "selected_from": str(run_p.resolve()), "changed": changed, "started": _now(),
               "finished": _now(), "status": "complete", "versions": _versions(),
               "funnel": funnel_from_counts(first, n_rows, manifest["stages"]),
-              "counts": {"inputs": n_rows, "kept": n_kept}}
+              "counts": {"inputs": n_rows, "kept": n_kept},
+              "reject_reasons": dict(sorted(all_reasons.items(), key=lambda kv: (-kv[1], kv[0])))}
     catalog.write_json(out / "manifest.json", result)
     return result
 

@@ -19,12 +19,15 @@ def funnel_table(manifest: dict) -> str:
 
 
 def print_funnel(manifest: dict, con=None) -> None:
+    """The funnel and the 15 commonest reject reasons: from the manifest's counts (`reject_reasons`,
+    summed from the units' markers), else from the catalog's views through `con`."""
     print("\nfunnel")
     print(funnel_table(manifest))
-    if con is not None:
+    reasons = sorted((manifest.get("reject_reasons") or {}).items(), key=lambda kv: (-kv[1], kv[0]))[:15]
+    if not reasons and con is not None and "reject_reasons" not in manifest:
         reasons = con.execute("SELECT reject_reason, count(*) FROM samples WHERE reject_reason IS NOT NULL "
                               "GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 15").fetchall()
-        if reasons:
-            print("\nreject reasons")
-            for reason, n in reasons:
-                print(f"  {n:>8}  {reason}")
+    if reasons:
+        print("\nreject reasons")
+        for reason, n in reasons:
+            print(f"  {n:>8}  {reason}")

@@ -86,3 +86,18 @@ def test_a_stage_list_without_dedup_runs_and_a_broken_one_is_refused_in_one_line
     assert p.returncode == 2 and "Traceback" not in p.stderr
     lines = [x for x in p.stderr.splitlines() if "error" in x]
     assert len(lines) == 1 and "starts with decode" in lines[0], p.stderr
+
+
+def test_the_closing_counts_come_from_the_markers_and_match_the_catalog(junk_run):
+    """The driver sums the units' markers (no scan of the catalog's parts): the same counts as
+    DuckDB over the catalog, reject reasons included, and the CLI prints them."""
+    crawl, run, p = junk_run
+    manifest = json.loads((run / "manifest.json").read_text())
+    con = catalog.connect(run)
+    want = dict(con.execute("SELECT reject_reason, count(*) FROM samples WHERE reject_reason IS NOT NULL "
+                            "GROUP BY 1").fetchall())
+    assert want and manifest["reject_reasons"] == want
+    n, kept = con.execute("SELECT count(*), sum(keep::int) FROM samples").fetchone()
+    assert manifest["counts"] == {"inputs": n, "kept": kept}
+    top = max(want, key=want.get)
+    assert f"{want[top]:>8}  {top}" in p.stdout  # the funnel's reject reasons, printed by curate
