@@ -359,6 +359,49 @@ def open_storage(uri_or_path: str | os.PathLike) -> Storage:
                      "gs://, hdfs:// or memory://")
 
 
+def is_uri(text: str | os.PathLike) -> bool:
+    """True for a URI of an object store or memory:// (file:// and plain paths are local)."""
+    text = os.fspath(text)
+    return "://" in text and not text.startswith("file://")
+
+
+_OPEN: dict[str, Storage] = {}
+
+
+def storage_for(uri_or_path: str | os.PathLike) -> Storage:
+    """open_storage, kept per process for URIs (a worker opens each bucket's client once)."""
+    text = os.fspath(uri_or_path)
+    if not is_uri(text):
+        return open_storage(text)
+    store = _OPEN.get(text)
+    if store is None:
+        if len(_OPEN) > 256:
+            _OPEN.clear()
+        store = _OPEN[text] = open_storage(text)
+    return store
+
+
+def locate(uri_or_path: str | os.PathLike) -> tuple[Storage, str]:
+    """(the Storage of a file's folder, the file's name): how one file of a URI or path is opened."""
+    text = os.fspath(uri_or_path).removeprefix("file://")
+    folder, _, name = text.rstrip("/").rpartition("/")
+    if not name:
+        raise ValueError(f"{text}: names no file")
+    if folder.endswith(":/"):  # s3://bucket (no key part)
+        raise ValueError(f"{text}: names a bucket, not a file")
+    if not folder:
+        folder = "/" if text.startswith("/") else "."
+    return storage_for(folder), name
+
+
+def run_root(output: str | os.PathLike) -> str:
+    """A run folder's canonical name: an absolute local path, or the URI without a trailing '/'."""
+    text = os.fspath(output)
+    if is_uri(text):
+        return open_storage(text).uri
+    return os.path.abspath(os.path.expanduser(text.removeprefix("file://")))
+
+
 def expand(pattern: str | os.PathLike) -> Iterator[str]:
     """Full URIs (or local paths) a shard pattern names: `s3://b/crawl/{00000..09999}.tar`, `.../*.tar`,
     or every file under a prefix that ends with `/` (streamed, as Storage.list)."""
