@@ -394,6 +394,52 @@ def locate(uri_or_path: str | os.PathLike) -> tuple[Storage, str]:
     return storage_for(folder), name
 
 
+def join(root: str | os.PathLike, *parts: str) -> str:
+    """`root/part/...` for a local folder or a URI (a string: a pathlib.Path would fold `s3://`)."""
+    text = os.fspath(root).rstrip("/")
+    return "/".join([text, *(p.strip("/") for p in parts if p)])
+
+
+# one file named by a URI or path (what pipeline/ passes around for files of a RUN)
+def write_parquet_at(uri, table: pa.Table) -> None:
+    store, name = locate(uri)
+    store.write_parquet(name, table)
+
+
+def write_bytes_at(uri, data: bytes) -> None:
+    store, name = locate(uri)
+    store.write_bytes(name, data)
+
+
+def write_json_at(uri, obj) -> None:
+    store, name = locate(uri)
+    store.write_json(name, obj)
+
+
+def read_json_at(uri):
+    store, name = locate(uri)
+    return store.read_json(name)
+
+
+def exists_at(uri) -> bool:
+    store, name = locate(uri)
+    return store.exists(name)
+
+
+def read_table_at(uri, **kw) -> pa.Table:
+    store, name = locate(uri)
+    try:
+        return pq.read_table(store.fs_path(name), filesystem=store.fs, **kw)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{store.uri_of(name)}: no such file") from None
+
+
+def read_schema_at(uri) -> pa.Schema:
+    store, name = locate(uri)
+    with store.open_input(name) as f:
+        return pq.read_schema(f)
+
+
 def run_root(output: str | os.PathLike) -> str:
     """A run folder's canonical name: an absolute local path, or the URI without a trailing '/'."""
     text = os.fspath(output)
@@ -427,6 +473,6 @@ def duckdb_connect_for(uri: str | os.PathLike, con=None):
     import duckdb
     store = open_storage(uri)
     con = con if con is not None else duckdb.connect()
-    if not isinstance(store, LocalStorage):
-        con.register_filesystem(store.fsspec())
+    if not isinstance(store, LocalStorage) and store.scheme not in con.list_filesystems():
+        con.register_filesystem(store.fsspec())  # one per scheme: the file system is not per bucket
     return con

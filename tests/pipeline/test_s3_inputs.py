@@ -9,7 +9,6 @@ import tarfile
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 import catalog
