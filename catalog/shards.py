@@ -170,6 +170,28 @@ def list_shards(folder) -> list[Path]:
     return sorted(p.with_suffix(".tar") for p in folder.glob("*.parquet") if p.with_suffix(".tar").exists())
 
 
+def list_shard_names(folder) -> list[str]:
+    """Names of the complete shards (a tar with its index) in a local folder or under a URI
+    (s3://bucket/runs/r1/shards: one streamed listing), sorted."""
+    from .storage import is_uri, storage_for
+    if not is_uri(os.fspath(folder)):
+        return [p.name for p in list_shards(folder)]
+    tars, indexes = set(), set()
+    for e in storage_for(os.fspath(folder)).list():
+        if "/" not in e.path and not e.path.startswith("."):
+            (tars if e.path.endswith(".tar") else indexes if e.path.endswith(".parquet") else set()).add(e.path)
+    return sorted(t for t in tars if t[:-4] + ".parquet" in indexes)
+
+
+def open_shard_file(folder, name: str):
+    """A random-access binary file of one file of a shard folder, local or on an object store (where
+    each read of a member is one ranged GET: no copy of the shard on local disk)."""
+    from .storage import is_uri, storage_for
+    if is_uri(os.fspath(folder)):
+        return storage_for(os.fspath(folder)).open_input(name)
+    return open(Path(folder) / name, "rb")
+
+
 def read_index(folder) -> pa.Table:
     """The concatenated Parquet index of every shard in `folder` (empty table if none)."""
     files = [str(index_path(p)) for p in list_shards(folder)]
