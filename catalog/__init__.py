@@ -7,14 +7,16 @@ from .io import RunLocked, atomic_path, clean_tmp, commit_together, read_json, r
 from .schema import (CURATED_INDEX, FRAMES, HDRIS, SAMPLES, SCANS, SCHEMA_VERSION, SCHEMAS,
                      conform)
 from .shards import (ShardTruncated, ShardWriter, TarRecord, index_path, iter_tar, list_shards,
-                     read_index, read_member, readable_name, split_member, unsafe_member)
+                     list_shard_names, open_shard_file, read_index, read_member, readable_name, split_member,
+                     unsafe_member)
 from .storage import (ConditionalWritesUnsupported, Entry, Storage, StorageError, duckdb_connect_for, expand,
                       open_storage)
 
 __all__ = [
     "connect", "RunLocked", "run_lock", "atomic_path", "clean_tmp", "commit_together", "read_json", "write_bytes", "write_json", "write_parquet",
     "CURATED_INDEX", "FRAMES", "HDRIS", "SAMPLES", "SCANS", "SCHEMA_VERSION", "SCHEMAS", "conform",
-    "ShardTruncated", "ShardWriter", "TarRecord", "index_path", "iter_tar", "list_shards", "read_index",
+    "ShardTruncated", "ShardWriter", "TarRecord", "index_path", "iter_tar", "list_shards", "list_shard_names",
+    "open_shard_file", "read_index",
     "read_member", "readable_name", "split_member", "unsafe_member",
     "ConditionalWritesUnsupported", "Entry", "Storage", "StorageError", "duckdb_connect_for", "expand", "open_storage",
 ]

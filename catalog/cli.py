@@ -363,7 +363,8 @@ def cmd_report(args) -> int:
 
     from .report import write_report
 
-    out = Path(args.out) if args.out else Path(args.run) / "report.html"
+    from .storage import is_uri
+    out = args.out if args.out and is_uri(args.out) else Path(args.out) if args.out else None
     try:
         path = write_report(args.run, out, thumbs=args.thumbs, seed=args.seed)
     except FileNotFoundError as e:
@@ -372,7 +373,7 @@ def cmd_report(args) -> int:
     except duckdb.Error as e:
         print(f"humanset report: {e}", file=sys.stderr)
         return 1
-    print(f"report: {path.resolve()}")
+    print(f"report: {path if isinstance(path, str) else path.resolve()}")
     return 0
 
 

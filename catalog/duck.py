@@ -120,15 +120,46 @@ def typed_scan(glob: str, schema: pa.Schema) -> str:
     return (f"read_parquet({_lit(glob)}, bound_schema = {_bound(schema)}, hive_partitioning = false)")
 
 
+def _run(run_dir):
+    """A local run as a Path, a run on an object store (s3://...) as its URI string: DuckDB reads
+    the latter through the storage layer registered as an fsspec file system (duckdb_connect_for)."""
+    from .storage import is_uri, run_root
+    text = os.fspath(run_dir)
+    return run_root(text) if is_uri(text) else Path(run_dir)
+
+
+def _remote(run) -> bool:
+    return isinstance(run, str)
+
+
+def run_exists(run) -> bool:
+    """A local run folder, or a URI under which the run has written its manifest or a catalog part."""
+    if not _remote(run):
+        return run.is_dir()
+    from .storage import storage_for
+    store = storage_for(run)
+    return store.exists("manifest.json") or next(iter(store.list("catalog")), None) is not None
+
+
 def parts_sql(run_dir, view: str) -> str:
     """A typed `read_parquet(...)` over one view's files of a run this humanset wrote (the engine's
     final counts): every part holds the current declared columns, and no footer is read up front."""
-    return typed_scan(_glob(Path(run_dir), view), DECLARED[view])
+    return typed_scan(_glob(_run(run_dir), view), DECLARED[view])
 
 
-def _parts(run: Path, view: str):
+def _parts(run, view: str):
     """The view's parts, from a directory listing read lazily (never the whole listing in memory:
-    a folder may hold 10^6 parts). Our writers' temporary files start with a dot."""
+    a folder may hold 10^6 parts; on an object store one page of keys at a time). Our writers'
+    temporary files start with a dot."""
+    if _remote(run):
+        from .storage import storage_for
+        store = storage_for(run)
+        folder, pattern = VIEWS[view].rsplit("/", 1)
+        for e in store.list(folder):
+            name = e.path[len(folder) + 1:]
+            if "/" not in name and fnmatch.fnmatchcase(name, pattern) and not name.startswith("."):
+                yield store.uri_of(e.path)
+        return
     folder, pattern = (run / VIEWS[view]).parent, Path(VIEWS[view]).name
     try:
         with os.scandir(folder) as it:
@@ -161,11 +192,12 @@ def _declared_for(view: str, part_schema: pa.Schema) -> pa.Schema:
     return SCHEMAS.get(name, DECLARED[view])
 
 
-def _part_schema(path: Path) -> pa.Schema:
+def _part_schema(path) -> pa.Schema:
     import pyarrow.parquet as pq
 
+    from .storage import is_uri, read_schema_at
     try:
-        return pq.read_schema(path)
+        return read_schema_at(path) if is_uri(os.fspath(path)) else pq.read_schema(path)
     except (pa.ArrowInvalid, OSError) as e:
         raise duckdb.InvalidInputException(f"{path}: not a readable Parquet file ({e}); "
                                            "remove it or rerun the command that wrote it") from e
@@ -208,8 +240,8 @@ def connect(run_dir, database: str = ":memory:", prefix: str = "",
     Views exist only for tables the run has. `prefix` names them `{prefix}samples`, ... so that
     several runs can be registered on one connection.
     """
-    run = Path(run_dir)
-    if not run.is_dir():
+    run = _run(run_dir)
+    if not run_exists(run):
         raise FileNotFoundError(f"{run}: no such run directory")
     con = duckdb.connect(database)
     try:
@@ -222,8 +254,12 @@ def connect(run_dir, database: str = ":memory:", prefix: str = "",
 
 def register(con: duckdb.DuckDBPyConnection, run_dir, prefix: str = "", by_generation: bool = False,
              load: tuple[str, ...] = ()) -> list[str]:
-    """Create the run's views on `con`; those named in `load` become temporary tables (load_table)."""
-    run = Path(run_dir)
+    """Create the run's views on `con`; those named in `load` become temporary tables (load_table).
+    A run on an object store: its store is registered on `con` (an fsspec file system) first."""
+    run = _run(run_dir)
+    if _remote(run):
+        from .storage import duckdb_connect_for
+        duckdb_connect_for(run, con)
     made = []
     for view in VIEWS:
         if view in load:
@@ -251,13 +287,19 @@ def estimated_rows(run_dir, view: str) -> int:
     directory listing, counted, not kept)."""
     import pyarrow.parquet as pq
 
-    run = Path(run_dir)
+    from .storage import locate
+    run = _run(run_dir)
     n, rows = 0, None
     for path in _parts(run, view):
         n += 1
         if rows is None:
             try:
-                rows = pq.read_metadata(path).num_rows
+                if _remote(run):
+                    store, name = locate(path)
+                    with store.open_input(name) as f:
+                        rows = pq.read_metadata(f).num_rows
+                else:
+                    rows = pq.read_metadata(path).num_rows
             except (pa.ArrowInvalid, OSError):
                 pass
     return n * (rows or 0)
@@ -278,7 +320,7 @@ def load_table(con: duckdb.DuckDBPyConnection, run_dir, view: str, name: str, ch
     (`humanset stats`, `report`) reads it once, in chunks: its memory is the rows', not the parts'.
     A chunk with parts of an older generation is read by name (`union_by_name` over that chunk only),
     the columns it lacks NULL."""
-    run = Path(run_dir)
+    run = _run(run_dir)
     found, sniffed = sniff(run, view)
     declared = DECLARED[view] if sniffed is None else _declared_for(view, sniffed)
     cols = ", ".join(f"{_ident(f.name)} {duck_type(f.type)}" for f in declared)
@@ -309,7 +351,7 @@ def _load_chunks(con, parts, name: str, names: str, declared: pa.Schema, chunk: 
         except duckdb.Error as e:
             if not is_generation_mismatch(e):
                 raise
-            present = set(declared.names) & set().union(*(set(_part_schema(Path(b)).names) for b in batch))
+            present = set(declared.names) & set().union(*(set(_part_schema(b).names) for b in batch))
             con.execute(f"INSERT INTO {name} SELECT {_projection(declared, present)} FROM read_parquet({files}, "
                         "union_by_name = true)")
 

@@ -29,8 +29,8 @@ def tmp_name(path: str | os.PathLike) -> Path:
 class Commits:
     """The files written inside one commit_together(), waiting for their sync and rename."""
 
-    def __init__(self, folder: Path):
-        self.folder, self.pending, self._sealed = folder, [], 0
+    def __init__(self):
+        self.pending, self._sealed = [], 0
 
     def seal(self) -> None:
         """What was written so far is complete (e.g. one unit's files, its marker last): it is
@@ -45,7 +45,7 @@ class Commits:
     def commit(self) -> None:
         if not self.pending:
             return
-        _sync(self.folder, [tmp for tmp, _ in self.pending])
+        _sync([tmp for tmp, _ in self.pending])
         for tmp, path in self.pending:  # after the sync: no name is durable before its bytes
             os.replace(tmp, path)
         self.pending.clear()
@@ -54,35 +54,39 @@ class Commits:
 _local = threading.local()
 
 
-def _sync(folder: Path, files: list) -> None:
-    """One syncfs(2) of the folder's file system (Linux), else one fsync per file."""
+def _sync(files: list) -> None:
+    """One syncfs(2) per file system the files are on (Linux), else one fsync per file."""
     try:
         import ctypes
-        syncfs = ctypes.CDLL(None, use_errno=True).syncfs
+        libc = ctypes.CDLL(None, use_errno=True)
+        syncfs = libc.syncfs
     except (OSError, AttributeError):
-        syncfs = None
-    if syncfs is not None:
+        for f in files:
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        return
+    folders = {}
+    for f in files:
+        parent = os.path.dirname(os.path.abspath(f))
+        folders.setdefault(os.stat(parent).st_dev, parent)
+    for folder in folders.values():
         fd = os.open(folder, os.O_RDONLY)
         try:
             if syncfs(fd) != 0:
                 err = ctypes.get_errno()
-                raise OSError(err, os.strerror(err), str(folder))
+                raise OSError(err, os.strerror(err), folder)
         finally:
             os.close(fd)
-        return
-    for f in files:
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
 
 
 @contextmanager
-def commit_together(folder: str | os.PathLike):
-    """Atomic writes inside the block are committed at its end with one sync (see Commits); on an
+def commit_together():
+    """Atomic writes (local files) inside the block are committed at its end with one sync (see Commits); on an
     error the sealed ones are committed and the rest removed. Nested blocks join the outer one."""
     if getattr(_local, "commits", None) is not None:
         yield _local.commits
         return
-    c = _local.commits = Commits(Path(folder))
+    c = _local.commits = Commits()
     try:
         yield c
     except BaseException:

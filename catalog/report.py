@@ -219,6 +219,9 @@ def kept_sheet(con, run: Path, n: int, seed: int, person: dict, read=read_source
         m = next((m for m in r["members"] if m["name"].rsplit(".", 1)[-1].lower() in IMAGE_EXTS), None)
         if m is None:
             raise FileNotFoundError(f"{r['curated_shard']}: no image member for {r['sample_id']}")
+        if isinstance(run, str):  # a run on an object store: one ranged read
+            from .storage import storage_for
+            return storage_for(run).read_range(f"shards/{r['curated_shard']}", m["offset"], m["size"])
         return read_member(run / "shards" / r["curated_shard"], m["offset"], m["size"])
 
     return "".join(_tile(r, lambda r=r: data(r), person) for r in rows)
@@ -295,7 +298,8 @@ def render_report(run_dir, *, thumbs: int = 12, seed: int = 0, max_reasons: int 
     """The report of `run_dir` as one HTML string."""
     from .duck import retry_by_generation
 
-    return retry_by_generation(lambda by_generation: _render(Path(run_dir), thumbs, seed, max_reasons, max_sources,
+    from .duck import _run
+    return retry_by_generation(lambda by_generation: _render(_run(run_dir), thumbs, seed, max_reasons, max_sources,
                                                              by_generation))
 
 
@@ -439,6 +443,13 @@ def _render(run: Path, thumbs: int, seed: int, max_reasons: int, max_sources: in
 
 def write_report(run_dir, out=None, *, thumbs: int = 12, seed: int = 0) -> Path:
     """Write the report of `run_dir` to `out` (default RUN/report.html) atomically; return its path."""
-    out = Path(out) if out else Path(run_dir) / "report.html"
-    write_bytes(out, render_report(run_dir, thumbs=thumbs, seed=seed).encode())
+    from .storage import is_uri, join, write_bytes_at
+    if out is None and is_uri(run_dir):
+        out = join(run_dir, "report.html")
+    out = out if is_uri(str(out or "")) else Path(out) if out else Path(run_dir) / "report.html"
+    data = render_report(run_dir, thumbs=thumbs, seed=seed).encode()
+    if isinstance(out, str):
+        write_bytes_at(out, data)  # RUN/report.html on the object store
+    else:
+        write_bytes(out, data)
     return out

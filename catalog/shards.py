@@ -9,6 +9,7 @@ place first, the index second: an index on disk means its tar is whole.
 from __future__ import annotations
 
 import json
+import os
 import re
 import tarfile
 from pathlib import Path
@@ -71,7 +72,11 @@ class ShardWriter:
 
     def __init__(self, folder, prefix: str, schema: pa.Schema, max_count: int = 10_000,
                  max_bytes: int = 1 << 30):
-        self.folder = Path(folder)
+        from .storage import Storage
+        # a folder on an object store (a catalog.Storage that is not posix): each tar is spooled and
+        # uploaded whole when it closes, its index after it; locally, temp + fsync + rename as always
+        self.store = folder if isinstance(folder, Storage) and not folder.posix else None
+        self.folder = Path(folder.base if isinstance(folder, Storage) else folder) if self.store is None else None
         self.prefix = prefix
         self.schema = schema
         self.max_count, self.max_bytes = max_count, max_bytes
@@ -80,10 +85,14 @@ class ShardWriter:
         self._writing = False
 
     def _open(self):
-        self.folder.mkdir(parents=True, exist_ok=True)
         self._name = f"{self.prefix}-{self.index:05d}.tar"
-        self._tmp = tmp_name(self.folder / self._name)
-        self._fh = open(self._tmp, "wb")
+        if self.store is not None:
+            self._out = self.store.open_output(self._name)
+            self._fh = self._out.__enter__()
+        else:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._tmp = tmp_name(self.folder / self._name)
+            self._fh = open(self._tmp, "wb")
         self._writing = True  # its bytes are what tarfile writes (USTAR), each header built once
         self._offset = 0
         self._rows, self._bytes = [], 0
@@ -117,6 +126,13 @@ class ShardWriter:
         # end of archive as tarfile writes it: two zero blocks, then zeros up to a whole record
         end = self._offset + 2 * tarfile.BLOCKSIZE
         self._fh.write(tarfile.NUL * (2 * tarfile.BLOCKSIZE + -end % tarfile.RECORDSIZE))
+        if self.store is not None:
+            self._out.__exit__(None, None, None)  # the tar's object, whole; then its index
+            self.store.write_parquet(self._name[:-4] + ".parquet", conform(self._rows, self.schema))
+            self.written.append(self._name)
+            self._writing = False
+            self.index += 1
+            return
         self._fh.close()
         commit(self._tmp, self.folder / self._name)
         table = conform(self._rows, self.schema)
@@ -134,12 +150,15 @@ class ShardWriter:
     def __enter__(self):
         return self
 
-    def __exit__(self, exc_type, *_):
+    def __exit__(self, exc_type, exc=None, tb=None):
         if exc_type is None:
             self.close()
         elif self._writing:  # leave nothing that looks whole
-            self._fh.close()
-            Path(self._tmp).unlink(missing_ok=True)
+            if self.store is not None:
+                self._out.__exit__(exc_type, exc, tb)  # the spool is dropped, nothing uploaded
+            else:
+                self._fh.close()
+                Path(self._tmp).unlink(missing_ok=True)
             self._writing = False
 
 
@@ -147,6 +166,28 @@ def list_shards(folder) -> list[Path]:
     """Complete shards in `folder` (a tar with its index), sorted by name."""
     folder = Path(folder)
     return sorted(p.with_suffix(".tar") for p in folder.glob("*.parquet") if p.with_suffix(".tar").exists())
+
+
+def list_shard_names(folder) -> list[str]:
+    """Names of the complete shards (a tar with its index) in a local folder or under a URI
+    (s3://bucket/runs/r1/shards: one streamed listing), sorted."""
+    from .storage import is_uri, storage_for
+    if not is_uri(os.fspath(folder)):
+        return [p.name for p in list_shards(folder)]
+    tars, indexes = set(), set()
+    for e in storage_for(os.fspath(folder)).list():
+        if "/" not in e.path and not e.path.startswith("."):
+            (tars if e.path.endswith(".tar") else indexes if e.path.endswith(".parquet") else set()).add(e.path)
+    return sorted(t for t in tars if t[:-4] + ".parquet" in indexes)
+
+
+def open_shard_file(folder, name: str):
+    """A random-access binary file of one file of a shard folder, local or on an object store (where
+    each read of a member is one ranged GET: no copy of the shard on local disk)."""
+    from .storage import is_uri, storage_for
+    if is_uri(os.fspath(folder)):
+        return storage_for(os.fspath(folder)).open_input(name)
+    return open(Path(folder) / name, "rb")
 
 
 def read_index(folder) -> pa.Table:

@@ -31,12 +31,11 @@ def is_uri(path: str) -> bool:
 
 def _open(path: str):
     """A seekable binary file for a local path or a pyarrow-filesystem URI."""
-    if is_uri(path):
-        from pyarrow import fs
-
-        filesystem, inner = fs.FileSystem.from_uri(path)
-        return filesystem.open_input_file(inner)
-    return open(path, "rb")
+    if is_uri(path) and not path.startswith("file://"):
+        from .storage import locate
+        store, name = locate(path)  # the storage layer's client, endpoint and retries
+        return store.open_input(name)
+    return open(path.removeprefix("file://"), "rb")
 
 
 @lru_cache(maxsize=64)

@@ -11,7 +11,7 @@ import math
 import re
 from pathlib import Path
 
-from .duck import register, retry_by_generation, worth_loading
+from .duck import _run, register, retry_by_generation, run_exists, worth_loading
 from .rules import INPUT_STAGE, PERSON_BOX, PERSON_SCORE, RULES, Rule
 from .unit_stats import unit_outcomes
 
@@ -39,6 +39,10 @@ UNIT_RANGE = {"person_score_max", "watermark_score", "art_score", "text_area_fra
 
 def read_manifest(run_dir) -> dict:
     """RUN/manifest.json, or {} for a run that has not written one (yet)."""
+    from .storage import is_uri, storage_for
+    if is_uri(run_dir):  # a run on an object store
+        store = storage_for(run_dir)
+        return store.read_json("manifest.json") if store.exists("manifest.json") else {}
     path = Path(run_dir) / "manifest.json"
     return json.loads(path.read_text()) if path.exists() else {}
 
@@ -379,7 +383,7 @@ def open_runs(*run_dirs, by_generation: bool = False, load: bool = False):
     prefixes = []
     try:
         for i, run in enumerate(run_dirs):
-            if not Path(run).is_dir():
+            if not run_exists(_run(run)):
                 raise FileNotFoundError(f"{run}: no such run directory")
             prefix = "" if len(run_dirs) == 1 else f"r{i}_"
             # load: a dozen scans follow, so the parts are read once, a chunk at a time (catalog.duck)

@@ -27,8 +27,22 @@ def error_kind(marker: dict) -> str | None:
     return text.split(": ", 1)[0].strip() if ": " in text else "unit_error"
 
 
-def _markers(folder: Path):
-    """(name, marker or None when unreadable) for every stats marker, from a lazily read listing."""
+def _markers(folder):
+    """(name, marker or None when unreadable) for every stats marker, from a lazily read listing
+    (on an object store: one page of keys at a time, each marker one GET)."""
+    from .storage import is_uri, storage_for
+    if is_uri(folder):
+        store = storage_for(folder)
+        for e in store.list():
+            name = e.path
+            if "/" in name or not name.endswith(".json") or name.startswith("."):
+                continue
+            try:
+                marker = store.read_json(name)
+            except (OSError, ValueError):
+                marker = None
+            yield name[:-len(".json")], marker if isinstance(marker, dict) else None
+        return
     try:
         it = os.scandir(folder)
     except (FileNotFoundError, NotADirectoryError):
@@ -55,7 +69,8 @@ def unit_outcomes(run_dir, max_listed: int = MAX_LISTED) -> dict:
     units = failed = empty = unreadable = 0
     kinds: dict[str, list] = {}  # kind -> [units, example]
     first: list[tuple] = []  # max-heap of the smallest names (negated order via a wrapper)
-    for name, marker in _markers(Path(run_dir) / "stats"):
+    from .storage import is_uri, join
+    for name, marker in _markers(join(run_dir, "stats") if is_uri(run_dir) else Path(run_dir) / "stats"):
         units += 1
         if marker is None:
             unreadable += 1

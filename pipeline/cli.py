@@ -10,16 +10,24 @@ log = logging.getLogger("humanset.curate")
 
 def add_curate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", action="append", required=True, metavar="PATH",
-                   help="a folder of images or WebDataset shards, a .tar shard, or a .parquet manifest "
-                        "with a column of file paths/URIs (repeatable)")
+                   help="a folder of images or WebDataset shards, a .tar shard, a prefix of shards "
+                        "(s3://bucket/crawl/), a pattern (s3://bucket/crawl/{00000..09999}.tar or *.tar), a .txt "
+                        "with one shard URI a line, a .parquet with a `shard` column, or a .parquet manifest "
+                        "with a column of file paths/URIs (repeatable; local or s3://, gs://, hdfs://)")
     p.add_argument("--output", required=True, metavar="RUN",
-                   help="run directory (rerun the same command on it to resume after a crash)")
+                   help="run directory, local or on an object store (s3://bucket/runs/r1); rerun the same "
+                        "command on it to resume after a crash")
     p.add_argument("--config", metavar="FILE", help="YAML overriding pipeline/default.yaml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config value, e.g. --set person.min_score=0.95 (repeatable)")
     p.add_argument("--score-all", action="store_true",
                    help="score every sample with every stage (default: later stages see only survivors)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--force-unlock", action="store_true",
+                   help="take over a RUN on an object store whose lock's heartbeat is older than --lock-lease "
+                        "(a crashed run; said loudly), or run on a store without create-only writes")
+    p.add_argument("--lock-lease", type=float, default=120.0, metavar="SECONDS",
+                   help="a RUN lock on an object store not refreshed for this long is stale (default 120)")
 
 
 def run_curate(args) -> int:
@@ -30,7 +38,8 @@ def run_curate(args) -> int:
     from .sources import InputError
     try:
         cfg = load_config(args.config, args.set)
-        manifest = curate(args.input, args.output, cfg, score_all=args.score_all, progress=not args.no_progress)
+        manifest = curate(args.input, args.output, cfg, score_all=args.score_all, progress=not args.no_progress,
+                          force_unlock=args.force_unlock, lock_lease_s=args.lock_lease)
     except EnvironmentFault as e:  # one line; -v adds the traceback
         log.debug("traceback", exc_info=True)
         print(f"humanset curate: error: {e}", file=sys.stderr)
@@ -64,6 +73,8 @@ Writes RUN/catalog/samples/*.parquet, RUN/shards/*.tar|.parquet, RUN/stats/*.jso
 examples:
   humanset curate --input crawl/ --output runs/r1
   humanset curate --input s3://bucket/crawl/00000.tar --output runs/r1 --set dedup.max_distance=6
+  humanset curate --input 's3://bucket/crawl/{00000..09999}.tar' --output s3://bucket/runs/r1
+  ray job submit -- python pipeline/curate.py --input s3://bucket/crawl/ --output s3://bucket/runs/r1
   ray submit cluster/local.yaml pipeline/curate.py -- --input /data/crawl --output /data/runs/r1
 """
 

@@ -41,14 +41,16 @@ import itertools
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq  # noqa: F401 (read through catalog.storage; tests patch pq.read_table here)
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+import catalog.storage as cstore
 from catalog.schema import MEASURE, NEAR_PAIRS, VERDICTS
 
 log = logging.getLogger("humanset.dedup")
@@ -647,7 +649,7 @@ def _groups(inputs) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 
 def _cc_load(path: str, distinct: np.ndarray, parts: int) -> list:
     """One table's pair file -> records for the first large-star (both directions), by partition."""
-    p = pq.read_table(path)
+    p = cstore.read_table_at(path)
     a = np.searchsorted(distinct, p.column("a").to_numpy())
     b = np.searchsorted(distinct, p.column("b").to_numpy())
     return [*_split(np.concatenate([_pack(a, b), _pack(b, a)]), parts), {"edges": len(a), "changes": 0}]
@@ -736,17 +738,23 @@ VERDICT_SCHEMA = VERDICTS
 MEASURE_COLUMNS = ["sample_id", "sha256", "phash", "width", "height", "_alive"]
 
 
-def dedup_dir(run) -> Path:
-    return Path(run) / "work" / "dedup"
+def _loc(text: str):
+    """A local path as a Path, a URI as its string (every file of dedup goes through catalog/storage)."""
+    return text if cstore.is_uri(text) else Path(text)
 
 
-def pairs_dir(run) -> Path:
-    return dedup_dir(run) / "pairs"
+def dedup_dir(run):
+    """RUN/work/dedup: a Path for a local RUN, a URI string for one on an object store."""
+    return _loc(cstore.join(run, "work", "dedup"))
+
+
+def pairs_dir(run):
+    return _loc(cstore.join(dedup_dir(run), "pairs"))
 
 
 def is_done(run) -> bool:
     """True once run_dedup finished for this RUN (its marker is written last)."""
-    return (dedup_dir(run) / "_done.json").exists()
+    return cstore.exists_at(cstore.join(dedup_dir(run), "_done.json"))
 
 
 def _fingerprint(hashes: np.ndarray) -> str:
@@ -757,15 +765,14 @@ def _fingerprint(hashes: np.ndarray) -> str:
     return f"{len(hashes)}-{int(np.bitwise_xor.reduce(mix)):016x}-{int(hashes.sum(dtype=np.uint64)):016x}"
 
 
-def table_file(folder: Path, m: int, k: int, t: int) -> Path:
-    return Path(folder) / f"m{m}-k{k}-t{t:03d}.parquet"
+def table_file(folder, m: int, k: int, t: int):
+    return _loc(cstore.join(folder, f"m{m}-k{k}-t{t:03d}.parquet"))
 
 
 def run_table(hashes: np.ndarray, k: int, m: int, t: int, bucket_cap: int, folder: str, fingerprint: str
               ) -> dict:
     """One table: its pairs to FOLDER/m{m}-k{k}-t{t}.parquet (written once, atomically); its stats."""
-    import catalog
-    path = table_file(Path(folder), m, k, t)
+    path = table_file(folder, m, k, t)
     st = _read_table_stats(path, fingerprint, bucket_cap)
     if st is not None:
         return st  # done before a crash
@@ -775,14 +782,14 @@ def run_table(hashes: np.ndarray, k: int, m: int, t: int, bucket_cap: int, folde
     meta = {"fingerprint": fingerprint, "bucket_cap": bucket_cap, "stats": st}
     table = pa.table({"a": a, "b": b}, schema=NEAR_PAIRS).replace_schema_metadata(
         {**NEAR_PAIRS.metadata, b"humanset_dedup": json.dumps(meta).encode()})
-    catalog.write_parquet(path, table)
+    cstore.write_parquet_at(path, table)
     return st
 
 
-def _read_table_stats(path: Path, fingerprint: str, bucket_cap: int) -> dict | None:
-    if not path.exists():
+def _read_table_stats(path: str, fingerprint: str, bucket_cap: int) -> dict | None:
+    if not cstore.exists_at(path):
         return None
-    meta = json.loads((pq.read_schema(path).metadata or {}).get(b"humanset_dedup", b"{}"))
+    meta = json.loads((cstore.read_schema_at(path).metadata or {}).get(b"humanset_dedup", b"{}"))
     if meta.get("fingerprint") != fingerprint or meta.get("bucket_cap") != bucket_cap:
         return None  # computed from other hashes or settings: redo
     return meta["stats"]
@@ -846,7 +853,7 @@ def _near_links(files: list, hashes: np.ndarray, st: dict, budget: int) -> tuple
     a, b = np.empty(st["near_pairs"], np.uint64), np.empty(st["near_pairs"], np.uint64)
     at = 0
     for f in files:
-        p = pq.read_table(f)
+        p = cstore.read_table_at(f)
         if at + p.num_rows > len(a):
             at += p.num_rows
             break
@@ -854,7 +861,7 @@ def _near_links(files: list, hashes: np.ndarray, st: dict, budget: int) -> tuple
         b[at:at + p.num_rows] = p.column("b").to_numpy()
         at += p.num_rows
     if at != len(a):
-        raise RuntimeError(f"dedup: the pair files under {Path(files[0]).parent} hold {at} pairs, their stats "
+        raise RuntimeError(f"dedup: the pair files under {str(files[0]).rsplit('/', 1)[0]} hold {at} pairs, their stats "
                            f"{len(a)}; delete that folder and run again")
     return a, b, {**st, "components": "driver"}
 
@@ -871,18 +878,18 @@ IO_THREADS = 8  # measure files read and verdict files written at once (each one
 def _unit_ids(run: Path) -> list[str]:
     """The run's unit ids in listing order, read from RUN/units.jsonl (this task, not the driver,
     holds them)."""
-    out = []
-    with open(run / "units.jsonl", "rb") as fh:
-        for line in fh:
-            if line.strip():
-                out.append(json.loads(line)["unit_id"])
-    return out
+    from .sources import iter_listing
+    return [u.unit_id for u in iter_listing(_listing(run))]
 
 
-def _measured(path: Path) -> pa.Table:
+def _listing(run) -> str:
+    return cstore.join(run, "units.jsonl") if cstore.is_uri(os.fspath(run)) else os.path.join(os.fspath(run), "units.jsonl")
+
+
+def _measured(path) -> pa.Table:
     """A unit's alive measured rows, MEASURE_COLUMNS only. A measure file of any of our versions
     reads: a column it lacks (a unit with no readable sample, a run without the pHash stage) is null."""
-    t = pq.read_table(path)
+    t = cstore.read_table_at(path)
     t = pa.table({c: t.column(c).cast(MEASURE.field(c).type) if c in t.column_names
                   else pa.nulls(t.num_rows, MEASURE.field(c).type) for c in MEASURE_COLUMNS})
     return t.filter(pc.fill_null(t.column("_alive"), False)).drop_columns(["_alive"])
@@ -899,9 +906,8 @@ def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    import catalog
     t_start = time.perf_counter()
-    run = Path(run)
+    run = run if isinstance(run, str) and cstore.is_uri(run) else Path(run)
     if unit_ids is None:
         unit_ids = _unit_ids(run)
     d = cfg.get("dedup", {}) or {}
@@ -911,7 +917,7 @@ def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
     budget = d.get("components_memory")
     budget = DEFAULT_COMPONENTS_MEMORY if budget is None else int(budget)
     with ThreadPoolExecutor(IO_THREADS) as pool:
-        parts = list(pool.map(_measured, [run / "work" / "measure" / f"{u}.parquet" for u in unit_ids]))
+        parts = list(pool.map(_measured, [cstore.join(run, "work", "measure", f"{u}.parquet") for u in unit_ids]))
     table = pa.concat_tables(parts) if parts else _measured_empty()
     sizes = [p.num_rows for p in parts]
     del parts
@@ -938,7 +944,7 @@ def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
     starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]) if sizes else np.zeros(1, np.int64)
 
     def write(i: int) -> None:
-        catalog.write_parquet(dedup_dir(run) / f"{unit_ids[i]}.parquet",
+        cstore.write_parquet_at(cstore.join(dedup_dir(run), f"{unit_ids[i]}.parquet"),
                               result.slice(int(starts[i]), sizes[i]).cast(VERDICT_SCHEMA))
     with ThreadPoolExecutor(IO_THREADS) as pool:
         list(pool.map(write, range(len(unit_ids))))
@@ -948,7 +954,7 @@ def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
                  exact_duplicates=int(pc.sum(pc.equal(kinds, "exact")).as_py() or 0),
                  near_duplicates=int(pc.sum(pc.equal(kinds, "near")).as_py() or 0),
                  seconds=round(time.perf_counter() - t_start, 3))
-    catalog.write_json(dedup_dir(run) / "_done.json", stats)
+    cstore.write_json_at(cstore.join(dedup_dir(run), "_done.json"), stats)
     return stats
 
 
@@ -958,4 +964,4 @@ def _measured_empty() -> pa.Table:
 
 def read_verdicts(run, unit_id: str) -> pa.Table:
     """The dedup verdicts of one unit's samples (VERDICT_SCHEMA); reads only that unit's file."""
-    return pq.read_table(dedup_dir(run) / f"{unit_id}.parquet").cast(VERDICT_SCHEMA)
+    return cstore.read_table_at(cstore.join(dedup_dir(run), f"{unit_id}.parquet")).cast(VERDICT_SCHEMA)

@@ -45,6 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import catalog
+from catalog.storage import duckdb_connect_for, is_uri, run_root
 
 from . import adapter, console
 from . import dedup as dedup_mod
@@ -54,6 +55,7 @@ from .config import load_config
 from .errors import EnvironmentFault, RunError, environment_fault
 from .sources import Unit, check_inputs, count_new, iter_listing, load_unit, write_listing
 from .stages import Stage, build_stages
+from .unit_io import run_store
 from .unit_io import (finish_measure, finish_unit, limits_of, listing_path, marker_path,  # noqa: F401
                       max_batch_bytes, measure_path, measure_unit, now, read_for_measure, read_for_score,
                       summary, write_curated)
@@ -73,7 +75,7 @@ ESTIMATED_FILE_BYTES = 256 << 10  # a loose file's bytes for bundling (a folder'
 # --------------------------------------------------------------------------------------------
 # Ray Data functions of each phase (run on workers; thin: the work is in unit_io)
 
-def _units_of(batch: pa.Table, run: Path) -> list[Unit]:
+def _units_of(batch: pa.Table, run: str) -> list[Unit]:
     """The block's units with their files, read from their lines of RUN/units.jsonl (the driver
     hands out units without their files). A block is one bundle: one unit, or several small ones."""
     items = batch.column("units").to_pylist()
@@ -105,9 +107,9 @@ def _each_unit(batch: pa.Table, run: str, work) -> pa.Table:
     the environment ends the bundle with its summary (the driver stops the run on it); anything
     else propagates (the task is retried, then its unfinished units isolated)."""
     out: list = []
-    units = _units_of(batch, Path(run))
+    units = _units_of(batch, run)
     try:
-        with catalog.commit_together(run) as commits:
+        with catalog.commit_together() as commits:
             for unit in units:
                 with _faults_reported(run, unit.unit_id, out):
                     out.append(work(unit))
@@ -126,7 +128,7 @@ def _each_unit(batch: pa.Table, run: str, work) -> pa.Table:
 def _measure_block(batch: pa.Table, run: str, limits: dict, cfg: dict, score_all: bool) -> pa.Table:
     """Phase 1 of a bundle's units: their summaries."""
     stages = [s for s in build_stages(cfg) if s.phase == "measure" and s.name in cfg["stages"]]
-    return _each_unit(batch, run, lambda unit: measure_unit(Path(run), unit, stages, limits, score_all,
+    return _each_unit(batch, run, lambda unit: measure_unit(run, unit, stages, limits, score_all,
                                                             max_batch_bytes(cfg)))
 
 
@@ -134,17 +136,17 @@ def _score_block(batch: pa.Table, run: str, limits: dict, score_all: bool, cfg: 
     """Phase 3's read of one unit, whose rows go on to the stages; or, with `fused` (no stage in
     phase 3), read and write of each unit of the bundle: their summaries."""
     if fused:
-        return _each_unit(batch, run, lambda unit: finish_unit(Path(run), read_for_score(Path(run), unit, limits,
-                                                                                          score_all), cfg))
+        return _each_unit(batch, run, lambda unit: finish_unit(run, read_for_score(run, unit, limits, score_all),
+                                                               cfg))
     out: list = []
-    unit = _units_of(batch, Path(run))[0]  # unbundled: one unit a block
+    unit = _units_of(batch, run)[0]  # unbundled: one unit a block
     with _faults_reported(run, unit.unit_id, out):
-        table = read_for_score(Path(run), unit, limits, score_all)
+        table = read_for_score(run, unit, limits, score_all)
         if table.num_rows:
             return table
         # an empty unit is finished here (Ray Data drops empty blocks): its summary passes the stages
         # and the writer untouched
-        out.append(finish_unit(Path(run), table, cfg))
+        out.append(finish_unit(run, table, cfg))
     return out[-1]
 
 
@@ -153,7 +155,7 @@ def _finish_unit_block(batch: pa.Table, run: str, cfg: dict) -> pa.Table:
         return batch
     out: list = []
     with _faults_reported(run, unit_meta(batch)["unit"]["unit_id"], out):
-        out.append(finish_unit(Path(run), batch, cfg))
+        out.append(finish_unit(run, batch, cfg))
     return out[-1]
 
 
@@ -273,17 +275,23 @@ def _window_units(cfg: dict) -> int:
 
 class NameSet:
     """The names of one folder's marker files as a sorted array of 8-byte hashes: which units are
-    done is one directory listing per phase, at 8 bytes per unit on the driver."""
+    done is one listing per phase (one paginated, streamed listing on an object store), at 8 bytes
+    per unit on the driver. `folder`: a local folder, or (Storage, folder relative to it)."""
 
-    def __init__(self, folder: Path, suffix: str):
+    def __init__(self, folder, suffix: str):
         hashes = []
-        try:
-            with os.scandir(folder) as it:
-                for e in it:
-                    if e.name.endswith(suffix) and not e.name.startswith("."):
-                        hashes.append(self._hash(e.name[: -len(suffix)]))
-        except FileNotFoundError:
-            pass
+        store, rel = folder if isinstance(folder, tuple) else (run_store(folder), "")
+        if store.posix:  # one directory's names, no stat per file
+            try:
+                with os.scandir(store.fs_path(rel)) as it:
+                    names = [e.name for e in it]
+            except FileNotFoundError:
+                names = []
+        else:
+            names = (e.path[len(rel):].lstrip("/") for e in store.list(rel, suffix=suffix))
+        for name in names:
+            if name.endswith(suffix) and not name.startswith(".") and "/" not in name:
+                hashes.append(self._hash(name[: -len(suffix)]))
         self._h = np.sort(np.array(hashes, dtype=np.uint64))
 
     @staticmethod
@@ -585,7 +593,7 @@ def _list_units(run: Path, inputs: list[str], cfg: dict, repeated: int) -> tuple
     it by every rerun. Returns (units, repeated listings dropped, inputs found now that are not in
     the saved listing); the units themselves stay on disk."""
     path, inp = listing_path(run), cfg["input"]
-    if not path.exists():
+    if not run_store(run).exists("units.jsonl"):
         n_units, repeated = write_listing(inputs, path, inp["files_per_unit"], inp["extensions"])
         return n_units, repeated, 0
     n_units = sum(1 for _ in iter_listing(path))
@@ -596,18 +604,25 @@ def _list_units(run: Path, inputs: list[str], cfg: dict, repeated: int) -> tuple
     return n_units, repeated, new
 
 
+def _run_root(output):
+    """A local RUN as an absolute Path, a RUN on an object store as its URI string."""
+    root = run_root(output)
+    return root if is_uri(root) else Path(root)
+
+
 def curate(inputs: list[str], output: str, config: dict | None = None, score_all: bool = False,
-           progress: bool = True) -> dict:
+           progress: bool = True, force_unlock: bool = False, lock_lease_s: float = 120.0) -> dict:
     """Run (or finish) a curation run. Returns the manifest."""
     cfg = config or load_config()
-    run = Path(output).absolute()  # workers write into it, from their own working directories
+    run = _run_root(output)  # workers write into it, from their own working directories
     # unusable inputs are refused, naming the input, before anything is written; the listing itself
     # is streamed into RUN/units.jsonl under the lock
     check_inputs(inputs, cfg["input"]["extensions"])
     check_stages(cfg)
     try:
-        with catalog.run_lock(run):
-            return _curate_locked(run, inputs, cfg, score_all, progress)
+        lock = run_store(run).run_lock(force=force_unlock, lease_s=float(lock_lease_s))
+        with lock as held:
+            return _curate_locked(run, inputs, cfg, score_all, progress, held)
     except catalog.RunLocked as e:
         raise RunError(str(e)) from e
     except OSError as e:  # the driver's own writes (listing, manifest) on a full or read-only disk
@@ -629,11 +644,11 @@ def check_stages(cfg: dict) -> None:
                        "or [decode,size,dedup,person])")
 
 
-def _curate_locked(run: Path, inputs: list[str], cfg: dict, score_all: bool, progress: bool) -> dict:
-    manifest_path = run / "manifest.json"
+def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress: bool, held=None) -> dict:
+    store = run_store(run)
     manifest = {"config": cfg, "inputs": [str(i) for i in inputs], "score_all": score_all}
-    if manifest_path.exists():
-        old = catalog.read_json(manifest_path)
+    if store.exists("manifest.json"):
+        old = store.read_json("manifest.json")
         if old.get("config") != cfg or old.get("inputs") != manifest["inputs"] or old.get("score_all") != score_all:
             raise RunError(f"{run}: holds a run with other inputs or config; resume it with the same "
                            "command, or pass a new --output")
@@ -643,7 +658,7 @@ def _curate_locked(run: Path, inputs: list[str], cfg: dict, score_all: bool, pro
     else:
         manifest["started"] = _now()
         repeated = 0
-    removed = catalog.clean_tmp(run, RUN_WRITERS)
+    removed = catalog.clean_tmp(run, RUN_WRITERS) if store.posix else 0  # object stores: no temp objects
     if removed:
         log.info("removed %d temporary files left by an interrupted run", removed)
     t0 = time.perf_counter()
@@ -657,9 +672,9 @@ def _curate_locked(run: Path, inputs: list[str], cfg: dict, score_all: bool, pro
     manifest.update(stages=[s.name for s in active], skipped_stages=skipped, versions=_versions(),
                     stage_info={s.name: s.info() for s in active if s.info()},  # e.g. watermark's method
                     status="running", units=n_units, repeated_inputs=repeated, not_in_this_run=new)
-    catalog.write_json(manifest_path, manifest)
+    store.write_json("manifest.json", manifest)
 
-    done, measured = NameSet(run / "stats", ".json"), NameSet(run / "work" / "measure", ".parquet")
+    done, measured = NameSet((store, "stats"), ".json"), NameSet((store, "work/measure"), ".parquet")
     n_todo = n_measure = 0
     for u in iter_listing(listing_path(run)):
         if u.unit_id not in done:
@@ -711,7 +726,9 @@ def _curate_locked(run: Path, inputs: list[str], cfg: dict, score_all: bool, pro
         timeline["scored"] = round(time.time(), 3)
         log.info("processed %d units in %.1f s", n_todo, time.time() - t_start)
 
-    done = NameSet(run / "stats", ".json")
+    if held is not None:
+        held.check()  # the lock was not taken over while the units ran
+    done = NameSet((store, "stats"), ".json")
     if len(done) < n_units:
         missing = next((u.unit_id for u in iter_listing(listing_path(run)) if u.unit_id not in done), "?")
         raise RunError(f"{n_units - len(done)} units have no stats marker after the run (e.g. {missing}); "
@@ -719,28 +736,29 @@ def _curate_locked(run: Path, inputs: list[str], cfg: dict, score_all: bool, pro
     counts, n_inputs, n_kept, reasons = _reason_counts(run)
     manifest.update(status="complete", finished=_now(), funnel=funnel_from_counts(counts, n_inputs, manifest["stages"]),
                     counts={"inputs": n_inputs, "kept": n_kept}, reject_reasons=reasons, seconds=seconds)
-    catalog.write_json(manifest_path, manifest)
+    store.write_json("manifest.json", manifest)
     return manifest
 
 
-def _reason_counts(run: Path) -> tuple[dict[str, int], int, int, dict[str, int]]:
+def _reason_counts(run: str) -> tuple[dict[str, int], int, int, dict[str, int]]:
     """Rejections per stage (first reason), inputs, kept and the count of each reject reason, from
     the units' stats markers read one at a time (the driver holds counters only; a DuckDB scan of
     the catalog would hold ~4 KB per part until it ends)."""
     by_stage: dict[str, int] = {}
     reasons: dict[str, int] = {}
     n_inputs = n_kept = 0
-    with os.scandir(run / "stats") as it:
-        for e in it:
-            if not e.name.endswith(".json") or e.name.startswith("."):
-                continue
-            m = catalog.read_json(e.path)
-            n_inputs += int(m.get("inputs") or 0)
-            n_kept += int(m.get("kept") or 0)
-            for reason, n in (m.get("rejected") or {}).items():
-                reasons[reason] = reasons.get(reason, 0) + n
-                stage = reason.split(":", 1)[0]
-                by_stage[stage] = by_stage.get(stage, 0) + n
+    store = run_store(run)
+    for e in store.list("stats/", suffix=".json"):
+        name = e.path.rsplit("/", 1)[-1]
+        if name.startswith(".") or e.path.count("/") != 1:
+            continue
+        m = store.read_json(e.path)
+        n_inputs += int(m.get("inputs") or 0)
+        n_kept += int(m.get("kept") or 0)
+        for reason, n in (m.get("rejected") or {}).items():
+            reasons[reason] = reasons.get(reason, 0) + n
+            stage = reason.split(":", 1)[0]
+            by_stage[stage] = by_stage.get(stage, 0) + n
     return by_stage, n_inputs, n_kept, dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
 
 

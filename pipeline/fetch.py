@@ -59,13 +59,16 @@ class ByteSource:
         if self._fh is None:
             uri = self.unit.uri
             if _is_uri(uri) and not uri.startswith("file://"):
-                import pyarrow.fs as pafs
-                fs, path = pafs.FileSystem.from_uri(uri)
-                self._fh = fs.open_input_file(path)  # random access: each read is a ranged request
+                from catalog.storage import locate
+                store, name = locate(uri)
+                self._fh = store.open_input(name)  # random access: each read_at is one ranged GET
             else:
                 self._fh = open(uri.removeprefix("file://"), "rb")
-        self._fh.seek(offset)
-        data = self._fh.read(size)
+        if hasattr(self._fh, "read_at"):
+            data = self._fh.read_at(size, offset)
+        else:
+            self._fh.seek(offset)
+            data = self._fh.read(size)
         return bytes(data) if len(data) == size else None
 
     def _tar_bytes(self, sid: str, offset, size) -> bytes | None:

@@ -15,7 +15,6 @@ import pickle
 import struct
 import subprocess
 import sys
-from pathlib import Path
 
 import pyarrow as pa
 
@@ -108,7 +107,7 @@ def isolate_unit(run: str, unit: dict, phase: str, cfg: dict, score_all: bool, l
     from .columns import unit_meta, with_meta
     from .sources import Unit, load_unit
     from .stages import build_stages
-    run_p = Path(run)
+    run_p = run  # a local path or a URI: unit_io writes through catalog/storage
     u = load_unit(Unit.from_dict(unit), unit_io.listing_path(run_p))
     names = [s.name for s in build_stages(cfg) if s.phase == phase and s.enabled and s.name in cfg["stages"]]
     crashes = 0

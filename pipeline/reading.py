@@ -18,7 +18,6 @@ from collections import Counter
 from typing import Iterator
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from catalog import SAMPLES, ShardTruncated, iter_tar
@@ -191,10 +190,11 @@ def _index_file(tar_uri: str) -> pq.ParquetFile | None:
         return None
     uri = tar_uri[:-4] + ".parquet"
     if _is_uri(uri) and not uri.startswith("file://"):
-        fs, path = pafs.FileSystem.from_uri(uri)
-        if fs.get_file_info(path).type != pafs.FileType.File:
+        from catalog.storage import locate
+        store, name = locate(uri)
+        if not store.exists(name):
             return None
-        return pq.ParquetFile(fs.open_input_file(path))
+        return pq.ParquetFile(store.open_input(name))
     path = uri.removeprefix("file://")
     return pq.ParquetFile(path) if os.path.isfile(path) else None
 

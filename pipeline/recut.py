@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 from collections import defaultdict
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -44,8 +42,8 @@ def _changed(old: dict, new: dict, prefix: str = "") -> list[str]:
     return sorted(out)
 
 
-def plan(run: Path, sets: list[str]) -> tuple[dict, dict, list[str]]:
-    manifest = catalog.read_json(run / "manifest.json")
+def plan(run, sets: list[str]) -> tuple[dict, dict, list[str]]:
+    manifest = _store(run).read_json("manifest.json")
     if manifest.get("status") != "complete":
         raise SelectError(f"{run}: the run is not complete; finish it first (rerun the same curate command)")
     old = manifest["config"]
@@ -66,9 +64,9 @@ def plan(run: Path, sets: list[str]) -> tuple[dict, dict, list[str]]:
 
 
 def select(run: str, output: str, sets: list[str], progress: bool = True) -> dict:
-    run_p, out = Path(run), Path(output)
+    run_p, out = _store(run), _store(output)  # either may be local or on an object store
     manifest, cfg, changed = plan(run_p, sets)
-    if (out / "manifest.json").exists():
+    if out.exists("manifest.json"):
         raise SelectError(f"{out}: already holds a run; choose a new --output")
     stages = [s for s in build_stages(cfg) if s.name in manifest["stages"]]
     dedup = _redo_dedup(run_p, stages, cfg) if any(k.startswith(("dedup.", "size.")) for k in changed) else None
@@ -91,8 +89,8 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
         part = decide(_with_dedup(part, dedup), stages)
         keep = part.filter(part.column("keep"))
         images = _images(run_p, keep, _unit_members(run_p, unit))
-        written = write_curated(out / "shards", unit, keep, images, cfg) if keep.num_rows else []
-        catalog.write_parquet(out / "catalog" / "samples" / f"{unit}.parquet", part)
+        written = write_curated(out.child("shards"), unit, keep, images, cfg) if keep.num_rows else []
+        out.write_parquet(f"catalog/samples/{unit}.parquet", part)
         reasons = defaultdict(int)
         for r in part.column("reject_reason").to_pylist():
             if r:
@@ -100,32 +98,40 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
                 all_reasons[r] = all_reasons.get(r, 0) + 1
                 first[r.split(":", 1)[0]] = first.get(r.split(":", 1)[0], 0) + 1
         marker = {"unit": unit, "inputs": part.num_rows, "kept": keep.num_rows, "rejected": dict(sorted(reasons.items())),
-                  "shards": written, "selected_from": str(run_p), "finished": _now()}
+                  "shards": written, "selected_from": run_p.uri, "finished": _now()}
         marker.update(_unit_error(run_p, unit))  # a failed unit stays failed in the selection
-        catalog.write_json(out / "stats" / f"{unit}.json", marker)
+        out.write_json(f"stats/{unit}.json", marker)
         n_rows += part.num_rows
         n_kept += keep.num_rows
     log.info("select: %d of %d samples kept (was %d)", n_kept, n_rows, manifest["counts"]["kept"])
     result = {**{k: manifest.get(k) for k in ("inputs", "stages", "skipped_stages", "score_all", "units")},
-              "config": cfg, "selected_from": str(run_p.resolve()), "changed": changed, "started": _now(),
+              "config": cfg, "selected_from": run_p.uri, "changed": changed, "started": _now(),
               "finished": _now(), "status": "complete", "versions": _versions(),
               "funnel": funnel_from_counts(first, n_rows, manifest["stages"]),
               "counts": {"inputs": n_rows, "kept": n_kept},
               "reject_reasons": dict(sorted(all_reasons.items(), key=lambda kv: (-kv[1], kv[0])))}
-    catalog.write_json(out / "manifest.json", result)
+    out.write_json("manifest.json", result)
     return result
 
 
-def _parts(run: Path, progress: bool):
+def _store(run) -> catalog.Storage:
+    if isinstance(run, catalog.Storage):
+        return run
+    from catalog.storage import run_root, storage_for
+    return storage_for(run_root(run))
+
+
+def _parts(run, progress: bool):
     """(unit, its catalog rows conformed to SAMPLES) for every catalog part, read one at a time, in
     name order. Parts of an older schema generation get the columns added since as nulls; a part
     with zero rows is a unit too (its marker and counts carry over)."""
-    folder = run / "catalog" / "samples"
-    names = sorted(e.name for e in os.scandir(folder) if e.name.endswith(".parquet") and not e.name.startswith("."))
+    run = _store(run)
+    names = sorted(n for n in (e.path[len("catalog/samples/"):] for e in run.list("catalog/samples", suffix=".parquet"))
+                   if "/" not in n and not n.startswith("."))
     for name in console.progress(iterable=names, desc="select", enabled=progress):
-        path = folder / name
+        path = run.uri_of(f"catalog/samples/{name}")
         try:
-            table = pq.read_table(path)
+            table = pq.read_table(run.fs_path(f"catalog/samples/{name}"), filesystem=run.fs)
         except (pa.ArrowInvalid, OSError) as e:
             raise SelectError(f"{path}: not a readable catalog part ({e}); rerun `humanset curate` on {run} "
                               "to rewrite it") from e
@@ -133,16 +139,16 @@ def _parts(run: Path, progress: bool):
         yield name[:-len(".parquet")], table.sort_by("key")
 
 
-def _unit_error(run: Path, unit: str) -> dict:
+def _unit_error(run, unit: str) -> dict:
     """The unit error fields of the unit's marker in the run (none when it read cleanly)."""
     try:
-        old = catalog.read_json(run / "stats" / f"{unit}.json")
+        old = _store(run).read_json(f"stats/{unit}.json")
     except (OSError, ValueError):
         return {}
     return {k: old[k] for k in ("unit_error", "unit_error_kind") if old.get(k)} if isinstance(old, dict) else {}
 
 
-def _redo_dedup(run: Path, stages, cfg: dict) -> dict[str, tuple]:
+def _redo_dedup(run, stages, cfg: dict) -> dict[str, tuple]:
     """Recluster among samples passing decode and size under the new thresholds: sample_id ->
     (dup_of, dup_kind, dup_cluster_size) of every candidate. The candidates' hashes are read part by
     part; the clustering itself is global."""
@@ -190,27 +196,28 @@ def _unscored(table: pa.Table, stages) -> dict[str, int]:
     return out
 
 
-def _unit_members(run: Path, unit: str) -> dict[str, tuple[Path, int, int]]:
-    """sample_id -> (tar, offset, size) of the image member, from the unit's curated shards
-    ({unit}-00000.tar, -00001, ... as engine.write_curated names them)."""
+def _unit_members(run, unit: str) -> dict[str, tuple[str, int, int]]:
+    """sample_id -> (tar relative to the run, offset, size) of the image member, from the unit's
+    curated shards ({unit}-00000.tar, -00001, ... as engine.write_curated names them)."""
+    run = _store(run)
     out = {}
     for i in itertools.count():
-        tar = run / "shards" / f"{unit}-{i:05d}.tar"
-        index = catalog.index_path(tar)
-        if not index.exists():
+        index = f"shards/{unit}-{i:05d}.parquet"
+        if not run.exists(index):
             return out
-        for r in pq.read_table(index, columns=["sample_id", "shard", "members"]).to_pylist():
+        for r in pq.read_table(run.fs_path(index), filesystem=run.fs,
+                               columns=["sample_id", "shard", "members"]).to_pylist():
             m = next(m for m in r["members"] if not m["name"].endswith(".json"))
-            out[r["sample_id"]] = (run / "shards" / r["shard"], m["offset"], m["size"])
+            out[r["sample_id"]] = (f"shards/{r['shard']}", m["offset"], m["size"])
     return out
 
 
-def _images(run: Path, keep: pa.Table, stored: dict) -> dict[str, bytes]:
+def _images(run, keep: pa.Table, stored: dict) -> dict[str, bytes]:
     """Original bytes of the kept samples: from the run's shards, else from their sources."""
     out = {}
     for sid, uri in zip(keep.column("sample_id").to_pylist(), keep.column("source_uri").to_pylist()):
         try:
-            out[sid] = catalog.read_member(*stored[sid]) if sid in stored else read_source(uri)
+            out[sid] = _store(run).read_range(*stored[sid]) if sid in stored else read_source(uri)
         except (FileNotFoundError, OSError) as e:
             raise SelectError(f"sample {sid}: cannot read its bytes from {run}/shards or {uri}: {e}") from e
     return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import io
 import json
 import logging
 import os
@@ -25,11 +26,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Iterator
 
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 import catalog
+import catalog.storage
 from catalog.io import tmp_name
+
+from . import shard_inputs
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +53,20 @@ def _is_uri(p: str) -> bool:
 
 
 def open_input(uri: str):
-    """Binary input stream for a local path or any pyarrow file-system URI (s3://, gs://, hdfs://)."""
+    """Binary input stream for a local path or any URI catalog/storage.py opens (s3://, gs://,
+    hdfs://, memory://): remote reads go through one buffered stream (a few large GETs)."""
     if _is_uri(uri) and not uri.startswith("file://"):
-        fs, path = pafs.FileSystem.from_uri(uri)
-        return fs.open_input_stream(path)
+        store, name = catalog.storage.locate(uri)
+        try:
+            return store.fs.open_input_stream(store.fs_path(name), buffer_size=READ_BUFFER)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{uri}: no such file") from None
+        except OSError as e:
+            raise OSError(f"{uri}: cannot open: {catalog.storage.scrub(str(e))}") from None
     return open(uri.removeprefix("file://"), "rb")
+
+
+READ_BUFFER = 8 << 20  # bytes per GET of a remote shard's sequential read
 
 
 @dataclass
@@ -157,10 +169,10 @@ def _folder_units(root: Path, files_per_unit: int, exts: tuple[str, ...]) -> Ite
 
 
 def _manifest_file(uri: str) -> pq.ParquetFile:
-    if _is_uri(uri):
-        fs, path = pafs.FileSystem.from_uri(uri)
-        return pq.ParquetFile(fs.open_input_file(path))
-    return pq.ParquetFile(uri)
+    if _is_uri(uri) and not uri.startswith("file://"):
+        store, name = catalog.storage.locate(uri)
+        return pq.ParquetFile(store.open_input(name))
+    return pq.ParquetFile(uri.removeprefix("file://"))
 
 
 def _manifest_column(uri: str) -> str:
@@ -193,7 +205,9 @@ def _manifest_units(uri: str, files_per_unit: int) -> Iterator[Unit]:
     is no path is a source named 'MANIFEST#rowN' whose sample is a read error; a manifest that
     cannot be read to its end gives one last unit with a unit-level error."""
     col = _manifest_column(uri)
-    base, stem = str(Path(uri).parent), Path(uri).stem
+    remote = _is_uri(uri) and not uri.startswith("file://")
+    base = uri.rsplit("/", 1)[0] if remote else str(Path(uri.removeprefix("file://")).parent)
+    stem = _stem(uri).removesuffix(".parquet")
     failed: list[str] = []
 
     def rows():
@@ -212,7 +226,8 @@ def _manifest_units(uri: str, files_per_unit: int) -> Iterator[Unit]:
                 errors[str(j)] = why
                 resolved.append(f"{uri}#row{start + j}")
             else:
-                resolved.append(path if _is_uri(path) else os.path.normpath(os.path.join(base, path)))
+                resolved.append(path if _is_uri(path) else shard_inputs._join(base, path) if remote
+                                else os.path.normpath(os.path.join(base, path)))
         yield Unit(_chunk_id(stem, i, resolved), "files", uri, files=resolved,
                    keys=[str(start + j) for j in range(len(chunk))], errors=errors)
         start += len(chunk)
@@ -222,35 +237,52 @@ def _manifest_units(uri: str, files_per_unit: int) -> Iterator[Unit]:
                    error=failed[0])
 
 
-def _input_parts(inputs: list[str], exts: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(kind, uri) of every tar, manifest and image folder the inputs name, in listing order.
+def _input_parts(inputs: list[str], exts: tuple[str, ...], check_only: bool = False) -> Iterator[tuple[str, str]]:
+    """(kind, uri) of every tar, manifest and image folder the inputs name, in listing order, one
+    at a time (a prefix of 10^6 shards is listed page by page, never held).
 
     Raises InputError naming the input for anything unusable; looks only as far as the first image
-    of a folder."""
-    parts: list[tuple[str, str]] = []
+    of a folder and the first shard of a prefix, pattern or list. With check_only, only that look."""
     for inp in inputs:
-        if _is_uri(inp) and not inp.startswith("file://"):
+        local = not _is_uri(inp) or inp.startswith("file://")
+        exists = local and Path(inp.removeprefix("file://")).exists()
+        if not exists or (Path(inp.removeprefix("file://")).is_file() and inp.endswith((".txt", ".parquet"))):
+            try:
+                shards = shard_inputs.shards_of(inp, literal=exists)
+                if shards is not None:
+                    if check_only:
+                        shard_inputs.first_or_refuse(inp, shards)
+                    else:
+                        yield from (("tar", s) for s in shards)
+                    continue
+            except shard_inputs.ShardInputError as e:
+                raise InputError(str(e)) from None
+            except (OSError, ValueError) as e:
+                raise InputError(f"--input {inp}: cannot be listed or read ({catalog.storage.scrub(str(e))}); "
+                                 "check the URI and the store's credentials") from None
+        if not local:
             if inp.endswith(".tar"):
-                parts.append(("tar", inp))
+                yield ("tar", inp)
             elif inp.endswith(".parquet"):
                 _manifest_column(inp)
-                parts.append(("manifest", inp))
+                yield ("manifest", inp)
             else:
-                raise InputError(f"--input {inp}: remote inputs must be a .tar shard or a .parquet manifest")
+                raise InputError(f"--input {inp}: not a shard, a list of shards (.txt) or a manifest (.parquet)")
             continue
         p = Path(inp.removeprefix("file://"))
         if not p.exists():
             raise InputError(f"--input {inp}: no such file or directory; check the path "
-                             "(inputs are a folder of images or shards, a .tar shard, or a .parquet manifest)")
+                             "(inputs are a folder of images or shards, a .tar shard, a .txt list of shards, "
+                             "a pattern such as crawl/{00000..00099}.tar, or a .parquet manifest)")
         if p.is_file():
             if p.suffix == ".tar":
-                parts.append(("tar", str(p.resolve())))
+                yield ("tar", str(p.resolve()))
             elif p.suffix == ".parquet":
                 _manifest_column(str(p.resolve()))
-                parts.append(("manifest", str(p.resolve())))
+                yield ("manifest", str(p.resolve()))
             else:
-                raise InputError(f"--input {inp}: a single file must be a .tar shard or a .parquet "
-                                 "manifest; pass its folder to curate loose images")
+                raise InputError(f"--input {inp}: a single file must be a .tar shard, a .txt list of shards or "
+                                 "a .parquet manifest; pass its folder to curate loose images")
             continue
         tars = [("tar", str(t.resolve())) for t in sorted(p.glob("*.tar")) if t.is_file()]
         manifests = [("manifest", str(m.resolve())) for m in sorted(p.glob("*.parquet"))
@@ -261,13 +293,13 @@ def _input_parts(inputs: list[str], exts: tuple[str, ...]) -> list[tuple[str, st
         if not (tars or manifests or has_images):
             raise InputError(f"--input {inp}: no .tar shards, .parquet manifests or images "
                              f"({', '.join(exts)}) found in this folder")
-        parts += tars + manifests + ([("folder", str(p.resolve()))] if has_images else [])
-    return parts
+        yield from tars + manifests + ([("folder", str(p.resolve()))] if has_images else [])
 
 
 def check_inputs(inputs: list[str], exts=IMAGE_EXTS) -> None:
     """Refuse unusable inputs (InputError naming the input) before anything is written."""
-    _input_parts(inputs, tuple(e.lower().lstrip(".") for e in exts))
+    for _ in _input_parts(inputs, tuple(e.lower().lstrip(".") for e in exts), check_only=True):
+        pass
 
 
 def iter_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -> Iterator[Unit]:
@@ -276,7 +308,7 @@ def iter_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -
     exts = tuple(e.lower().lstrip(".") for e in exts)
     for kind, uri in _input_parts(inputs, exts):
         if kind == "tar":
-            yield Unit(Path(uri).stem, "tar", uri, bytes=_size(uri))
+            yield Unit(_stem(uri), "tar", uri, bytes=_size(uri))
         elif kind == "manifest":
             yield from _manifest_units(uri, files_per_unit)
         else:
@@ -291,6 +323,10 @@ def _size(uri: str) -> int:
         return os.stat(uri.removeprefix("file://")).st_size
     except OSError:
         return 0
+
+
+def _stem(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1].removesuffix(".tar")
 
 
 def _sources(u: Unit) -> list[str]:
@@ -363,8 +399,8 @@ def _repeats(raw: Path, scratch: Path, run_size: int) -> Path:
     return _sorted_file(later(), scratch, run_size)
 
 
-def _read_units(path: Path) -> Iterator[Unit]:
-    with open(path) as fh:
+def _read_units(path) -> Iterator[Unit]:
+    with _open_listing(path) as fh:
         for line in fh:
             if line.strip():
                 yield Unit.from_dict(json.loads(line))
@@ -403,14 +439,38 @@ def _repeated_ids(path: Path, scratch: Path, run_size: int) -> set[str]:
     return out
 
 
-def write_listing(inputs: list[str], path: Path, files_per_unit: int = 1000, exts=IMAGE_EXTS,
+def _remote(path) -> bool:
+    return isinstance(path, str) and _is_uri(path)
+
+
+@contextmanager
+def _listing_output(path):
+    """Where the final listing is written: temp + fsync + rename locally, one object on a store."""
+    if _remote(path):
+        store, name = catalog.storage.locate(path)
+        with store.open_output(name) as fh:
+            yield fh
+    else:
+        with catalog.atomic_path(path) as tmp, open(tmp, "wb") as fh:
+            yield fh
+
+
+def _open_listing(path):
+    """The saved listing as a buffered binary file (readline, tell), local or on a store."""
+    if _remote(path):
+        store, name = catalog.storage.locate(path)
+        return io.BufferedReader(store.fs.open_input_stream(store.fs_path(name)), 1 << 20)
+    return open(path, "rb")
+
+
+def write_listing(inputs: list[str], path, files_per_unit: int = 1000, exts=IMAGE_EXTS,
                   run_size: int = RUN_SIZE) -> tuple[int, int]:
     """List the inputs into `path` (JSON lines, one unit with its files a line), streaming; return
     how many units it holds and how many repeated listings were dropped. The listing is written as
     it is walked: memory holds one unit's files, one directory's names and the repeated unit ids
-    (iter_listing reads the units back without their files)."""
-    path = Path(path)
-    with _scratch(path.parent) as scratch:
+    (iter_listing reads the units back without their files). `path` is a local path or a URI (the
+    listing of a RUN on an object store: sorted in a local scratch folder, written as one object)."""
+    with _scratch(None if _remote(path) else Path(path).parent) as scratch:
         raw = scratch / "raw.jsonl"
         with open(raw, "w") as fh:
             for u in iter_units(inputs, files_per_unit, exts):
@@ -426,7 +486,7 @@ def write_listing(inputs: list[str], path: Path, files_per_unit: int = 1000, ext
         # unit ids name files in RUN/: make them unique, keeping the readable stem
         same = _repeated_ids(deduped, scratch, run_size)
         n = 0
-        with catalog.atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        with _listing_output(path if _remote(path) else Path(path)) as fh:
             for u in _read_units(deduped):
                 if u.unit_id in same:
                     u.unit_id = f"{u.unit_id}-{hashlib.blake2b(u.uri.encode(), digest_size=4).hexdigest()}"
@@ -435,29 +495,45 @@ def write_listing(inputs: list[str], path: Path, files_per_unit: int = 1000, ext
     return n, n_repeats
 
 
-def iter_listing(path: Path) -> Iterator[Unit]:
+def iter_listing(path) -> Iterator[Unit]:
     """A saved listing's units without their files, one line at a time (each knows its line's
-    offset: load_unit reads the files back)."""
-    with open(path, "rb") as fh:
+    offset: load_unit reads the files back). `path`: a local path or a URI."""
+    with _open_listing(path) as fh:
+        pos = 0
         while line := fh.readline():
+            pos += len(line)
             if line.strip():
                 u = Unit.from_dict(json.loads(line))
-                u.offset, u.count = fh.tell() - len(line), len(_sources(u))
+                u.offset, u.count = pos - len(line), len(_sources(u))
                 yield u.brief()
 
 
-def read_listing(path: Path) -> list[Unit]:
+def read_listing(path) -> list[Unit]:
     """A saved listing's units without their files, in memory (tests and small runs)."""
     return list(iter_listing(path))
 
 
-def load_unit(unit: Unit, listing: Path) -> Unit:
+def _line_at(path, offset: int) -> bytes:
+    """The listing's line that starts at `offset` (ranged reads on a store, growing until a newline)."""
+    if not _remote(path):
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.readline()
+    store, name = catalog.storage.locate(path)
+    with store.open_input(name) as f:
+        size, want, buf = f.size(), 64 << 10, b""
+        while True:
+            buf = f.read_at(min(want, size - offset), offset)
+            if b"\n" in buf or offset + len(buf) >= size:
+                return buf.split(b"\n", 1)[0] + b"\n"
+            want *= 4
+
+
+def load_unit(unit: Unit, listing) -> Unit:
     """The unit with its files: from its line in the listing when it carries only the offset."""
     if unit.offset < 0:
         return unit
-    with open(listing, "rb") as fh:
-        fh.seek(unit.offset)
-        full = Unit.from_dict(json.loads(fh.readline()))
+    full = Unit.from_dict(json.loads(_line_at(listing, unit.offset)))
     if full.unit_id != unit.unit_id:
         raise InputError(f"{listing}: line at offset {unit.offset} is unit {full.unit_id}, expected "
                          f"{unit.unit_id}; the listing was changed by hand")
@@ -468,7 +544,7 @@ def count_new(inputs: list[str], listing: Path, files_per_unit: int = 1000, exts
               run_size: int = RUN_SIZE) -> int:
     """How many sources the inputs hold now that the saved listing does not: a merge of the two
     source lists, each sorted on disk."""
-    with _scratch(Path(listing).parent) as scratch:
+    with _scratch(None if _remote(listing) else Path(listing).parent) as scratch:
         now = _sorted_file(((s,) for u in iter_units(inputs, files_per_unit, exts) for s in _sources(u)),
                            scratch, run_size)
         saved = _sorted_file(((s,) for u in _read_units(listing) for s in _sources(u)), scratch, run_size)
@@ -485,12 +561,15 @@ def count_new(inputs: list[str], listing: Path, files_per_unit: int = 1000, exts
 
 
 @contextmanager
-def _scratch(parent: Path):
+def _scratch(parent: Path | None):
     """A scratch folder for listing files; its name is a writer's temp name (clean_tmp removes
-    one left by a crash)."""
-    parent.mkdir(parents=True, exist_ok=True)
-    d = tmp_name(parent / "listing")
-    d.mkdir()
+    one left by a crash). None: in the system's temporary folder (a RUN on an object store)."""
+    if parent is None:
+        d = Path(tempfile.mkdtemp(prefix="humanset-listing-"))
+    else:
+        parent.mkdir(parents=True, exist_ok=True)
+        d = tmp_name(parent / "listing")
+        d.mkdir()
     try:
         yield d
     finally:

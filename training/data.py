@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import torch
 
 import catalog
+import catalog.storage
 
 from .decode import (IMAGENET_MEAN, IMAGENET_STD, augment, decode_augment_batch, decode_image, read_image_member,
                      sample_rng)
@@ -80,8 +81,8 @@ class ShardStream(torch.utils.data.IterableDataset):
                  world_size: int = 1, positions: dict | None = None, start_batch: int = 0,
                  crop_scale=(0.2, 1.0)):
         super().__init__()
-        self.folder = Path(folder)
-        self.shards = [p.name for p in catalog.list_shards(self.folder)]
+        self.folder = folder if catalog.storage.is_uri(str(folder)) else Path(folder)  # a URI: streamed from the store
+        self.shards = catalog.list_shard_names(self.folder)
         if not self.shards:
             raise FileNotFoundError(f"{self.folder}: no curated shards (NAME.tar with NAME.parquet); "
                                     f"pass the 'shards' folder of a curation run")
@@ -130,10 +131,11 @@ class ShardStream(torch.utils.data.IterableDataset):
             fresh_epoch, samples_before = pos.shard == 0 and pos.row == 0, pos.samples
             while pos.shard < len(plan):
                 name, offset, stride = plan[pos.shard]
-                index = pq.read_table(catalog.index_path(self.folder / name), columns=["key", "members"])
+                with catalog.open_shard_file(self.folder, name[:-4] + ".parquet") as f:
+                    index = pq.read_table(f, columns=["key", "members"])
                 keys, members = index.column("key").to_pylist(), index.column("members").to_pylist()
                 order = row_order(len(keys), self.seed, pos.epoch, self.shard_ids[name])[offset::stride]
-                with open(self.folder / name, "rb") as fh:
+                with catalog.open_shard_file(self.folder, name) as fh:
                     while pos.row < len(order):
                         row = int(order[pos.row])
                         pos.row += 1
@@ -162,13 +164,20 @@ def ray_dataset(folder, image_size: int, crop_scale=(0.2, 1.0), rows_per_task: i
     and augmented in Ray tasks. Use with Ray Train's `get_dataset_shard(...).iter_torch_batches`."""
     import ray.data
 
-    folder = Path(folder).resolve()
-    indexes = [str(catalog.index_path(p)) for p in catalog.list_shards(folder)]
-    if not indexes:
+    remote = catalog.storage.is_uri(str(folder))
+    folder = str(folder) if remote else Path(folder).resolve()
+    names = catalog.list_shard_names(folder)
+    if not names:
         raise FileNotFoundError(f"{folder}: no curated shards (NAME.tar with NAME.parquet)")
     # the training loop's bar and log report progress; per-operator bars would flood worker logs
     ray.data.DataContext.get_current().enable_progress_bars = False
-    ds = ray.data.read_parquet(indexes, shuffle="files").select_columns(["key", "shard", "members"])
+    if remote:  # the indexes read through the storage layer's file system (no credential pickled)
+        store = catalog.storage.storage_for(folder)
+        kw = dict(filesystem=store.fs)
+        indexes = [store.fs_path(n[:-4] + ".parquet") for n in names]
+    else:
+        kw, indexes = {}, [str(catalog.index_path(folder / n)) for n in names]
+    ds = ray.data.read_parquet(indexes, shuffle="files", **kw).select_columns(["key", "shard", "members"])
     return ds.map_batches(decode_augment_batch, fn_kwargs=dict(
         folder=str(folder), image_size=image_size, crop_scale=tuple(crop_scale)),
         batch_size=rows_per_task, batch_format="numpy")

@@ -9,7 +9,6 @@ import io
 import logging
 import random
 import warnings
-from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -115,7 +114,6 @@ def decode_augment_batch(batch: dict, folder: str, image_size: int, crop_scale=(
     count them; rows dropped inside Ray Data would vanish without a trace. Ray Data reorders every pass,
     so augmentation here draws from fresh entropy rather than from (seed, epoch, row).
     """
-    folder = Path(folder)
     n = len(batch["key"])
     images = np.zeros((n, 3, image_size, image_size), np.uint8)
     ok = np.zeros(n, bool)
@@ -123,7 +121,7 @@ def decode_augment_batch(batch: dict, folder: str, image_size: int, crop_scale=(
     for i in range(n):
         shard, key = str(batch["shard"][i]), str(batch["key"][i])
         try:
-            with open(folder / shard, "rb") as fh:
+            with catalog.open_shard_file(folder, shard) as fh:  # local, or ranged reads on a store
                 img = decode_image(read_image_member(fh, list(batch["members"][i])))
         except Exception as e:
             log.warning("shard %s key %s: skipped, image does not decode (%s: %s)", shard, key, type(e).__name__, e)

@@ -177,7 +177,7 @@ def train_loop(config: dict) -> dict:
 
 # --- entry points -------------------------------------------------------------------------------
 def check_inputs(cfg: PretrainConfig):
-    if not cfg.data or not catalog.list_shards(cfg.data):
+    if not cfg.data or not catalog.list_shard_names(cfg.data):
         raise FileNotFoundError(f"--data {cfg.data!r}: no curated shards (NAME.tar + NAME.parquet) there; "
                                 f"pass a curation run's shards folder, e.g. RUN/shards")
     if not cfg.output:
@@ -195,7 +195,8 @@ def pretrain(cfg: PretrainConfig) -> dict:
 def pretrain_ray(cfg: PretrainConfig, ray_address: str | None = None) -> dict:
     """The same loop on `cfg.workers` Ray Train workers (DDP or FSDP2; NCCL on GPUs, gloo on CPUs)."""
     check_inputs(cfg)
-    cfg = dataclasses.replace(cfg, data=str(Path(cfg.data).resolve()), output=str(Path(cfg.output).resolve()))
+    data = cfg.data if catalog.storage.is_uri(cfg.data) else str(Path(cfg.data).resolve())
+    cfg = dataclasses.replace(cfg, data=data, output=str(Path(cfg.output).resolve()))
     datasets = {"train": ray_dataset(cfg.data, cfg.image_size, cfg.crop_scale)} \
         if cfg.loader in ("auto", "ray") else None
     engine.launch_ray(train_loop, cfg, "pretrain", datasets, ray_address)

@@ -16,7 +16,7 @@ def _names(folder):
 
 
 def test_files_appear_only_at_the_end_of_the_block(tmp_path):
-    with commit_together(tmp_path) as c:
+    with commit_together() as c:
         write_json(tmp_path / "a.json", {"a": 1})
         write_parquet(tmp_path / "b.parquet", pa.table({"x": [1, 2]}))
         assert not (tmp_path / "a.json").exists() and len(c.pending) == 2  # temporaries only
@@ -27,7 +27,7 @@ def test_files_appear_only_at_the_end_of_the_block(tmp_path):
 
 def test_an_error_commits_the_sealed_and_removes_the_rest(tmp_path):
     with pytest.raises(RuntimeError):
-        with commit_together(tmp_path) as c:
+        with commit_together() as c:
             write_json(tmp_path / "unit1.json", {"done": True})
             c.seal()
             write_json(tmp_path / "unit2-data.json", {"half": True})
@@ -39,7 +39,7 @@ def test_drop_unsealed_and_the_order_of_renames(tmp_path, monkeypatch):
     order = []
     real = os.replace
     monkeypatch.setattr(os, "replace", lambda a, b: (order.append(os.path.basename(b)), real(a, b)))
-    with commit_together(tmp_path) as c:
+    with commit_together() as c:
         for name in ("shard.tar.json", "part.json", "marker.json"):
             write_json(tmp_path / name, {})
         c.seal()
@@ -50,10 +50,10 @@ def test_drop_unsealed_and_the_order_of_renames(tmp_path, monkeypatch):
 
 
 def test_shards_join_the_block_and_nested_blocks_join_the_outer(tmp_path):
-    with commit_together(tmp_path):
+    with commit_together():
         w = ShardWriter(tmp_path, "u", pa.schema(SHARD_INDEX_CORE))
         w.add("k1", {"jpg": b"\xff\xd8x"})
-        with commit_together(tmp_path / "inner"):
+        with commit_together():
             written = w.close()
         assert written and not (tmp_path / written[0]).exists()
     assert (tmp_path / written[0]).exists() and clean_tmp(tmp_path) == 0

@@ -1,0 +1,34 @@
+"""`humanset pretrain --data s3://.../shards`: the shard stream reads curated shards straight from a
+real S3 server (SeaweedFS on 127.0.0.1), member by member with ranged reads, and yields exactly the
+batches it yields from the same shards on local disk."""
+import pytest
+import torch
+
+import catalog
+from catalog import storage as st
+from training.data import ShardStream
+from training.testing import skimage_samples, write_curated_shards
+
+
+def test_the_shard_stream_on_s3_equals_the_local_one_and_copies_nothing(s3_server, tmp_path, monkeypatch):
+    local = tmp_path / "shards"
+    write_curated_shards(local, skimage_samples(), per_shard=5)
+    store = st.open_storage(s3_server.prefix("train") + "/shards")
+    for p in sorted(local.iterdir()):
+        store.write_bytes(p.name, p.read_bytes())
+    assert catalog.list_shard_names(store.uri) == catalog.list_shard_names(local) != []
+    opened = []
+    real_open = st.Storage.open_input
+    monkeypatch.setattr(st.Storage, "open_input", lambda self, path: opened.append(path) or real_open(self, path))
+    monkeypatch.chdir(tmp_path)  # nothing lands in the working folder either
+    remote, here = (iter(ShardStream(src, 64, 4, seed=3)) for src in (store.uri, local))
+    for _ in range(6):  # more than one epoch of the 14 decodable samples
+        a, b = next(remote), next(here)
+        assert torch.equal(a["images"], b["images"]) and a["position"] == b["position"]
+    assert any(p.endswith(".tar") for p in opened) and sorted(x.name for x in tmp_path.iterdir()) == ["shards"]
+
+
+def test_pretrain_refuses_an_s3_prefix_without_shards(s3_server):
+    from training.pretrain import PretrainConfig, check_inputs
+    with pytest.raises(FileNotFoundError, match="no curated shards"):
+        check_inputs(PretrainConfig(data=s3_server.prefix("empty") + "/shards", output="x"))
