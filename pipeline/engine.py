@@ -255,7 +255,7 @@ def _same(bar):
     yield bar
 
 
-def _failed(units: list[Unit], done: set[str], folder: Path, suffix: str) -> list[Unit]:
+def _failed(units: list[Unit], done: set[str], folder: tuple, suffix: str) -> list[Unit]:
     """The units of a window with no summary and no output: a task that failed for good loses its
     whole bundle's summaries, but the units it finished before have their files."""
     missing = [u for u in units if u.unit_id not in done]
@@ -331,7 +331,7 @@ def _measure(run: Path, units: list[Unit], cfg: dict, score_all: bool, bar, prog
             _measure_block, fn_kwargs=dict(run=str(run), limits=_limits(cfg), cfg=cfg, score_all=score_all),
             batch_size=None, batch_format="pyarrow", num_cpus=measure_cpus, max_retries=retries)
         done = _drain(ds.iter_batches(batch_format="pyarrow", batch_size=None), len(units), "measure", True, bar)
-    failed = _failed(units, done, run / "work" / "measure", ".parquet")
+    failed = _failed(units, done, (run_store(run), "work/measure"), ".parquet")
     if failed:
         _isolate(run, failed, "measure", cfg, score_all, progress)
 
@@ -367,7 +367,7 @@ def _score_and_write(run: Path, units: list[Unit], stages: list[Stage], cfg: dic
     else:
         ds = _score_ds(run, units, stages, cfg, score_all)
         done = _drain(ds.iter_batches(batch_format="pyarrow", batch_size=None), len(units), "score+write", True, bar)
-    failed = _failed(units, done, run / "stats", ".json")
+    failed = _failed(units, done, (run_store(run), "stats"), ".json")
     if failed:
         _isolate(run, failed, "score", cfg, score_all, progress)
 
