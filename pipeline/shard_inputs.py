@@ -48,10 +48,18 @@ def _join(base: str, name: str) -> str:
     return f"{base.rstrip('/')}/{name}" if is_uri(base) else os.path.normpath(os.path.join(base, name))
 
 
+class Listed(str):
+    """A shard's URI that carries its size in bytes as the store's listing gave it (the engine packs
+    small shards into one task by it; no request per shard to learn it)."""
+    size: int = 0
+
+
 def prefix_shards(uri: str) -> Iterator[str]:
     store = storage_for(uri.rstrip("/"))
     for e in store.list(suffix=".tar"):
-        yield store.uri_of(e.path)
+        listed = Listed(store.uri_of(e.path))
+        listed.size = int(e.size or 0)
+        yield listed
 
 
 def pattern_shards(pattern: str) -> Iterator[str]:

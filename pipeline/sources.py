@@ -308,7 +308,7 @@ def iter_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -
     exts = tuple(e.lower().lstrip(".") for e in exts)
     for kind, uri in _input_parts(inputs, exts):
         if kind == "tar":
-            yield Unit(_stem(uri), "tar", uri, bytes=_size(uri))
+            yield Unit(_stem(uri), "tar", str(uri), bytes=getattr(uri, "size", 0) or _size(uri))
         elif kind == "manifest":
             yield from _manifest_units(uri, files_per_unit)
         else:
@@ -316,7 +316,7 @@ def iter_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -
 
 
 def _size(uri: str) -> int:
-    """A local shard's size in bytes (one stat); 0 for a remote one (its listing has to say)."""
+    """A local shard's size in bytes (one stat); 0 for a remote one (a prefix's listing says it)."""
     if _is_uri(uri) and not uri.startswith("file://"):
         return 0
     try:
