@@ -48,7 +48,7 @@ import catalog
 
 from . import adapter, console
 from . import dedup as dedup_mod
-from .adapter import TEST_CRASH_ENV, apply_stage, run_on_unit, run_stage  # noqa: F401 (engine's API)
+from .adapter import apply_stage, run_on_unit, run_stage  # noqa: F401 (engine's API)
 from .columns import unit_meta, with_meta  # noqa: F401 (engine's API)
 from .config import load_config
 from .errors import EnvironmentFault, RunError, environment_fault
@@ -402,8 +402,7 @@ def _isolate(run: Path, units: list[Unit], phase: str, cfg: dict, score_all: boo
     log.warning("%d units failed in %s after %d retries: running their samples one at a time",
                 len(units), phase, _retries(cfg))
     task = ray.remote(num_cpus=1, max_retries=0)(isolate_unit)
-    env = {k: v for k, v in os.environ.items() if k == TEST_CRASH_ENV}
-    refs = [task.remote(str(run), u.to_dict(), phase, cfg, score_all, _limits(cfg), env) for u in units]
+    refs = [task.remote(str(run), u.to_dict(), phase, cfg, score_all, _limits(cfg)) for u in units]
     with console.progress(len(refs), f"{phase} (isolated)", enabled=progress) as bar:
         while refs:
             ready, refs = ray.wait(refs, num_returns=1)

@@ -43,12 +43,6 @@ BACKGROUND_DEPTH = 1e5
 PART_ATTRIBUTE = "humanset_part"
 PART_AOV = "part"
 
-# Fault injection for crash-isolation tests: a scan file starting with these bytes aborts the process
-# (as a native crash in an importer would) when it is loaded for rendering (indexing reads it normally),
-# or, with the second marker, when the scan index imports it.
-FAULT_ABORT_ON_LOAD = b"# humanset-fault-injection: abort-on-load"
-FAULT_ABORT_ON_INDEX = b"# humanset-fault-injection: abort-on-index"
-
 # OpenCV camera axes (x right, y down, z forward) -> OpenGL/Blender camera axes (x right, y up, z back)
 CV_TO_GL = np.diag([1.0, -1.0, -1.0, 1.0])
 
@@ -428,7 +422,6 @@ class BlenderRenderer:
             if m.face_labels is not None:
                 _write_part_aov(obj)
             return obj
-        _fault_injection(m.path, FAULT_ABORT_ON_LOAD)
         objs = _import_file(bproc, m)
         if not objs:
             raise ValueError(f"{m.path}: the importer produced no mesh objects")
@@ -477,13 +470,6 @@ class BlenderRenderer:
 
 
 # --- helpers ---------------------------------------------------------------------------------------
-def _fault_injection(path, marker: bytes):
-    with open(path, "rb") as fh:
-        if fh.read(len(marker)) == marker:
-            import resource
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a test's crash leaves no core file behind
-            os.abort()
-
 def _scan_key(mesh):
     """Identity of a scan file load (None for generated meshes, which change every frame)."""
     if isinstance(mesh, FileMeshInput):
@@ -688,7 +674,6 @@ def inspect_mesh_file(path) -> dict:
     import bpy
     import_blenderproc()
     path = str(path)
-    _fault_injection(path, FAULT_ABORT_ON_INDEX)
     before_objs, before_meshes = set(bpy.data.objects), set(bpy.data.meshes)
     before_mats, before_imgs = set(bpy.data.materials), set(bpy.data.images)
     try:
