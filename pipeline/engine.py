@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import platform
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,6 +51,7 @@ from .adapter import apply_stage, run_on_unit, run_stage  # noqa: F401 (engine's
 from .columns import unit_meta, with_meta  # noqa: F401 (engine's API)
 from .config import load_config
 from .errors import EnvironmentFault, RunError, environment_fault
+from .ray_compat import keep_local_ray_on_loopback, set_task_poll as task_poll
 from .sources import Unit, check_inputs, count_new, iter_listing, load_unit, write_listing
 from .stages import Stage, build_stages
 from .unit_io import (finish_measure, finish_unit, limits_of, listing_path, marker_path,  # noqa: F401
@@ -130,21 +130,6 @@ def _finish_unit_block(batch: pa.Table, run: str, cfg: dict) -> pa.Table:
 # Driver side: one Ray Data pipeline per phase and window; summaries only.
 
 # Driver side: one Ray Data pipeline per phase; summaries only.
-
-def task_poll(seconds: float) -> None:
-    """Make Ray Data's scheduling loop notice a finished task within `seconds`.
-
-    Its loop waits (ray.wait) for *all* running tasks or 0.1 s, whichever comes first, before it
-    hands a freed CPU the next block. With unit tasks of 0.3-1.5 s on two CPUs that kept a core idle
-    10-30% of the time (bench/scale.py). The wait is a module constant of Ray Data's executor with no
-    public setting; where a Ray version lacks it, nothing changes."""
-    try:
-        from ray.data._internal.execution import streaming_executor_state as state
-    except ImportError:
-        return
-    if isinstance(getattr(state, "WAIT_FOR_TASK_COMPLETION_TIMEOUT_S", None), (int, float)):
-        state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S = float(seconds)
-
 
 @contextmanager
 def _unit_blocks(ray, cpus: float | None = None):
@@ -431,15 +416,6 @@ def _versions() -> dict:
     return out
 
 
-def loopback_only() -> None:
-    """Keep a single-machine Ray on 127.0.0.1: by default Ray swaps loopback for the machine's
-    network address. Set before the cluster starts; its processes inherit the variable."""
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    if "ray" in sys.modules:
-        import ray._private.ray_constants as rc
-        rc.ENABLE_RAY_CLUSTER = False
-
-
 def actor_cpus(cfg: dict, configured: bool = False) -> float:
     """CPUs the model stages' actor pools hold at their minimum size (they hold them for the run):
     of the stages that run, or with `configured` of every model stage the config lists (a stage
@@ -475,7 +451,7 @@ def init_ray(cfg: dict):
     local = address is None and not os.environ.get("RAY_ADDRESS") and not Path(
         "/tmp/ray/ray_current_cluster").exists()
     if local:
-        loopback_only()
+        keep_local_ray_on_loopback()
     import ray
     console.quiet_ray()
     if ray.is_initialized():
