@@ -16,7 +16,7 @@ ROOMS = {
     "start here": ["humanset.demo"],
     "curation (pipeline/)": ["pipeline.cli", "pipeline.cli_calibrate"],
     "catalogs: statistics, queries, reports (catalog/)": ["catalog.cli"],
-    "training (training/)": ["training.cli", "training.cli_finetune", "training.cli_filters"],
+    "training (training/)": ["training.cli", "training.cli_finetune", "training.filters.cli"],
     "synthetic humans (render/)": ["render.cli"],
 }
 COMMAND_MODULES = [m for modules in ROOMS.values() for m in modules]
