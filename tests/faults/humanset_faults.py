@@ -12,7 +12,7 @@ Two ways in, neither read by product code:
 
 spec (JSON): {"stage": "decode"|"text", "uri": TEXT} kills the process running that stage on a batch
 holding a source_uri containing TEXT (exit status 77); {"abort_on_import": [FILE NAME, ...]} aborts
-the process importing a scan file of that name (SIGABRT).
+the process importing a scan file of that name (SIGABRT) through render.blender.meshes.import_file.
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def _abort_on_import(names, importer):
 
 
 def _patch_importer(module) -> None:
-    module._import_file = _abort_on_import(set(_SPEC["abort_on_import"]), module._import_file)
+    module.import_file = _abort_on_import(set(_SPEC["abort_on_import"]), module.import_file)
 
 
 def crashing_shard_renderer(names):
@@ -91,15 +91,15 @@ def crashing_shard_renderer(names):
 
     class CrashingShardRenderer(ShardRenderer):
         def __init__(self, *args, **kwargs):
-            from render import blender
-            blender._import_file = _abort_on_import(set(names), blender._import_file)
+            from render.blender import meshes
+            meshes.import_file = _abort_on_import(set(names), meshes.import_file)
             super().__init__(*args, **kwargs)
     return CrashingShardRenderer
 
 
 # --- installing after import ----------------------------------------------------------------------
 _SPEC: dict = {}
-_AFTER_IMPORT = {"stage": ("pipeline.stages", _patch_stages), "abort_on_import": ("render.blender", _patch_importer)}
+_AFTER_IMPORT = {"stage": ("pipeline.stages", _patch_stages), "abort_on_import": ("render.blender.meshes", _patch_importer)}
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
