@@ -74,17 +74,17 @@ def throughput(stage, images: list[bytes], n: int, batch: int) -> float:
 
 def forward_flops(kw: dict) -> int:
     """Multiply-adds x 2 of the classifier at its input size (patch embedding, blocks, head)."""
-    from training.flops import _block_macs
+    from training.flops import block_macs
 
     size = kw["img_size"] if isinstance(kw["img_size"], int) else kw["img_size"][0]
     n = (size // kw["patch_size"]) ** 2
     w, mlp = kw["embed_dim"], int(round(kw["mlp_ratio"] * kw["embed_dim"]))
-    macs = n * 3 * kw["patch_size"] ** 2 * w + kw["depth"] * _block_macs(n + 1, w, mlp) + w * kw["num_classes"]
+    macs = n * 3 * kw["patch_size"] ** 2 * w + kw["depth"] * block_macs(n + 1, w, mlp) + w * kw["num_classes"]
     return 2 * macs
 
 
 def generator_rate(task: str, photos: list[np.ndarray], gen_px: int, input_px: int, n: int = 32) -> float:
-    from training.filter_data import DEFAULT_HOLDOUT, FilterSamples, FilterSpec, GeneratorSettings
+    from training.filters.samples import DEFAULT_HOLDOUT, FilterSamples, FilterSpec, GeneratorSettings
 
     data = FilterSamples(FilterSpec(task, DEFAULT_HOLDOUT[task]), photos, input_px, 0, GeneratorSettings(gen_px=gen_px))
     t0 = time.perf_counter()

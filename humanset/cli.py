@@ -8,13 +8,15 @@ import argparse
 import importlib
 import sys
 
+from .argparse_compat import command_actions, hide_command_list
+
 # rooms and their modules exposing register(subparsers); each adds its commands with
 # set_defaults(func=...). `humanset --help` lists the commands under these headings.
 ROOMS = {
     "start here": ["humanset.demo"],
     "curation (pipeline/)": ["pipeline.cli", "pipeline.cli_calibrate"],
     "catalogs: statistics, queries, reports (catalog/)": ["catalog.cli"],
-    "training (training/)": ["training.cli", "training.cli_finetune", "training.cli_filters"],
+    "training (training/)": ["training.cli", "training.cli_finetune", "training.filters.cli"],
     "synthetic humans (render/)": ["render.cli"],
 }
 COMMAND_MODULES = [m for modules in ROOMS.values() for m in modules]
@@ -33,13 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
                                 help="one of the commands below; `humanset COMMAND --help` for its options")
     lines = ["commands, by room:"]
     for room, modules in ROOMS.items():
-        before = len(sub._choices_actions)
+        before = len(command_actions(sub))
         for name in modules:
             importlib.import_module(name).register(sub)
         lines.append(f"  {room}")
-        for action in sub._choices_actions[before:]:
+        for action in command_actions(sub)[before:]:
             lines.append(f"    {action.dest:<15} {action.help or ''}")
-    sub._choices_actions.clear()  # listed by room in the epilog instead of one flat list
+    hide_command_list(sub)  # listed by room in the epilog instead of one flat list
     parser.epilog = "\n".join(lines)
     return parser
 

@@ -26,7 +26,6 @@ from .stages import Stage
 
 log = logging.getLogger("humanset.curate")
 
-TEST_CRASH_ENV = "HUMANSET_TEST_CRASH_URI"  # test only: a worker decoding a source_uri with this text dies
 ACTOR_NICE = 10  # model actors' CPU priority below the engine's tasks (nice +10; GPUs are not affected)
 local_cores: int | None = None  # set by engine.init_ray when it starts a local Ray with extra logical CPUs
 
@@ -112,7 +111,6 @@ def run_on_unit(stage: Stage, table: pa.Table, score_all: bool) -> pa.Table:
     if "fault" in table.column_names:  # a unit's summary (finished early, or a fault): passes through
         return table
     meta = unit_meta(table)
-    _test_crash_hook(stage, table)
     t0 = time.perf_counter()
     step = max(1, stage.batch_size)
     src = _byte_source(stage, table, meta)
@@ -159,17 +157,6 @@ def _run_row(stage: Stage, row: pa.Table, score_all: bool) -> pa.Table:
         col = _error_column(stage)
         row = set_column(row, col, typed(col, [f"decoder error: stage {stage.name} raised {type(e).__name__}: {e}"]))
         return set_column(row, "_alive", pa.array([False], pa.bool_()))
-
-
-def _test_crash_hook(stage: Stage, table: pa.Table) -> None:
-    """Test only: with HUMANSET_TEST_CRASH_URI set, the process running stage
-    HUMANSET_TEST_CRASH_STAGE (default decode) on that sample dies, the way a segfault in a native
-    decoder kills it."""
-    marker = os.environ.get(TEST_CRASH_ENV)
-    if (marker and stage.name == os.environ.get(TEST_CRASH_ENV.replace("URI", "STAGE"), "decode")
-            and "source_uri" in table.column_names):
-        if any(marker in (u or "") for u in table.column("source_uri").to_pylist()):
-            os._exit(77)
 
 
 _TASK_STAGES: dict[str, Stage] = {}

@@ -127,12 +127,12 @@ def stage_scores(run: str | Path, cfg: dict) -> dict[str, dict[str, float | None
     """{stage: {sample_id: score or None}} read from the run's catalog with DuckDB."""
     from catalog import connect
 
-    from .stages.person import _thresholds, best_passing_score
+    from .stages.person import thresholds, best_passing_score
 
     con = connect(run)
     cols = ["sample_id", "person_boxes", "person_scores", "text_area_frac", "watermark_score", "art_score"]
     rows = con.execute(f"SELECT {', '.join(cols)} FROM samples").fetchall()
-    _, min_box, rule = _thresholds(cfg.get("person") or {})
+    _, min_box, rule = thresholds(cfg.get("person") or {})
     out: dict[str, dict[str, float | None]] = {s: {} for s in CALIBRATED}
     for sid, boxes, scores, text, wm, art in rows:
         out["person"][sid] = best_passing_score(boxes, scores, min_box, rule)

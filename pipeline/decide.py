@@ -25,7 +25,7 @@ def stage_reasons(table: pa.Table, stages) -> dict[str, list[str | None]]:
 def derive(table: pa.Table, stages) -> pa.Table:
     """Columns that depend on thresholds (e.g. person_n_pass), recomputed from stored scores."""
     for s in stages:
-        for col, values in (getattr(s, "derive", lambda t: {})(table) or {}).items():
+        for col, values in s.derive(table).items():
             arr = pa.array(values, type=SAMPLES.field(col).type)
             idx = table.schema.get_field_index(col)
             table = table.set_column(idx, col, arr) if idx >= 0 else table.append_column(col, arr)

@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import platform
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,10 +48,11 @@ from catalog.storage import duckdb_connect_for, is_uri, run_root
 
 from . import adapter, console
 from . import dedup as dedup_mod
-from .adapter import TEST_CRASH_ENV, apply_stage, run_on_unit, run_stage  # noqa: F401 (engine's API)
+from .adapter import apply_stage, run_on_unit, run_stage  # noqa: F401 (engine's API)
 from .columns import unit_meta, with_meta  # noqa: F401 (engine's API)
 from .config import load_config
 from .errors import EnvironmentFault, RunError, environment_fault
+from .ray_compat import keep_local_ray_on_loopback, set_task_poll as task_poll
 from .sources import Unit, check_inputs, count_new, iter_listing, load_unit, write_listing
 from .stages import Stage, build_stages
 from .unit_io import run_store
@@ -163,21 +163,6 @@ def _finish_unit_block(batch: pa.Table, run: str, cfg: dict) -> pa.Table:
 # Driver side: one Ray Data pipeline per phase and window; summaries only.
 
 # Driver side: one Ray Data pipeline per phase; summaries only.
-
-def task_poll(seconds: float) -> None:
-    """Make Ray Data's scheduling loop notice a finished task within `seconds`.
-
-    Its loop waits (ray.wait) for *all* running tasks or 0.1 s, whichever comes first, before it
-    hands a freed CPU the next block. With unit tasks of 0.3-1.5 s on two CPUs that kept a core idle
-    10-30% of the time (bench/scale.py). The wait is a module constant of Ray Data's executor with no
-    public setting; where a Ray version lacks it, nothing changes."""
-    try:
-        from ray.data._internal.execution import streaming_executor_state as state
-    except ImportError:
-        return
-    if isinstance(getattr(state, "WAIT_FOR_TASK_COMPLETION_TIMEOUT_S", None), (int, float)):
-        state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S = float(seconds)
-
 
 @contextmanager
 def _unit_blocks(ray, cpus: float | None = None):
@@ -487,8 +472,7 @@ def _isolate(run: Path, units: list[Unit], phase: str, cfg: dict, score_all: boo
     log.warning("%d units failed in %s after %d retries: running their samples one at a time",
                 len(units), phase, _retries(cfg))
     task = ray.remote(num_cpus=1, max_retries=0)(isolate_unit)
-    env = {k: v for k, v in os.environ.items() if k == TEST_CRASH_ENV}
-    refs = [task.remote(str(run), u.to_dict(), phase, cfg, score_all, _limits(cfg), env) for u in units]
+    refs = [task.remote(str(run), u.to_dict(), phase, cfg, score_all, _limits(cfg)) for u in units]
     with console.progress(len(refs), f"{phase} (isolated)", enabled=progress) as bar:
         while refs:
             ready, refs = ray.wait(refs, num_returns=1)
@@ -515,15 +499,6 @@ def _versions() -> dict:
         except md.PackageNotFoundError:
             pass
     return out
-
-
-def loopback_only() -> None:
-    """Keep a single-machine Ray on 127.0.0.1: by default Ray swaps loopback for the machine's
-    network address. Set before the cluster starts; its processes inherit the variable."""
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    if "ray" in sys.modules:
-        import ray._private.ray_constants as rc
-        rc.ENABLE_RAY_CLUSTER = False
 
 
 def actor_cpus(cfg: dict, configured: bool = False) -> float:
@@ -561,7 +536,7 @@ def init_ray(cfg: dict):
     local = address is None and not os.environ.get("RAY_ADDRESS") and not Path(
         "/tmp/ray/ray_current_cluster").exists()
     if local:
-        loopback_only()
+        keep_local_ray_on_loopback()
     import ray
     console.quiet_ray()
     if ray.is_initialized():

@@ -50,9 +50,9 @@ def _from_ipc(data: bytes) -> pa.Table:
 class _Child:
     """A `python -m pipeline.isolate` process that runs the stages on one row per request."""
 
-    def __init__(self, env: dict):
+    def __init__(self):
         self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.isolate"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env={**os.environ, **env})
+                                     stdout=subprocess.PIPE)
 
     def run(self, request) -> pa.Table:
         _send(self.proc.stdin, request)
@@ -70,8 +70,7 @@ class _Child:
         return self.proc.wait()
 
 
-def run_rows_isolated(table: pa.Table, stage_names: list[str], cfg: dict, score_all: bool,
-                      env: dict | None = None) -> tuple[pa.Table, int]:
+def run_rows_isolated(table: pa.Table, stage_names: list[str], cfg: dict, score_all: bool) -> tuple[pa.Table, int]:
     """Every row through the stages in a child process; (result, how many rows killed a child)."""
     from .columns import set_column, typed
     out, crashes, child = [], 0, None
@@ -79,7 +78,7 @@ def run_rows_isolated(table: pa.Table, stage_names: list[str], cfg: dict, score_
     for i in range(table.num_rows):
         row = table.slice(i, 1)
         if child is None:
-            child = _Child(env or {})
+            child = _Child()
         try:
             out.append(child.run((stage_names, cfg, score_all, _ipc(row))))
         except (EOFError, BrokenPipeError, OSError):
@@ -96,8 +95,7 @@ def run_rows_isolated(table: pa.Table, stage_names: list[str], cfg: dict, score_
     return result.replace_schema_metadata(meta), crashes
 
 
-def isolate_unit(run: str, unit: dict, phase: str, cfg: dict, score_all: bool, limits: dict,
-                 env: dict | None = None) -> dict:
+def isolate_unit(run: str, unit: dict, phase: str, cfg: dict, score_all: bool, limits: dict) -> dict:
     """Ray task: one unit of `phase` ('measure' | 'score') with each sample alone; writes the unit's
     outputs exactly as the normal path does and returns its summary. Phase 1 reads the unit in
     batches of engine.max_batch_bytes; phase 3's children read back each row's bytes themselves."""
@@ -118,7 +116,7 @@ def isolate_unit(run: str, unit: dict, phase: str, cfg: dict, score_all: bool, l
         for batch in unit_io._batches(rows, unit_io.max_batch_bytes(cfg)):
             table = unit_io._read_table(batch, meta)
             if names:
-                table, n = run_rows_isolated(table, names, cfg, score_all, env)
+                table, n = run_rows_isolated(table, names, cfg, score_all)
                 crashes += n
             parts.append(unit_io._measured_only(table))
         meta.update(unit_error=error_of(), worker_crashes=crashes, isolated=True)
@@ -128,7 +126,7 @@ def isolate_unit(run: str, unit: dict, phase: str, cfg: dict, score_all: bool, l
         table = unit_io.read_for_score(run_p, u, limits, score_all)
         meta = unit_meta(table)
         if names and table.num_rows:
-            table, crashes = run_rows_isolated(table, names, cfg, score_all, env)
+            table, crashes = run_rows_isolated(table, names, cfg, score_all)
         meta["worker_crashes"] = (meta.get("worker_crashes") or 0) + crashes
         meta["isolated"] = True
         unit_io.finish_unit(run_p, with_meta(table, meta), cfg)

@@ -21,7 +21,8 @@ from . import console
 from . import dedup as dedup_mod
 from .config import apply_sets
 from .decide import decide
-from .engine import _now, _versions, funnel_from_counts, write_curated
+from .engine import _versions, funnel_from_counts, write_curated
+from .unit_io import now
 from .stages import REGISTRY, build_stages
 
 log = logging.getLogger("humanset.select")
@@ -98,15 +99,15 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
                 all_reasons[r] = all_reasons.get(r, 0) + 1
                 first[r.split(":", 1)[0]] = first.get(r.split(":", 1)[0], 0) + 1
         marker = {"unit": unit, "inputs": part.num_rows, "kept": keep.num_rows, "rejected": dict(sorted(reasons.items())),
-                  "shards": written, "selected_from": run_p.uri, "finished": _now()}
+                  "shards": written, "selected_from": run_p.uri, "finished": now()}
         marker.update(_unit_error(run_p, unit))  # a failed unit stays failed in the selection
         out.write_json(f"stats/{unit}.json", marker)
         n_rows += part.num_rows
         n_kept += keep.num_rows
     log.info("select: %d of %d samples kept (was %d)", n_kept, n_rows, manifest["counts"]["kept"])
     result = {**{k: manifest.get(k) for k in ("inputs", "stages", "skipped_stages", "score_all", "units")},
-              "config": cfg, "selected_from": run_p.uri, "changed": changed, "started": _now(),
-              "finished": _now(), "status": "complete", "versions": _versions(),
+              "config": cfg, "selected_from": run_p.uri, "changed": changed, "started": now(),
+              "finished": now(), "status": "complete", "versions": _versions(),
               "funnel": funnel_from_counts(first, n_rows, manifest["stages"]),
               "counts": {"inputs": n_rows, "kept": n_kept},
               "reject_reasons": dict(sorted(all_reasons.items(), key=lambda kv: (-kv[1], kv[0])))}

@@ -3,7 +3,7 @@ depth, normal and mask ground truth, written as WebDataset shards with Parquet c
 
 Public surface: `prepare_run` / `run_local` / `summary` (render.job), `run_ray` (render.distributed),
 `load_config`, `render.demo.run` and `render.export.export` (`humanset render export`). Only
-render/blender.py imports Blender. Names load lazily, so `humanset --help` does not import pyarrow,
+render/blender/ imports Blender. Names load lazily, so `humanset --help` does not import pyarrow,
 duckdb or numpy through here.
 """
 _EXPORTS = {"RenderConfig": "config", "load_config": "config", "RunSpec": "job", "ShardRenderer": "job",

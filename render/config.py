@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from catalog import config as loader
 
-from .blender import RenderSettings
+from .scene import RenderSettings
 from .sampling import SamplingConfig
 
 

@@ -310,7 +310,7 @@ class ShardRenderer:
 
     def render_frame(self, i: int) -> tuple[dict, dict, dict | None]:
         from . import sampling
-        from .blender import FileMeshInput, MeshInput, SceneInput
+        from .scene import FileMeshInput, MeshInput, SceneInput
         t_start = time.time()
         spec, cfg = self.spec, self.cfg
         scan_ids = list(spec.scan_ids) if self.scans is not None else ["anny"]

@@ -114,7 +114,7 @@ def load_config(command: str, path=None, sets: list[str] | None = None, flags: d
     elif command == "finetune":
         from .finetune import config_from
     else:
-        from .filters import config_from
+        from .filters.train import config_from
     return config_from(values)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from .vit import preset
 
 
-def _block_macs(tokens: int, width: int, mlp: int, attention: bool = True) -> int:
+def block_macs(tokens: int, width: int, mlp: int, attention: bool = True) -> int:
     linear = tokens * (4 * width * width + 2 * width * mlp)  # qkv + proj + fc1 + fc2
     return linear + (2 * tokens * tokens * width if attention else 0)  # QK^T and AV
 
@@ -17,7 +17,7 @@ def encoder_linear_macs(name: str, image_size: int, patch: int = 16) -> int:
     """Linear-layer multiply-adds of the encoder on the whole image (the model-card 'FLOPs')."""
     p = preset(name)
     n = (image_size // patch) ** 2
-    return n * 3 * patch * patch * p.width + p.depth * _block_macs(n, p.width, p.mlp, attention=False)
+    return n * 3 * patch * patch * p.width + p.depth * block_macs(n, p.width, p.mlp, attention=False)
 
 
 def mae_forward_flops(name: str, image_size: int, mask_ratio: float = 0.75, patch: int = 16,
@@ -32,9 +32,9 @@ def mae_forward_flops(name: str, image_size: int, mask_ratio: float = 0.75, patc
     n = (image_size // patch) ** 2
     visible = int(n * (1 - mask_ratio)) + 1
     macs = (visible - 1) * 3 * patch * patch * p.width  # patch embedding of the kept patches only
-    macs += p.depth * _block_macs(visible, p.width, p.mlp)
+    macs += p.depth * block_macs(visible, p.width, p.mlp)
     macs += visible * p.width * p.decoder_width  # decoder_embed
-    macs += p.decoder_depth * _block_macs(n + 1, p.decoder_width, 4 * p.decoder_width)
+    macs += p.decoder_depth * block_macs(n + 1, p.decoder_width, 4 * p.decoder_width)
     macs += n * p.decoder_width * patch * patch * 3  # decoder_pred
     if batch_size and p.decoder_depth:
         shared = max(n - (visible - 1) - n / batch_size, 0.0)  # mask-token rows per image not projected

@@ -165,8 +165,8 @@ def compile_blocks(model: MaskedAutoencoder) -> None:
     """torch.compile each transformer block. The blocks share Dynamo's cache for Block.forward, and the
     decoder's first and last blocks take extra arguments, so with batch-size changes the variants can
     pass Dynamo's default limit of 8 (after which the rest run eagerly): the limit is raised to 32."""
-    import torch._dynamo
+    from .torch_compat import raise_recompile_limit
 
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
+    raise_recompile_limit(32)
     for block in list(model.encoder.blocks) + list(model.decoder_blocks):
         block.compile()

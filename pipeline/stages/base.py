@@ -89,6 +89,12 @@ class Stage:
         """
         raise NotImplementedError
 
+    def derive(self, table: pa.Table) -> dict[str, list]:
+        """Columns that depend on thresholds, recomputed from stored columns whenever the config
+        changes (curate and select alike): {column: values} for every row of `table`. Most stages
+        have none; size and person override it."""
+        return {}
+
     def reject(self, table: pa.Table) -> list[str | None]:
         """Reason (short, 'detail' without the stage name) per row, or None when the row passes
         or was not measured by this stage. Reads only stored columns and self.cfg thresholds.

@@ -1,13 +1,14 @@
 """humanset filter cards: classifiers made by `humanset train-filter`, loaded with timm alone.
 
 A card is a folder (or its card.json) holding:
-    card.json   format "humanset-filter/1", filter (watermark | art), weights (a file name in the folder),
+    card.json   format CARD_FORMAT, filter (watermark | art), weights (a file name in the folder),
                 architecture (timm VisionTransformer kwargs), input (size, mean, std), classes,
                 keep_class, threshold, generator settings and validation figures
     model.pt    a plain state dict, loaded with torch.load(weights_only=True) and strict=True
 The score is 1 - P(keep_class): higher means reject, as for the LAION and OpenCLIP models.
 
-The pipeline never imports training/: the architecture is rebuilt from the card with timm.
+The pipeline never imports training/: the architecture is rebuilt from the card with timm. The
+contract itself (names, input size, normalisation, preprocessing) is catalog/cards.py.
 """
 from __future__ import annotations
 
@@ -18,11 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from catalog.cards import CARD_FORMAT, CARD_NAME, REQUIRED, squash  # noqa: F401 (the card contract: catalog/cards.py)
+
 log = logging.getLogger(__name__)
-
-CARD_FORMAT = "humanset-filter/1"
-CARD_NAME = "card.json"
-
 
 def find_card(path: Path) -> Path | None:
     """The card.json that `path` names (the card itself, or a folder holding one); None if it names none."""
@@ -68,7 +67,7 @@ def read_card(card_path: Path, expect_filter: str, setting: str) -> dict:
     if card.get("filter") != expect_filter:
         raise ValueError(f"{setting}={card_path}: this is a card of the {card.get('filter')!r} filter; the "
                          f"{expect_filter} stage needs one made by `{how}`")
-    missing = [k for k in ("weights", "architecture", "input", "classes", "keep_class") if k not in card]
+    missing = [k for k in REQUIRED if k not in card]
     if missing:
         raise ValueError(f"{setting}={card_path}: card lacks {missing}; rewrite it with `{how}`")
     weights = str(card["weights"])
@@ -115,9 +114,8 @@ class CardClassifier:
     def to_input(self, image) -> "torch.Tensor":  # noqa: F821
         """PIL RGB image -> normalised (3, S, S) tensor: squashed, bilinear, as in training."""
         import torch
-        from PIL import Image
 
-        x = np.asarray(image.convert("RGB").resize((self.size, self.size), Image.BILINEAR), np.float32) / 255.0
+        x = np.asarray(squash(image, self.size), np.float32) / 255.0
         return torch.from_numpy(((x - self.mean) / self.std).transpose(2, 0, 1).copy())
 
     def log_probs(self, x) -> "torch.Tensor":  # noqa: F821

@@ -89,7 +89,7 @@ def _judged_column(table: pa.Table) -> list:
 
 def n_pass_column(table: pa.Table, cfg: dict) -> list[int | None]:
     """person_n_pass for every row of a catalog table under the thresholds of `cfg` (person section)."""
-    min_score, min_box, rule = _thresholds(cfg)
+    min_score, min_box, rule = thresholds(cfg)
     scores = table.column("person_scores").to_pylist()
     return [count_passing(b, s, min_score, min_box, rule) for b, s in zip(_judged_column(table), scores)]
 
@@ -113,7 +113,7 @@ def best_passing_score(boxes, scores, min_box_px: float, box_rule: str = "longer
     return max(good, default=0.0)
 
 
-def _thresholds(cfg: dict) -> tuple[float, float, str]:
+def thresholds(cfg: dict) -> tuple[float, float, str]:
     rule = str(cfg.get("box_rule", "longer_side"))
     if rule not in BOX_RULES:
         raise ValueError(f"person.box_rule={rule!r}: expected one of {', '.join(BOX_RULES)}")
@@ -233,7 +233,7 @@ class PersonStage(Stage):
 
     def __init__(self, cfg: dict | None = None):
         super().__init__(cfg)
-        _thresholds(self.cfg)  # a bad box_rule fails when the config is read, not on the cluster
+        thresholds(self.cfg)  # a bad box_rule fails when the config is read, not on the cluster
         if self.backend_name not in BACKENDS:
             raise ValueError(f"person.backend={self.backend_name!r}: expected one of {', '.join(BACKENDS)}")
         self.model = None
@@ -416,7 +416,7 @@ class PersonStage(Stage):
                     results.append(self._predict([im])[0])
                 except Exception as e1:
                     results.append(e1)
-        min_score, min_box, rule = _thresholds(self.cfg)
+        min_score, min_box, rule = thresholds(self.cfg)
         for i, res, (sx, sy, w0, h0) in zip(rows, results, scales):
             if isinstance(res, Exception):
                 out["person_error"][i] = f"inference: {res}"
@@ -454,7 +454,7 @@ class PersonStage(Stage):
         return {"person_n_pass": n_pass_column(table, self.cfg), "person_box_max_px": box_max_column(table)}
 
     def reject(self, table: pa.Table) -> list[str | None]:
-        min_score, min_box, rule = _thresholds(self.cfg)
+        min_score, min_box, rule = thresholds(self.cfg)
         errors = table.column("person_error").to_pylist()
         boxes = _judged_column(table)
         scores = table.column("person_scores").to_pylist()

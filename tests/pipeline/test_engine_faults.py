@@ -1,6 +1,5 @@
 """The engine under faults: a dying worker, a source that changes, a second run, new files."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,8 @@ import catalog
 from pipeline.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "faults"))
+import humanset_faults  # noqa: E402  (test-only fault injection: tests/faults)
 CHEAP = ["stages=[decode,size,dedup]"]
 
 
@@ -156,8 +157,7 @@ def test_a_sample_that_kills_its_worker_is_rejected_and_the_run_completes(tmp_pa
     folder = _photos(tmp_path / "in", 5)
     (folder / "killer.jpg").write_bytes((folder / "000.jpg").read_bytes()[:-1] + b"\xd9")  # a valid image
     run = tmp_path / "run"
-    env = dict(os.environ, HUMANSET_TEST_CRASH_URI="killer.jpg", PYTHONPATH=os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    env = humanset_faults.env({"stage": "decode", "uri": "killer.jpg"})  # the decoder dies on it (tests/faults)
     cmd = [sys.executable, str(ROOT / "pipeline" / "curate.py"), "--input", str(folder), "--output", str(run),
            "--no-progress", "--set", "ray.num_cpus=2", "--set", "engine.max_retries=1",
            "--set", "stages=[decode,size,dedup]", "--set", "dedup.exact=false", "--set", "dedup.max_distance=null"]
@@ -213,8 +213,7 @@ def test_a_sample_that_kills_a_model_actor_is_isolated_too(tmp_path):
     folder = _photos(tmp_path / "in", 3)
     (folder / "killer.jpg").write_bytes((folder / "000.jpg").read_bytes()[:-1] + b"\xd9")
     run = tmp_path / "run"
-    env = dict(os.environ, HUMANSET_TEST_CRASH_URI="killer.jpg", HUMANSET_TEST_CRASH_STAGE="text",
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    env = humanset_faults.env({"stage": "text", "uri": "killer.jpg"})  # the OCR actor dies on it (tests/faults)
     cmd = [sys.executable, str(ROOT / "pipeline" / "curate.py"), "--input", str(folder), "--output", str(run),
            "--no-progress", "--set", "ray.num_cpus=2", "--set", "engine.max_retries=1",
            "--set", "stages=[decode,size,dedup,text]", "--set", "dedup.exact=false",

@@ -5,6 +5,8 @@ a fresh environment builds its cache (~2 minutes, once per machine).
 """
 import json
 import shutil
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +22,9 @@ from render.blender import (FileMeshInput, MeshInput, RenderSettings, SceneInput
 from render.config import load_config  # noqa: E402
 from render.output import load_npy, load_png  # noqa: E402
 from render.scans import index_hdris, index_scans  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
+import humanset_faults  # noqa: E402  (test-only fault injection: tests/faults)
 
 H, W = 96, 72
 TINY = [f"sampling.camera.height={H}", f"sampling.camera.width={W}", "cycles.samples=4", "cycles.device=cpu",
@@ -201,14 +206,14 @@ def test_run_writes_shards_catalogs_and_resumes(tmp_path, monkeypatch):
         jobmod.prepare_run(out, "anny", "builtin", 3, 3, load_config(sets=TINY))
 
 
-def test_bad_inputs_are_reported_and_the_job_goes_on(tmp_path, body):
+def test_bad_inputs_are_reported_and_the_job_goes_on(tmp_path, body, monkeypatch):
     lib = tmp_path / "scans"
     lib.mkdir()
     (lib / "corrupt.obj").write_text("v 0 0\nf 1 2 9\nthis is not an obj file\n")
     (lib / "broken.glb").write_bytes(b"glTF\x02\x00\x00\x00garbage")
-    from render.blender import FAULT_ABORT_ON_INDEX
-    crashing = bodies.export_obj(body, lib, "crashes_importer")
-    crashing.write_bytes(FAULT_ABORT_ON_INDEX + b"\n" + crashing.read_bytes())
+    crashing = bodies.export_obj(body, lib, "crashes_importer")  # the index's importer aborts on it:
+    for k, v in humanset_faults.env({"abort_on_import": [crashing.name]}).items():  # tests/faults
+        monkeypatch.setenv(k, v)
     bodies.export_obj(body, lib, "textured")
     bodies.export_obj(body, lib / "notex", "missing_texture")
     (lib / "notex" / "missing_texture.png").unlink()
@@ -298,17 +303,20 @@ def test_a_scan_that_crashes_blender_fails_its_frames_and_the_run_goes_on(tmp_pa
     """A scan whose import aborts the worker process: the Ray actor restarts, the frame is tried twice and
     failed with error "blender_crash", the scan is rejected for its other frames and in the scan catalog;
     the good scan renders, scan-major (one load for its two frames)."""
-    from render.blender import FAULT_ABORT_ON_LOAD
+    import ray.cloudpickle
+
     from render.distributed import run_ray
     lib = tmp_path / "lib"
     bodies.export_obj(body, lib, "good")
-    bad = bodies.export_obj(body, lib, "crashy")
-    bad.write_bytes(FAULT_ABORT_ON_LOAD + b"\n" + bad.read_bytes())  # a comment line: still a valid OBJ
+    bad = bodies.export_obj(body, lib, "crashy")  # a valid OBJ whose import aborts the render actor (tests/faults)
+    ray.cloudpickle.register_pickle_by_value(humanset_faults)  # the actors need no path to tests/faults
     cfg = load_config(sets=TINY + ["output.frames_per_shard=2", "schedule.frames_per_scan_visit=2"])
     spec = jobmod.prepare_run(tmp_path / "run", str(lib), "builtin", 4, 1, cfg)
     assert spec.scan_ids == ["crashy", "good"]  # seed 1 draws crashy for frames 0 and 3, good for 1 and 2
     assert [spec.shard_frames(0), spec.shard_frames(1)] == [[0, 3], [1, 2]]
-    stats = run_ray(spec, workers=1, cpus_per_worker=1, progress=False)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(jobmod, "ShardRenderer", humanset_faults.crashing_shard_renderer([bad.name]))
+        stats = run_ray(spec, workers=1, cpus_per_worker=1, progress=False)
     assert sorted(s["shard"] for s in stats) == ["render-00000", "render-00001"]
     con = catalog.connect(tmp_path / "run")
     rows = {r[0]: r[1:] for r in con.sql("SELECT frame_index, scan_id, error, params FROM frames").fetchall()}

@@ -11,7 +11,7 @@ from humanset.cli import main as humanset
 from render import export as ex
 from render.export_coco import COCO17_SKELETON, mask_box, mask_rle
 from render.output import load_npy, load_png, npy_bytes, png_bytes
-from training.testing import sphere_frame, write_sphere_renders
+from training_fixtures import sphere_frame, write_sphere_renders
 
 
 def export(run_dir, *args) -> int:

@@ -16,6 +16,17 @@ def test_sampling_never_imports_blender():
     assert "import bpy" not in src and "blenderproc" not in src
 
 
+def test_only_render_blender_touches_blender_and_the_scene_is_plain_data():
+    from pathlib import Path
+    root = Path(sampling.__file__).resolve().parents[1]
+    words = ("import bpy", "from bpy", "import blenderproc", "from blenderproc", "mathutils")
+    touching = sorted(str(p.relative_to(root)) for room in ("catalog", "pipeline", "render", "training", "humanset")
+                      for p in (root / room).rglob("*.py") if any(w in p.read_text() for w in words))
+    assert touching and all(t.startswith("render/blender/") for t in touching), touching
+    scene = (root / "render" / "scene.py").read_text()
+    assert "bpy" not in scene and "blender" not in scene.split('"""')[2]  # the code, past its docstring
+
+
 def test_same_seed_same_parameters_and_person_in_frame():
     cfg = sampling.SamplingConfig()
     a = [sampling.sample_camera(7, i, *BBOX, cfg.camera) for i in range(50)]

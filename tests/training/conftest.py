@@ -1,7 +1,7 @@
 """The training tests' shared fixture: curated shards of the scikit-image photos."""
 import pytest
 
-from training.testing import skimage_samples, write_curated_shards
+from training_fixtures import skimage_samples, write_curated_shards
 
 
 @pytest.fixture(scope="module")

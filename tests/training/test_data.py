@@ -11,7 +11,7 @@ from PIL import Image
 import catalog
 from training.data import ShardStream, epoch_plan, normalize
 from training.decode import augment, crop_params, decode_image, read_image_member
-from training.testing import encode, skimage_samples, write_curated_shards
+from training_fixtures import encode, skimage_samples, write_curated_shards
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +138,7 @@ def test_read_image_member_uses_index_offsets(shards):
 
 def test_render_shards_stream_their_rgb_member(tmp_path):
     """MAE pretraining on renders: a render frame's image is its {key}.rgb.png, not its mask.png."""
-    from training.testing import write_sphere_renders
+    from training_fixtures import write_sphere_renders
     from training.task_data import RenderFrames
     run = write_sphere_renders(tmp_path, n_frames=2, per_shard=2)
     row = catalog.read_index(run / "shards").to_pylist()[0]

@@ -9,7 +9,7 @@ import torch
 
 import catalog
 from training import checkpoint as ckpt
-from training.testing import write_coco_person, write_sphere_renders
+from training_fixtures import write_coco_person, write_sphere_renders
 from training.mae import MaskedAutoencoder
 from training.sampler import StepSampler
 from training.task_data import Augment, BackgroundPool, CocoKeypoints, CocoParts, RenderFrames
@@ -102,7 +102,7 @@ def test_coco_parts_refuse_unknown_categories(coco, tmp_path):
 def fake_curation_run(tmp_path):
     """A curation catalog with person-free samples as files and as a member of an input tar."""
     import skimage.data as sd
-    from training.testing import encode
+    from training_fixtures import encode
 
     photos = tmp_path / "crawl"
     photos.mkdir()

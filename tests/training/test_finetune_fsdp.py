@@ -5,7 +5,7 @@ import pytest
 
 from training import checkpoint as ckpt
 from training.finetune import FinetuneConfig, build_model, finetune
-from training.testing import logged_losses, write_sphere_renders
+from training_fixtures import logged_losses, write_sphere_renders
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from training.evaluate import evaluate
 from humanset.demo import finetune_demo as demo
 from training.finetune import FinetuneConfig, build_model, finetune
 from training.lr import layer_decay_groups, warmup_linear, warmup_step
-from training.testing import write_coco_person, write_sphere_renders
+from training_fixtures import write_coco_person, write_sphere_renders
 from training.predict import predict
 
 

@@ -1,7 +1,7 @@
 """Can the heads learn at all? Each task's head overfits one small batch to a tight figure within a bounded
 number of CPU steps, and the targets obey their geometric conventions (a broken flip or a twice-normalised
 depth fails here). The frames are analytic sphere people in the renderer's exact shard format
-(training.testing.write_sphere_renders(people=True): depth, normals, mask, parts.png, keypoints_coco17).
+(training_fixtures.write_sphere_renders(people=True): depth, normals, mask, parts.png, keypoints_coco17).
 """
 import numpy as np
 import pytest
@@ -12,7 +12,7 @@ from training.finetune import FinetuneConfig, finetune
 from training.losses import depth_loss, relative_depth
 from training.render_pose import RenderKeypoints, mask_box
 from training.task_data import Augment, RenderFrames
-from training.testing import write_sphere_renders
+from training_fixtures import write_sphere_renders
 from training.vocab import load
 
 HW = (64, 48)

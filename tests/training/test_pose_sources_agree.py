@@ -8,7 +8,7 @@ import numpy as np
 from humanset.cli import main as humanset
 from training.render_pose import RenderKeypoints
 from training.task_data import CocoKeypoints
-from training.testing import write_sphere_renders
+from training_fixtures import write_sphere_renders
 from training.vocab import load
 
 

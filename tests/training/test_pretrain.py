@@ -9,7 +9,7 @@ from humanset.cli import main as humanset_main
 from training import checkpoint as ckpt
 from humanset.demo import pretrain_demo as demo
 from training.pretrain import PretrainConfig, pretrain
-from training.testing import logged_losses, skimage_samples
+from training_fixtures import logged_losses, skimage_samples
 
 
 def small(shards, out, **kw):

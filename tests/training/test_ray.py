@@ -9,7 +9,7 @@ import torch
 from training import checkpoint as ckpt
 from training.mae import MaskedAutoencoder
 from training.pretrain import PretrainConfig, pretrain_ray
-from training.testing import logged_losses
+from training_fixtures import logged_losses
 
 JOB = Path(__file__).resolve().parents[2] / "training" / "pretrain_job.py"
 

@@ -7,7 +7,7 @@ import torch
 import catalog
 from catalog import storage as st
 from training.data import ShardStream
-from training.testing import skimage_samples, write_curated_shards
+from training_fixtures import skimage_samples, write_curated_shards
 
 
 def test_the_shard_stream_on_s3_equals_the_local_one_and_copies_nothing(s3_server, tmp_path, monkeypatch):

@@ -98,7 +98,7 @@ def test_a_bad_flag_value_is_validated_too(tmp_path, capsys):
 
 def test_effective_config_lands_in_the_run_folder(tmp_path, capsys):
     from training import checkpoint as ckpt
-    from training.testing import skimage_samples, write_curated_shards
+    from training_fixtures import skimage_samples, write_curated_shards
 
     shards = tmp_path / "shards"
     write_curated_shards(shards, skimage_samples()[:4], per_shard=4)

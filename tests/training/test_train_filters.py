@@ -20,8 +20,8 @@ from PIL import Image
 from pipeline.demo import shipped_photos
 from pipeline.stages.art import ArtStage
 from pipeline.stages.watermark import WatermarkStage
-from training import filter_data as fd
-from training import filter_html as fh
+from training.filters import samples as fd
+from training.filters import browser as fh
 from training.filters import (FilterConfig, FilterModel, at_threshold, beats_chance, build_model, choose_threshold,
                               roc_auc, train_filter)
 
@@ -53,7 +53,7 @@ def test_fonts_are_found_and_draw_latin_text():
 
 
 def test_no_fonts_is_a_clear_error(monkeypatch):
-    from training import filter_text as ft
+    from training.filters import lettering as ft
 
     monkeypatch.setattr(ft.shutil, "which", lambda name: None)
     monkeypatch.setattr(ft, "FONT_DIRS", ())

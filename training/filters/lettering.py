@@ -1,4 +1,4 @@
-"""Fonts, words and colours the filter-data generators draw with (training/filter_data.py)."""
+"""Fonts, words and colours the filter-data generators draw with (training/filters/samples.py)."""
 from __future__ import annotations
 
 import functools
@@ -116,7 +116,7 @@ def sentence(rng: np.random.Generator, words: int) -> str:
 
 
 # --- small helpers ----------------------------------------------------------------------------------
-def _colour(rng, light=None) -> tuple[int, int, int]:
+def random_colour(rng, light=None) -> tuple[int, int, int]:
     if light is True:
         return tuple(int(v) for v in rng.integers(200, 256, 3))
     if light is False:
@@ -124,7 +124,7 @@ def _colour(rng, light=None) -> tuple[int, int, int]:
     return tuple(int(v) for v in rng.integers(0, 256, 3))
 
 
-def _text_size(text: str, fnt) -> tuple[int, int]:
+def text_size(text: str, fnt) -> tuple[int, int]:
     l, t, r, b = fnt.getbbox(text)
     return max(1, r - l), max(1, b - t)
 

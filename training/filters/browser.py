@@ -1,7 +1,7 @@
 """HTML screenshots for the art filter's non-photo class: web pages drawn by headless Chromium.
 
 A browser start costs about a second, so Chromium never runs per sample. Training renders a pool of pages
-once (`html_pool`): each page is random HTML from training/filter_pages.py (nav bars, headings,
+once (`html_pool`): each page is random HTML from training/filters/pages.py (nav bars, headings,
 paragraphs, buttons, tables, forms, cards, sidebars, crops of the clean photos as data: URIs, random CSS
 colours, fonts and sizes), a pure function of (seed, page index, photos). Six pages are stacked in one window as
 `<iframe srcdoc>` documents, each its own browsing context at its own viewport size, and one
@@ -34,7 +34,7 @@ from PIL import Image
 
 import catalog
 
-from .filter_pages import CSP, WINDOWS, page_html, window_html  # noqa: F401  (WINDOWS, CSP re-exported)
+from .pages import CSP, WINDOWS, page_html, window_html  # noqa: F401  (WINDOWS, CSP re-exported)
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .filter_text import _colour, _text_size, font, name, sentence
+from .lettering import random_colour, text_size, font, name, sentence
 
 # --- art generators: non-photos from the clean photo ------------------------------------------------
 def quantise(rgb: np.ndarray, colours: int) -> np.ndarray:
@@ -40,7 +40,7 @@ def pencil(rgb: np.ndarray, rng) -> np.ndarray:
     """Pencil sketch (colour dodge of the blurred negative) or an ink line drawing (edges)."""
     grey = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY).astype(np.float32)
     h, w = grey.shape
-    paper = np.array(_colour(rng, light=True), np.float32) if rng.random() < .5 else np.full(3, 250, np.float32)
+    paper = np.array(random_colour(rng, light=True), np.float32) if rng.random() < .5 else np.full(3, 250, np.float32)
     if rng.random() < .6:
         blur = cv2.GaussianBlur(255 - grey, (0, 0), rng.uniform(2, 8))
         sketch = np.clip(grey * 255.0 / np.maximum(255 - blur, 1), 0, 255)
@@ -96,15 +96,15 @@ def painterly(rgb: np.ndarray, rng) -> np.ndarray:
 def document(rgb: np.ndarray, rng) -> np.ndarray:
     """A page of text (title, paragraphs, columns, rules) or a web-page-like screenshot with a photo."""
     h, w = rgb.shape[:2]
-    paper = _colour(rng, light=True) if rng.random() < .5 else (255, 255, 255)
+    paper = random_colour(rng, light=True) if rng.random() < .5 else (255, 255, 255)
     im = Image.new("RGB", (w, h), paper)
     d = ImageDraw.Draw(im)
-    ink = _colour(rng, light=False)
+    ink = random_colour(rng, light=False)
     y = int(h * rng.uniform(.03, .08))
     margin = int(w * rng.uniform(.04, .1))
     if rng.random() < .5:  # web page: a header bar, a photo, buttons
         bar = int(h * rng.uniform(.06, .12))
-        d.rectangle([0, 0, w, bar], fill=_colour(rng))
+        d.rectangle([0, 0, w, bar], fill=random_colour(rng))
         d.text((margin, bar // 4), name(rng).title(), fill=(255, 255, 255), font=font(rng, bar // 2))
         y = bar + int(h * .03)
         if rng.random() < .7:
@@ -112,7 +112,7 @@ def document(rgb: np.ndarray, rng) -> np.ndarray:
             im.paste(Image.fromarray(rgb).resize((pw, ph)), (w - margin - pw, y))
         for _ in range(int(rng.integers(1, 3))):
             bx, by = margin, int(h * rng.uniform(.6, .9))
-            d.rounded_rectangle([bx, by, bx + int(w * .25), by + int(h * .06)], radius=6, fill=_colour(rng))
+            d.rounded_rectangle([bx, by, bx + int(w * .25), by + int(h * .06)], radius=6, fill=random_colour(rng))
     size = int(h * rng.uniform(.06, .1))
     d.text((margin, y), sentence(rng, int(rng.integers(2, 5))).title(), fill=ink, font=font(rng, size))
     y += int(size * 1.6)
@@ -127,7 +127,7 @@ def document(rgb: np.ndarray, rng) -> np.ndarray:
                 yy += line_h  # paragraph break
                 continue
             text = sentence(rng, 12)
-            while text and _text_size(text, body)[0] > col_w - 6:
+            while text and text_size(text, body)[0] > col_w - 6:
                 text = text.rsplit(" ", 1)[0] if " " in text else ""
             d.text((margin + c * col_w, yy), text, fill=ink, font=body)
             yy += line_h
@@ -140,8 +140,8 @@ def clipart(rgb: np.ndarray, rng) -> np.ndarray:
     """Flat vector clip art: outlined shapes and a simple figure in the photo's own palette."""
     h, w = rgb.shape[:2]
     palette = np.asarray(Image.fromarray(rgb).quantize(colors=6, method=Image.MEDIANCUT).convert("RGB"))
-    colours = [tuple(int(v) for v in c) for c in np.unique(palette.reshape(-1, 3), axis=0)] or [_colour(rng)]
-    colours += [_colour(rng) for _ in range(3)]
+    colours = [tuple(int(v) for v in c) for c in np.unique(palette.reshape(-1, 3), axis=0)] or [random_colour(rng)]
+    colours += [random_colour(rng) for _ in range(3)]
     pick = lambda: colours[int(rng.integers(len(colours)))]  # noqa: E731
     s = 2
     im = Image.new("RGB", (w * s, h * s), pick())

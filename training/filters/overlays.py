@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .filter_text import _colour, _text_size, font, name, sentence, text_layer, watermark_text
+from .lettering import random_colour, text_size, font, name, sentence, text_layer, watermark_text
 
 # --- settings ---------------------------------------------------------------------------------------
 @dataclass
@@ -57,7 +57,7 @@ def logo_layer(size: int, rng, with_text: bool) -> Image.Image:
     if rng.random() < .6:  # a monogram cut out of (or drawn on) the shape
         fnt = font(rng, int(s * .45))
         letters = name(rng)[:int(rng.integers(1, 3))].upper()
-        w, h = _text_size(letters, fnt)
+        w, h = text_size(letters, fnt)
         l, t, _, _ = fnt.getbbox(letters)
         d.text((c - w / 2 - l, c - h / 2 - t), letters, fill=0 if kind in (1, 2, 3) else 255, font=fnt)
     im = im.resize((size, size), Image.LANCZOS)
@@ -115,11 +115,11 @@ def _overlay(rgb: np.ndarray, mask: np.ndarray, rng, s: GeneratorSettings) -> np
     """Draw a mask as a watermark: colour, opacity, blend mode, optional outline or drop shadow."""
     opacity = float(rng.uniform(*s.opacity))
     mode = s.blend_modes[int(rng.integers(len(s.blend_modes)))]
-    colour = _colour(rng, light=bool(rng.random() < .6)) if rng.random() < .85 else _colour(rng)
+    colour = random_colour(rng, light=bool(rng.random() < .6)) if rng.random() < .85 else random_colour(rng)
     if mode == "multiply":
-        colour = _colour(rng, light=False)
+        colour = random_colour(rng, light=False)
     elif mode == "screen":
-        colour = _colour(rng, light=True)
+        colour = random_colour(rng, light=True)
     extra = rng.random()
     if extra < .25 and mode != "emboss":  # outline of the opposite tone
         edge = cv2.dilate(mask, np.ones((3, 3), np.uint8)) - mask
@@ -187,10 +187,10 @@ def sign(rgb: np.ndarray, rng, scene_text: list[str] | tuple = ()) -> np.ndarray
             text = str(scene_text[int(rng.integers(len(scene_text)))])[:40] or name(rng)
         else:
             text = sentence(rng, int(rng.integers(1, 3))).upper() if rng.random() < .6 else name(rng).title()
-        board, ink = _colour(rng), None
+        board, ink = random_colour(rng), None
         ink = (0, 0, 0) if sum(board) > 380 else (255, 255, 255)
         fnt = font(rng, 40)
-        tw, th = _text_size(text, fnt)
+        tw, th = text_size(text, fnt)
         pad = 12
         im = Image.new("RGB", (tw + 2 * pad, th + 2 * pad), board)
         l, t, _, _ = fnt.getbbox(text)
@@ -219,10 +219,10 @@ def border(rgb: np.ndarray, rng) -> np.ndarray:
     h, w = rgb.shape[:2]
     out = rgb.copy()
     t = max(1, int(min(h, w) * rng.uniform(.015, .08)))
-    colour = _colour(rng, light=bool(rng.random() < .5)) if rng.random() < .8 else _colour(rng)
+    colour = random_colour(rng, light=bool(rng.random() < .5)) if rng.random() < .8 else random_colour(rng)
     out[:t], out[-t:], out[:, :t], out[:, -t:] = colour, colour, colour, colour
     if rng.random() < .4:  # a thin inner line
-        c2 = _colour(rng)
+        c2 = random_colour(rng)
         cv2.rectangle(out, (t, t), (w - t - 1, h - t - 1), c2, max(1, t // 4))
     return out
 
@@ -238,14 +238,14 @@ def frame(rgb: np.ndarray, rng) -> np.ndarray:
         return out
     f = int(min(h, w) * rng.uniform(.05, .1))
     mat = int(min(h, w) * rng.uniform(0, .08))
-    wood = np.array(_colour(rng), np.float32)
+    wood = np.array(random_colour(rng), np.float32)
     out = np.empty_like(rgb, dtype=np.float32)
     yy, xx = np.mgrid[0:h, 0:w]
     d = np.minimum.reduce([yy, xx, h - 1 - yy, w - 1 - xx]).astype(np.float32)
     grain = 0.85 + 0.15 * np.sin(xx * rng.uniform(.3, .8) + yy * rng.uniform(.05, .2))[..., None]
     bevel = np.clip(0.7 + 0.6 * d / max(f, 1), .6, 1.3)[..., None]
     out[:] = wood * grain * bevel
-    out[d >= f] = np.array(_colour(rng, light=True), np.float32)  # passe-partout
+    out[d >= f] = np.array(random_colour(rng, light=True), np.float32)  # passe-partout
     k = f + mat
     inner = cv2.resize(rgb, (max(1, w - 2 * k), max(1, h - 2 * k)), interpolation=cv2.INTER_AREA)
     out[k:k + inner.shape[0], k:k + inner.shape[1]] = inner

@@ -5,10 +5,10 @@
 
 The classifier is the project's ViT encoder (from an MAE encoder export; random initialisation only with
 a loud warning) with a linear head on the cls token. Its training data are made on the fly by
-training/filter_data.py from clean photos of a curation run (its kept samples) or any shards: synthetic
+training/filters/samples.py from clean photos of a curation run (its kept samples) or any shards: synthetic
 watermarks against clean photos and hard negatives; stylised non-photos against photos (among them
 crops of HTML pages that headless Chromium renders once per run into OUT/html_pool/, training/
-filter_html.py). One generator family per class is held out: the card's validation figures on it
+filters/browser.py). One generator family per class is held out: the card's validation figures on it
 measure an unseen style.
 
 The output loads without humanset: `timm.models.vision_transformer.VisionTransformer(**card
@@ -34,27 +34,33 @@ import torch.nn.functional as F
 from torch import nn
 
 import catalog
+from catalog import cards
 
-from . import checkpoint as ckpt
-from . import engine
-from .data import normalize
-from .decode import IMAGENET_MEAN, IMAGENET_STD
-from .engine import Context, RunConfig
-from .filter_data import DEFAULT_HOLDOUT, FilterSamples, FilterSpec, GeneratorSettings, split_photos
-from .filter_html import HtmlPool, html_pool
-from .filter_inputs import WATERMARK_LIKE, read_photos, read_scene_text  # noqa: F401  (re-exported)
-from .filter_metrics import (CHANCE_Z, at_threshold, beats_chance, card_threshold, choose_threshold,  # noqa: F401
+from .. import checkpoint as ckpt
+from .. import engine
+from ..engine import Context, RunConfig
+from .samples import DEFAULT_HOLDOUT, FilterSamples, FilterSpec, GeneratorSettings, split_photos
+from .browser import HtmlPool, html_pool
+from .inputs import WATERMARK_LIKE, read_photos, read_scene_text  # noqa: F401  (re-exported)
+from .thresholds import (CHANCE_Z, at_threshold, beats_chance, card_threshold, choose_threshold,  # noqa: F401
                              figures, reject_scores, roc_auc)
-from .lr import adamw, layer_decay_groups, warmup_linear
-from .sampler import collate
-from .vit import VisionTransformer, preset
-from .weights import load_encoder
+from ..lr import adamw, layer_decay_groups, warmup_linear
+from ..sampler import collate
+from ..vit import VisionTransformer, preset
+from ..weights import load_encoder
 
 log = logging.getLogger(__name__)
 
-CARD_FORMAT = "humanset-filter/1"
-WEIGHTS_NAME = "model.pt"
-CARD_NAME = "card.json"
+CARD_FORMAT, CARD_NAME, WEIGHTS_NAME = cards.CARD_FORMAT, cards.CARD_NAME, cards.WEIGHTS_NAME  # catalog/cards.py
+
+
+
+def normalize(images_uint8: torch.Tensor, device=None) -> torch.Tensor:
+    """uint8 (B, 3, S, S) -> float32 scaled to [0, 1] and normalised as the card says (catalog/cards.py)."""
+    x = images_uint8.to(device, non_blocking=True).float().div_(255.0)
+    mean = torch.tensor(cards.MEAN, device=x.device).view(1, 3, 1, 1)
+    std = torch.tensor(cards.STD, device=x.device).view(1, 3, 1, 1)
+    return (x - mean) / std
 
 
 # --- configuration --------------------------------------------------------------------------------
@@ -65,9 +71,9 @@ class FilterConfig(RunConfig):
     renders: str = ""  # art: a `humanset render` run whose frames are the "3d render" class
     encoder: str = ""  # MAE encoder export (OUT/encoder.pth) or checkpoint; empty = random init (loud)
     model: str = "tiny"  # preset when the encoder file does not say its shape (or there is none)
-    input_px: int = 224  # square model input; the stage squashes every image to it
+    input_px: int = cards.DEFAULT_INPUT_PX  # square model input; the stage squashes every image to it
     gen_px: int = 0  # generator canvas (longer side); 0 = 2 x input_px
-    holdout: list | None = None  # families held out for validation; None = filter_data.DEFAULT_HOLDOUT
+    holdout: list | None = None  # families held out for validation; None = samples.DEFAULT_HOLDOUT
     opacity: tuple = (0.1, 0.6)
     max_images: int = 1000  # clean photos read (spread over the shards), at most
     html_pages: int = 32  # art: HTML pages headless Chromium renders once per run (cached); 0 = no html family
@@ -298,8 +304,7 @@ def write_card(out: Path, model: FilterModel, recipe: FilterRecipe, validation: 
         "weights": WEIGHTS_NAME,
         "architecture": {"library": "timm", "class": "timm.models.vision_transformer.VisionTransformer",
                          "kwargs": model.timm_kwargs()},
-        "input": {"size": cfg.input_px, "resize": "squash, bilinear (whole image, no crop)", "mean": list(IMAGENET_MEAN),
-                  "std": list(IMAGENET_STD), "channels": "RGB"},
+        "input": cards.input_spec(cfg.input_px),
         "classes": spec.classes,
         "keep_class": spec.keep_class,
         "score": f"1 - P({spec.keep_class}); higher = reject",

@@ -1,5 +1,5 @@
 """Random web pages for the art filter's `html` family: the HTML only, pure functions of (seed, page index,
-photos). training/filter_html.py has Chromium screenshot them. Every page loads nothing but its own inline
+photos). training/filters/browser.py has Chromium screenshot them. Every page loads nothing but its own inline
 CSS and data: images (its Content-Security-Policy forbids the rest)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from .filter_text import name, sentence
+from .lettering import name, sentence
 
 # viewports of desktop, laptop, tablet and phone browsers
 WINDOWS = ((1280, 800), (1366, 768), (1024, 768), (800, 600), (768, 1024), (412, 915))

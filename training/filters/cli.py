@@ -4,12 +4,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from .cli import add_config_args, user_errors
+from ..cli import add_config_args, user_errors
 
 
 def config_from_args(args):
     """training/train_filter.yaml, then --config, then --set, then the flags given (training/config.py)."""
-    from .config import load_config
+    from ..config import load_config
 
     flags = {"filter": args.filter, "images": args.images, "renders": args.renders, "output": args.output,
              "encoder": args.encoder, "model": args.model, "input_px": args.input_px, "batch_size": args.batch_size,
@@ -20,7 +20,7 @@ def config_from_args(args):
 
 @user_errors
 def cmd_train_filter(args) -> int:
-    from .filters import summary_line, train_filter
+    from .train import summary_line, train_filter
 
     card = train_filter(config_from_args(args))
     print(json.dumps({"card": str(args.output) + "/card.json", "threshold": card["threshold"],

@@ -1,5 +1,5 @@
-"""The training room's test fixtures: small datasets written from scratch, for tests and smoke runs
-without a curation run or real renders. Nothing in training/ imports this module.
+"""Test fixtures of the training room: small datasets written from scratch, for tests and smoke runs
+without a curation run or real renders (tests only; not part of the package).
 
 `write_curated_shards` writes curated-shard folders (the curation engine's output format) from image
 bytes: same layout, index schema (catalog.CURATED_INDEX) and sidecars as `RUN/shards`.

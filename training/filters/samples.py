@@ -14,7 +14,7 @@ art (label "photo" vs the non-photo families):
   non-photo  cartoon (edge mask + colour quantisation), pencil (dodge sketch or edge line drawing),
              painterly (Kuwahara filter + canvas), document (rendered text pages and web-page-like
              layouts drawn with Pillow), clipart (flat vector shapes in the photo's palette), html (crops
-             of real HTML pages screenshotted by headless Chromium, training/filter_html.py: a pool
+             of real HTML pages screenshotted by headless Chromium, training/filters/browser.py: a pool
              rendered once per run, when Chromium is installed), render (frames of a `humanset render`
              run, when one is given)
   photo      clean
@@ -31,10 +31,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
-from .filter_html import screenshot
-from .filter_styles import cartoon, clipart, document, painterly, pencil, random_view, render_frame
-from .filter_text import FONT_EXTS, find_fonts  # noqa: F401  (re-exported)
-from .filter_watermarks import GeneratorSettings, border, frame, sign, watermark
+from catalog import cards
+
+from .browser import screenshot
+from .styles import cartoon, clipart, document, painterly, pencil, random_view, render_frame
+from .lettering import FONT_EXTS, find_fonts  # noqa: F401  (re-exported)
+from .overlays import GeneratorSettings, border, frame, sign, watermark
 
 log = logging.getLogger(__name__)
 
@@ -197,8 +199,9 @@ class FilterSamples:
 
 
 def to_input(rgb: np.ndarray, input_px: int) -> np.ndarray:
-    """HxWx3 uint8 -> (3, S, S) uint8: squashed to the square input, bilinear, as the stages do."""
-    im = Image.fromarray(rgb).resize((input_px, input_px), Image.BILINEAR)
+    """HxWx3 uint8 -> (3, S, S) uint8: squashed to the square input, bilinear, as the stages do
+    (catalog.cards.squash)."""
+    im = cards.squash(Image.fromarray(rgb), input_px)
     return np.ascontiguousarray(np.asarray(im, np.uint8).transpose(2, 0, 1))
 
 
