@@ -133,6 +133,8 @@ def test_model_actors_load_while_phase_3_waits_and_a_stopped_run_frees_them(ray_
             time.sleep(0.2)
 
     cfg = load_config(sets=["stages=[decode,size,dedup,text]"])
+    total = ray_local.cluster_resources()["CPU"]
+    wait_for(lambda: free() >= total, "an earlier test's actors kept their CPUs", 120)  # a clean start
     before = free()
     unit = Unit("crawl-00000-00000000", "files", str(tmp_path), files=[str(tmp_path / "a.jpg")], keys=["a"])
     early = _EarlyScore(tmp_path / "run", [unit], [TextStage(cfg["text"])], cfg, False)
