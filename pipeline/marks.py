@@ -36,7 +36,7 @@ TEXTS = {
     },
     "eval": {
         "tiled": ["alamyx", "(c) depositpics", "www.photostock.co.uk", "GETTYPIX", "123rfoto", "stockvault",
-                  "© picsum images", "preview only"],
+                  "© picsum images", "for review only"],
         "corner": ["© 2023 John Smith", "www.janedoe-photo.com", "(c) Blue Sky Studio", "pixabase.io",
                    "Copyright Lucia Ruiz", "© northlight"],
         "center": ["DRAFT", "Fotolandia", "Stockland", "COMP", "NOT FOR SALE"],
