@@ -179,6 +179,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--no-own", action="store_true", help="skip the pass that detects in the watermark stage")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--rows", default=None, help="also write each image's label, kind, opacity and evidence columns "
+                    "(JSON lines): re-scoring them needs no OCR")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from pipeline.stages.text import TextStage
@@ -234,6 +236,11 @@ def main(argv=None) -> int:
     false_pos = [{"photo": r["photo"], "score": round(s, 3), "strings": e["watermark_strings"]}
                  for r, s, e in zip(rows, scores, evs) if r["label"] == 0 and s is not None and s > WATERMARK.default]
     result["examples"] = {"missed": misses[:12], "false_positives": false_pos[:12]}
+    if a.rows:
+        with open(a.rows, "w") as f:
+            for r, e in zip(rows, evs):
+                f.write(json.dumps({"label": r["label"], "kind": r["kind"], "photo": r["photo"], "opacity": r["opacity"],
+                                    "text": (r["spec"] or {}).get("text"), **e}, default=str) + "\n")
     text_json = json.dumps(result, indent=1, default=str)
     print(text_json)
     if a.out:
