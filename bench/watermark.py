@@ -18,7 +18,7 @@ on the text stage's boxes (shared), watermark detecting itself, and the ratio (t
 shared) / text alone.
 
 usage: python bench/watermark.py [--family eval|tune] [--n-marked 180] [--n-clean 60]
-                                 [--seed N] [--out FILE]
+                                 [--seed N] [--set KEY=VALUE ...] [--out FILE] [--rows FILE]
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catalog.rules import WATERMARK  # noqa: E402
 from pipeline import marks  # noqa: E402
-from pipeline.config import default_config  # noqa: E402
+from pipeline.config import load_config  # noqa: E402
 
 def build_set(family: str, n_marked: int, n_clean: int, seed: int) -> list[dict]:
     """Rows of {image, label, kind, photo, opacity, spec}: marked images then clean ones."""
@@ -178,6 +178,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="default: 1 for tune, 2 for eval")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--no-own", action="store_true", help="skip the pass that detects in the watermark stage")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override, as humanset curate's (e.g. watermark.min_det_score=0.5)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--rows", default=None, help="also write each image's label, kind, opacity and evidence columns "
                     "(JSON lines): re-scoring them needs no OCR")
@@ -189,7 +191,7 @@ def main(argv=None) -> int:
 
     seed = marks.SEEDS[a.family] if a.seed is None else a.seed
     rows = build_set(a.family, a.n_marked, a.n_clean, seed)
-    cfg = default_config()
+    cfg = load_config(sets=a.set)
     text = TextStage(cfg["text"])
     text.setup()
     wm = WatermarkStage(cfg["watermark"])
@@ -208,14 +210,14 @@ def main(argv=None) -> int:
     _, t_wm_clean = measure(wm, clean_rows, a.batch, [{c: c_out[c][i] for c in SHARED} for i in range(len(clean_rows))])
     n = len(rows)
     evs = [{c: w_out[c][i] for c in w_out} for i in range(n)]
-    result = {"family": a.family, "seed": seed, "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+    result = {"family": a.family, "seed": seed, "set": a.set, "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
               "load_avg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
               "fonts": len(marks.family_fonts(a.family))}
     scores = w_out["watermark_score"]
+    cut = float(WATERMARK.threshold(cfg["watermark"]))
     result["sweep"] = sweep(rows, scores)
-    result.update(report(rows, scores, float(WATERMARK.default), w_out["watermark_n_boxes"]))
-    result["misses"] = misses(rows, scores, w_out["watermark_strings"], w_out.get("watermark_det_boxes") or
-                              t_out["text_det_boxes"], float(WATERMARK.default))
+    result.update(report(rows, scores, cut, w_out["watermark_n_boxes"]))
+    result["misses"] = misses(rows, scores, w_out["watermark_strings"], t_out["text_det_boxes"], cut)
     result["same_as_own_detection"] = sum(
         (a_ is None and b_ is None) or (a_ is not None and b_ is not None and abs(a_ - b_) < 1e-6)
         for a_, b_ in zip(w_out["watermark_score"], o_out["watermark_score"])) / len(o_out["watermark_score"])
@@ -230,12 +232,12 @@ def main(argv=None) -> int:
                        "text_plus_watermark_over_text": round((t_text_clean + t_wm_clean) / t_text_clean, 3)},
         "own_detections_shared": wm.ocr.own_detections, "own_detections_alone": wm_own.ocr.own_detections - own_before,
         "text_det_calls": text.ocr.det_calls}
-    misses = [{"kind": r["kind"], "opacity": round(r["opacity"], 2), "text": r["spec"]["text"],
+    missed = [{"kind": r["kind"], "opacity": round(r["opacity"], 2), "text": r["spec"]["text"],
                "score": None if s is None else round(s, 3), "strings": e["watermark_strings"]}
-              for r, s, e in zip(rows, scores, evs) if r["label"] == 1 and (s is None or s <= WATERMARK.default)]
+              for r, s, e in zip(rows, scores, evs) if r["label"] == 1 and (s is None or s <= cut)]
     false_pos = [{"photo": r["photo"], "score": round(s, 3), "strings": e["watermark_strings"]}
-                 for r, s, e in zip(rows, scores, evs) if r["label"] == 0 and s is not None and s > WATERMARK.default]
-    result["examples"] = {"missed": misses[:12], "false_positives": false_pos[:12]}
+                 for r, s, e in zip(rows, scores, evs) if r["label"] == 0 and s is not None and s > cut]
+    result["examples"] = {"missed": missed[:12], "false_positives": false_pos[:12]}
     if a.rows:
         with open(a.rows, "w") as f:
             for r, e in zip(rows, evs):
