@@ -1,22 +1,24 @@
 """Benchmark of the OCR watermark rule (watermark.method=ocr). Prints one JSON object.
 
-The set is generated from the photos shipped in installed packages (pipeline/demo.py: ultralytics'
-bus and zidane, scikit-image's photos) with marks drawn by pipeline/marks.py: kinds tiled, corner,
+The set is generated from the photos shipped in installed packages (ultralytics' bus and zidane,
+scikit-image's photos; marks.PHOTOS splits them by family) with marks drawn by pipeline/marks.py: kinds tiled, corner,
 center; installed fonts (fc-list); sizes; opacities 0.1-0.8; colours; shadows; level and diagonal;
 JPEG re-encoding at quality 60-95. Clean images are the photos and random crops/rescales of them.
 
-  --family eval (default): fonts and strings the rule was not tuned on, seed 2; the figures in README.
-  --family tune:           the set the evidence weights and the cut were checked on (seed 1).
+  --family eval (default): photos, fonts, strings and seed the rule was not tuned on; docs/watermark.md's figures.
+  --family tune:           the set the evidence weights and the cut are tuned on.
 Both print `sweep`: recall at opacity >= 0.2 and clean rejection at other cuts.
 
 Output: per kind precision / recall at watermark.max_score, ROC AUC (marked of that kind vs clean),
 recall at opacity >= 0.2 and by opacity bin; FP rate on clean photos, and on clean photos with scene
-text (bus, motorcycle_left/right: a shop ad, a brand name); stage images/s for text alone, watermark
+text (bus, motorcycle_left/right: a shop ad, a brand name); `misses`: per kind, why each mark at opacity >= 0.2 was missed (not_detected: no detected box lies
+on the mark's pixels; not_read: boxes on it, but no read string is a fragment of the mark; read: its
+text was read and the score stayed at or below the cut); stage images/s for text alone, watermark
 on the text stage's boxes (shared), watermark detecting itself, and the ratio (text + watermark
 shared) / text alone.
 
 usage: python bench/watermark.py [--family eval|tune] [--n-marked 180] [--n-clean 60]
-                                 [--seed N] [--out FILE]
+                                 [--seed N] [--set KEY=VALUE ...] [--out FILE] [--rows FILE]
 """
 from __future__ import annotations
 
@@ -36,28 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catalog.rules import WATERMARK  # noqa: E402
 from pipeline import marks  # noqa: E402
-from pipeline.config import default_config  # noqa: E402
-from pipeline.demo import shipped_photos  # noqa: E402
-
-PHOTOS = ("bus", "zidane", "astronaut", "camera", "coffee", "chelsea", "rocket", "motorcycle_left",
-          "motorcycle_right", "hubble_deep_field")
-SCENE_TEXT = ("bus", "motorcycle_left", "motorcycle_right")
-SEEDS = {"tune": 1, "eval": 2}
-
-
-def photos() -> dict[str, Image.Image]:
-    got = shipped_photos()
-    from importlib import resources
-    extra = Path(str(resources.files("skimage") / "data")) / "motorcycle_right.png"
-    if extra.is_file():
-        got["motorcycle_right"] = extra.read_bytes()
-    return {n: Image.open(io.BytesIO(got[n])).convert("RGB") for n in PHOTOS if n in got}
-
+from pipeline.config import load_config  # noqa: E402
 
 def build_set(family: str, n_marked: int, n_clean: int, seed: int) -> list[dict]:
     """Rows of {image, label, kind, photo, opacity, spec}: marked images then clean ones."""
     rng = np.random.default_rng(seed)
-    base = photos()
+    base = marks.family_photos(family)
     names = sorted(base)
     rows = []
     for j in range(n_marked):
@@ -115,7 +101,7 @@ def report(rows: list[dict], scores: list[float], cut: float, n_read: list) -> d
     sc = np.array([-1.0 if s is None else s for s in scores])
     flagged = sc > cut
     clean = lab == 0
-    scene = np.array([r["photo"] in SCENE_TEXT for r in rows]) & clean
+    scene = np.array([r["photo"] in marks.SCENE_TEXT for r in rows]) & clean
     out = {"cut": cut, "n_marked": int(lab.sum()), "n_clean": int(clean.sum()),
            "clean_rejected": round(float(flagged[clean].mean()), 4),
            "scene_text_clean": {"n": int(scene.sum()), "rejected": int(flagged[scene].sum())},
@@ -138,6 +124,52 @@ def report(rows: list[dict], scores: list[float], cut: float, n_read: list) -> d
     return out
 
 
+def of_mark(s: str, text: str) -> bool:
+    """A read string is a fragment of the mark's text (OCR of a translucent mark loses letters)."""
+    from difflib import SequenceMatcher
+
+    from pipeline.stages.wm_evidence import norm
+    a, b = norm(s), norm(text)
+    if len(a) < 3:
+        return False
+    return SequenceMatcher(None, a, b).find_longest_match(0, len(a), 0, len(b)).size >= min(4, len(a), len(b))
+
+
+def on_mark(row: dict, polys) -> bool:
+    """Some detected box (flat 8-float polygon, original pixels) has >= 25 % of its area on the mark."""
+    import cv2
+
+    size = Image.open(io.BytesIO(row["image"])).size
+    spec = marks.MarkSpec(**{**row["spec"], "colour": tuple(row["spec"]["colour"])})
+    mask = cv2.dilate(marks.mark_mask(size, spec).astype(np.uint8), np.ones((5, 5), np.uint8))
+    for p in polys or []:
+        box = np.zeros_like(mask)
+        cv2.fillPoly(box, [np.round(np.asarray(p, np.float64)).astype(np.int32).reshape(-1, 2)], 1)
+        if box.sum() and (box & mask).sum() / box.sum() >= 0.25:
+            return True
+    return False
+
+
+def misses(rows: list[dict], scores: list, strings: list, boxes: list, cut: float) -> dict:
+    """Per kind, marks at opacity >= 0.2: flagged, or missed as not_detected / not_read / read."""
+    out = {k: {"n": 0, "flagged": 0, "not_detected": 0, "not_read": 0, "read": 0} for k in (*marks.KINDS, "all")}
+    for r, s, st, b in zip(rows, scores, strings, boxes):
+        if not r["label"] or r["opacity"] < 0.2:
+            continue
+        if s is not None and s > cut:
+            why = "flagged"
+        elif not on_mark(r, b):
+            why = "not_detected"
+        elif not any(of_mark(x, r["spec"]["text"]) for x in st or []):
+            why = "not_read"
+        else:
+            why = "read"
+        for k in (r["kind"], "all"):
+            out[k]["n"] += 1
+            out[k][why] += 1
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--family", choices=marks.FAMILIES, default="eval")
@@ -146,16 +178,20 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="default: 1 for tune, 2 for eval")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--no-own", action="store_true", help="skip the pass that detects in the watermark stage")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override, as humanset curate's (e.g. watermark.min_det_score=0.5)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--rows", default=None, help="also write each image's label, kind, opacity and evidence columns "
+                    "(JSON lines): re-scoring them needs no OCR")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from pipeline.stages.text import TextStage
     from pipeline.stages.watermark import WatermarkStage
     from pipeline.stages.wm_ocr import SHARED
 
-    seed = SEEDS[a.family] if a.seed is None else a.seed
+    seed = marks.SEEDS[a.family] if a.seed is None else a.seed
     rows = build_set(a.family, a.n_marked, a.n_clean, seed)
-    cfg = default_config()
+    cfg = load_config(sets=a.set)
     text = TextStage(cfg["text"])
     text.setup()
     wm = WatermarkStage(cfg["watermark"])
@@ -174,12 +210,14 @@ def main(argv=None) -> int:
     _, t_wm_clean = measure(wm, clean_rows, a.batch, [{c: c_out[c][i] for c in SHARED} for i in range(len(clean_rows))])
     n = len(rows)
     evs = [{c: w_out[c][i] for c in w_out} for i in range(n)]
-    result = {"family": a.family, "seed": seed, "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+    result = {"family": a.family, "seed": seed, "set": a.set, "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
               "load_avg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
               "fonts": len(marks.family_fonts(a.family))}
     scores = w_out["watermark_score"]
+    cut = float(WATERMARK.threshold(cfg["watermark"]))
     result["sweep"] = sweep(rows, scores)
-    result.update(report(rows, scores, float(WATERMARK.default), w_out["watermark_n_boxes"]))
+    result.update(report(rows, scores, cut, w_out["watermark_n_boxes"]))
+    result["misses"] = misses(rows, scores, w_out["watermark_strings"], t_out["text_det_boxes"], cut)
     result["same_as_own_detection"] = sum(
         (a_ is None and b_ is None) or (a_ is not None and b_ is not None and abs(a_ - b_) < 1e-6)
         for a_, b_ in zip(w_out["watermark_score"], o_out["watermark_score"])) / len(o_out["watermark_score"])
@@ -194,12 +232,17 @@ def main(argv=None) -> int:
                        "text_plus_watermark_over_text": round((t_text_clean + t_wm_clean) / t_text_clean, 3)},
         "own_detections_shared": wm.ocr.own_detections, "own_detections_alone": wm_own.ocr.own_detections - own_before,
         "text_det_calls": text.ocr.det_calls}
-    misses = [{"kind": r["kind"], "opacity": round(r["opacity"], 2), "text": r["spec"]["text"],
+    missed = [{"kind": r["kind"], "opacity": round(r["opacity"], 2), "text": r["spec"]["text"],
                "score": None if s is None else round(s, 3), "strings": e["watermark_strings"]}
-              for r, s, e in zip(rows, scores, evs) if r["label"] == 1 and (s is None or s <= WATERMARK.default)]
+              for r, s, e in zip(rows, scores, evs) if r["label"] == 1 and (s is None or s <= cut)]
     false_pos = [{"photo": r["photo"], "score": round(s, 3), "strings": e["watermark_strings"]}
-                 for r, s, e in zip(rows, scores, evs) if r["label"] == 0 and s is not None and s > WATERMARK.default]
-    result["examples"] = {"missed": misses[:12], "false_positives": false_pos[:12]}
+                 for r, s, e in zip(rows, scores, evs) if r["label"] == 0 and s is not None and s > cut]
+    result["examples"] = {"missed": missed[:12], "false_positives": false_pos[:12]}
+    if a.rows:
+        with open(a.rows, "w") as f:
+            for r, e in zip(rows, evs):
+                f.write(json.dumps({"label": r["label"], "kind": r["kind"], "photo": r["photo"], "opacity": r["opacity"],
+                                    "text": (r["spec"] or {}).get("text"), **e}, default=str) + "\n")
     text_json = json.dumps(result, indent=1, default=str)
     print(text_json)
     if a.out:

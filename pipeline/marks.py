@@ -2,11 +2,12 @@
 
 A mark is drawn from a `MarkSpec` (kind, text, font, size, opacity, colour, shadow, angle, JPEG
 quality) that `sample_spec` draws from a seed and a family. Families split the fonts (by installed
-font family, `fc-list`) and the strings, so the evaluation set (bench/watermark.py, family "eval")
-shares neither with the set the rule's weights and cut were fitted on (family "tune").
+font family, `fc-list`), the strings, the photos and the seed, so the evaluation set
+(bench/watermark.py, family "eval") shares none of them with the set the rule's weights and cut are
+tuned on (family "tune").
 Kinds: tiled (a string repeated over the image, level or diagonal), corner (a copyright line,
 domain or name in a corner band or the bottom centre), center (one large word across the middle).
-Nothing here is downloaded: photos come from installed packages (pipeline/demo.py), fonts from the
+Nothing here is downloaded: photos come from installed packages (scikit-image, ultralytics), fonts from the
 system (Pillow's bundled default when fc-list finds none).
 """
 from __future__ import annotations
@@ -21,8 +22,10 @@ from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 KINDS = ("tiled", "corner", "center")
 FAMILIES = ("tune", "eval")
+SEEDS = {"tune": 1, "eval": 2}
 
-# strings per family: the same kinds of mark text (domains, copyright lines, agency names, words)
+# strings per family: the same kinds of mark text (domains, copyright lines, agency names, words), no
+# string shared (tests/pipeline/test_marks_families.py checks it)
 TEXTS = {
     "tune": {
         "tiled": ["shutterpix", "(c) dreamphoto", "www.stockfoto.net", "PHOTOLAB", "istockimage", "proof copy",
@@ -33,14 +36,46 @@ TEXTS = {
     },
     "eval": {
         "tiled": ["alamyx", "(c) depositpics", "www.photostock.co.uk", "GETTYPIX", "123rfoto", "stockvault",
-                  "© picsum images", "preview only"],
+                  "© picsum images", "for review only"],
         "corner": ["© 2023 John Smith", "www.janedoe-photo.com", "(c) Blue Sky Studio", "pixabase.io",
                    "Copyright Lucia Ruiz", "© northlight"],
-        "center": ["SAMPLE", "PREVIEW", "Stockland", "COMP", "NOT FOR SALE"],
+        "center": ["DRAFT", "Fotolandia", "Stockland", "COMP", "NOT FOR SALE"],
     },
 }
 # installed font families per family (the rest of the system's fonts are not used)
 FONT_FAMILIES = {"tune": ("DejaVu",), "eval": ("Liberation", "FreeSans", "FreeSerif", "FreeMono")}
+# shipped photos per family, (package, folder, file): no photo in both (the stereo pair of motorcycles
+# stays together). The eval photos hold the scene text (the bus's ad, the motorcycles' brand).
+PHOTOS = {
+    "tune": (("skimage", "data", "chelsea.png"), ("skimage", "data", "camera.png"),
+             ("skimage", "data", "retina.jpg"), ("skimage", "data", "brick.png"), ("skimage", "data", "grass.png"),
+             ("skimage", "data", "gravel.png"), ("skimage", "data", "coins.png"), ("skimage", "data", "ihc.png"),
+             ("skimage", "data", "clock_motion.png")),
+    "eval": (("ultralytics", "assets", "bus.jpg"), ("ultralytics", "assets", "zidane.jpg"),
+             ("skimage", "data", "astronaut.png"), ("skimage", "data", "coffee.png"),
+             ("skimage", "data", "rocket.jpg"), ("skimage", "data", "motorcycle_left.png"),
+             ("skimage", "data", "motorcycle_right.png"), ("skimage", "data", "hubble_deep_field.jpg")),
+}
+SCENE_TEXT = ("bus", "motorcycle_left", "motorcycle_right")  # eval photos with text that is part of the scene
+
+
+def family_photos(family: str) -> dict[str, Image.Image]:
+    """name -> RGB photo of a family, from the installed packages (located without importing them:
+    importing ultralytics patches PIL's opener); photos of packages not installed are left out."""
+    import importlib.util
+    from pathlib import Path
+
+    out = {}
+    for pkg, sub, name in PHOTOS[family]:
+        spec = importlib.util.find_spec(pkg)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        f = Path(list(spec.submodule_search_locations)[0]) / sub / name
+        if f.is_file():
+            out[f.stem] = Image.open(f).convert("RGB")
+    if not out:
+        raise RuntimeError(f"no {family} photos found: install scikit-image (and ultralytics)")
+    return out
 
 
 @lru_cache(maxsize=1)
@@ -127,7 +162,17 @@ def _text_layer(text: str, fnt, colour, alpha: int, shadow: bool) -> Image.Image
 def draw_mark(im: Image.Image, spec: MarkSpec) -> Image.Image:
     """The photo with the mark composited at spec.opacity (RGB, not yet re-encoded)."""
     base = im.convert("RGBA")
-    w, h = base.size
+    return Image.alpha_composite(base, mark_layer(base.size, spec)).convert("RGB")
+
+
+def mark_mask(size: tuple[int, int], spec: MarkSpec) -> np.ndarray:
+    """Boolean h x w mask of the pixels the mark touches (bench: was the mark detected, or missed?)."""
+    return np.asarray(mark_layer(size, spec))[..., 3] > 0
+
+
+def mark_layer(size: tuple[int, int], spec: MarkSpec) -> Image.Image:
+    """The RGBA overlay of the mark over an image of `size` (w, h)."""
+    w, h = size
     px = max(8, int(round(spec.size_rel * h)))
     fnt = font(spec.font, px)
     alpha = int(round(255 * spec.opacity))
@@ -157,7 +202,7 @@ def draw_mark(im: Image.Image, spec: MarkSpec) -> Image.Image:
              "bc": (w - word.width) // 2}[spec.corner]
         y = m if spec.corner in ("tl", "tr") else h - word.height - m
         overlay.alpha_composite(word, (max(0, x), max(0, y)))
-    return Image.alpha_composite(base, overlay).convert("RGB")
+    return overlay
 
 
 def jpeg(im: Image.Image, quality: int) -> bytes:

@@ -6,7 +6,8 @@ recognition confirms it: confidence >= `text.min_rec_score` and at least `text.m
 or digits. That drops the detector's false boxes on texture (on scikit-image's coffee.png it puts
 one box over 79% of the image and reads it as "8").
 
-Every detected box, confirmed or not, is stored with its detector score (text_det_boxes,
+Boxes count from rapidocr's detector score 0.5 (TEXT_BOX_THRESH). Every detected box, confirmed or
+not, and the weaker ones kept for the watermark rule (pipeline/stages/ocr.py), is stored with its detector score (text_det_boxes,
 text_det_scores, original pixels) and, where it was recognised, its string and recognition score
 (text_det_strings, text_det_rec_scores; null where not read): the watermark stage reads them instead
 of detecting (and reading) again (pipeline/stages/ocr.py, one detection pass for both stages).
@@ -39,7 +40,7 @@ from catalog.rules import RULES, TEXT_AREA
 
 from ..images import load_rgb
 from .base import Stage
-from .ocr import OCR, to_column
+from .ocr import OCR, TEXT_BOX_THRESH, to_column
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ class TextStage(Stage):
         n = len(batch["image"])
         out: dict[str, list] = {c: [None] * n for c in self.writes}
         todo: dict[int, dict] = {}  # image -> its boxes, crops, what is read and confirmed so far
+        index: dict[int, list[int]] = {}  # image -> position in text_det_* of each box it counts
         for i, data in enumerate(batch["image"]):
             try:
                 rgb, scale = load_rgb(data, max_side=self.max_side)
@@ -137,6 +139,10 @@ class TextStage(Stage):
             out["text_area_frac"][i], out["text_n_boxes"][i], out["text_strings"][i] = 0.0, 0, []
             out["text_det_boxes"][i], out["text_det_scores"][i] = to_column(boxes, scale), det_scores
             out["text_det_strings"][i], out["text_det_rec_scores"][i] = [None] * len(boxes), [None] * len(boxes)
+            # every box is stored (the watermark rule reads the weak ones); text counts rapidocr's own
+            strong = [k for k, sc in enumerate(det_scores) if sc >= TEXT_BOX_THRESH]
+            index[i] = strong
+            boxes, crops = [boxes[k] for k in strong], [crops[k] for k in strong]
             if not boxes:
                 continue
             if needed:
@@ -181,7 +187,8 @@ class TextStage(Stage):
                             out[c][i] = None
             for (i, k), (tx, sc) in read.items():
                 todo[i]["texts"][k] = str(tx)
-                out["text_det_strings"][i][k], out["text_det_rec_scores"][i][k] = str(tx), float(sc)
+                out["text_det_strings"][i][index[i][k]] = str(tx)
+                out["text_det_rec_scores"][i][index[i][k]] = float(sc)
                 if confirmed([tx], [sc], min_rec, min_chars):
                     todo[i]["keep"].append(k)
             for i in list(dict.fromkeys(i for i, _ in offers)):

@@ -33,7 +33,8 @@ pass; translucent text in a corner band alone (0.75) does not; scene text (opaqu
 mark words) scores near 0. A logistic model fitted on the generated marks was tried first and
 learnt "any text is a mark": the shipped photos hold too little scene text to teach it otherwise.
 The weights were set by hand and the cut checked on the "tune" family (bench/watermark.py --family
-tune prints the sweep); the README's figures are from the "eval" family.
+tune prints the sweep); docs/watermark.md's figures are from the "eval" family, which shares no
+photo, font, string or seed with it (pipeline/marks.py).
 """
 from __future__ import annotations
 

@@ -3,7 +3,9 @@
 Per batch: each image is draft-decoded (longer side <= watermark.max_side); its boxes come from the
 text stage's `text_det_boxes` when the text stage saw the sample (one detection pass serves both
 stages), else from this stage's own detection. The boxes that can be text (det score, size) are
-recognised in one call across the batch, at most `watermark.max_boxes` per image (largest first),
+recognised in one call across the batch, at most `watermark.max_boxes` per image (boxes in a corner
+band or centred first, then largest first; boxes down to `watermark.min_det_score`, below the text
+stage's 0.5: pipeline/stages/ocr.py keeps weak boxes for this rule),
 then scored by pipeline/stages/wm_evidence.py.
 """
 from __future__ import annotations
@@ -27,7 +29,7 @@ SHARED = ("text_det_boxes", "text_det_scores", "text_det_strings", "text_det_rec
 class OcrWatermark:
     def __init__(self, cfg: dict, threads: int):
         self.max_side = int(cfg.get("max_side", 960))
-        self.min_det_score = float(cfg.get("min_det_score", 0.5))
+        self.min_det_score = float(cfg.get("min_det_score", 0.3))
         self.min_rec_score = float(cfg.get("min_rec_score", 0.5))
         self.max_boxes = int(cfg.get("max_boxes", 8))
         self.ocr = OCR(self.max_side, threads, "watermark")
@@ -52,7 +54,10 @@ class OcrWatermark:
             bw, bh = float(np.ptp(b[:, 0])), float(np.ptp(b[:, 1]))
             if s is not None and s >= self.min_det_score and min(bw, bh) >= 6 and bw * bh <= 0.5 * h * w:
                 keep.append(k)
-        keep.sort(key=lambda k: -float(np.ptp(boxes[k][:, 0]) * np.ptp(boxes[k][:, 1])))
+        # where marks sit (corner bands, the centre) first, then largest first: a photographer's small
+        # corner line must not lose its place to a bus's large ads
+        keep.sort(key=lambda k: (not any(wm_evidence.placement(boxes[k], h, w)),
+                                 -float(np.ptp(boxes[k][:, 0]) * np.ptp(boxes[k][:, 1]))))
         return keep[: self.max_boxes]
 
     def measure(self, batch: dict[str, list]) -> dict[str, list]:

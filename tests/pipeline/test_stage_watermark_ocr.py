@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 from importlib import resources
 from pathlib import Path
 
@@ -148,3 +149,23 @@ def test_method_resolution_and_config_checks(tmp_path):
         load_config(sets=["watermark.method=trained"])
     with pytest.raises(ConfigError, match="watermark.max_boxes"):
         load_config(sets=["watermark.max_boxes=0"])
+
+
+def test_weak_boxes_are_kept_and_the_strong_ones_are_rapidocrs_own(stages):
+    """The detector keeps boxes down to WEAK_BOX_THRESH for the watermark rule; those from TEXT_BOX_THRESH
+    are exactly what rapidocr's default box threshold gives (the text stage counts only those)."""
+    from pipeline.stages.ocr import OCR, TEXT_BOX_THRESH, WEAK_BOX_THRESH
+
+    text = stages[0]
+    default = OCR(text.max_side, 1, "test")
+    default.engine._load_det_model().postprocess_op.box_thresh = TEXT_BOX_THRESH  # rapidocr's default
+    rng = np.random.default_rng(3)  # a tiled mark at 25 % on chelsea: 12 boxes, 4 of them weak
+    spec = marks.sample_spec(rng, "tiled", "tune", opacity=0.25)
+    img = np.asarray(Image.open(io.BytesIO(marks.jpeg(
+        marks.draw_mark(Image.open(CLEAN["chelsea"]).convert("RGB"), spec), 85))).convert("RGB"))[..., ::-1].copy()
+    weak, weak_scores, _ = text.ocr.detect(img)
+    strong, strong_scores, _ = default.detect(img)
+    assert min(weak_scores) >= WEAK_BOX_THRESH - 1e-6 and min(strong_scores) >= TEXT_BOX_THRESH - 1e-6
+    assert any(s < TEXT_BOX_THRESH for s in weak_scores)  # the weak ones exist on a translucent mark
+    kept = sorted(b.round(1).tobytes() for b, s in zip(weak, weak_scores) if s >= TEXT_BOX_THRESH)
+    assert kept == sorted(b.round(1).tobytes() for b in strong)
