@@ -18,6 +18,8 @@ import pyarrow as pa
 from .sources import Unit, UnitReader, _file_row, _is_uri
 
 log = logging.getLogger("humanset.curate")
+COALESCE_GAP = 64 << 10  # bytes of other members a ranged read of a remote tar may span to join two reads
+COALESCE_MAX = 16 << 20  # the most one such read fetches
 
 
 def read_unit(unit: Unit, limits: dict):
@@ -87,6 +89,31 @@ class ByteSource:
         self._reparsed = {r["sample_id"]: (r["_offset"], r["_size"]) for r in read_unit(self.unit, self.limits)
                           if r.get("_offset") is not None}
 
+    def _coalesced(self, offsets: list, sizes: list) -> dict[int, bytes]:
+        """Row -> its member's bytes for a remote tar, read with one ranged GET per run of members
+        that lie close together in the file (the shard's members between them, sidecars, are at most
+        COALESCE_GAP bytes; a run at most COALESCE_MAX): a batch of kept samples of one shard is a few
+        requests, not one per sample. Local files read member by member (a seek is free)."""
+        if not (_is_uri(self.unit.uri) and not self.unit.uri.startswith("file://")):
+            return {}
+        rows = sorted((o, n, i) for i, (o, n) in enumerate(zip(offsets, sizes))
+                      if o is not None and n is not None and o >= 0 and n >= 0)
+        out: dict[int, bytes] = {}
+        k = 0
+        while k < len(rows):
+            start, end, j = rows[k][0], rows[k][0] + rows[k][1], k + 1
+            while j < len(rows) and rows[j][0] - end <= COALESCE_GAP and rows[j][0] + rows[j][1] - start <= COALESCE_MAX:
+                end, j = max(end, rows[j][0] + rows[j][1]), j + 1
+            try:
+                blob = self._span_bytes(start, end - start)
+            except OSError:
+                blob = None
+            if blob is not None:
+                for o, n, i in rows[k:j]:
+                    out[i] = blob[o - start:o - start + n]
+            k = j
+        return out
+
     def fetch(self, table: pa.Table) -> tuple[list[bytes | None], list[str | None]]:
         """The bytes of every row of `table` (columns sample_id, source_uri, key, sha256 and, for a
         tar, _offset/_size) and, per row, why they could not be used (None: checked, fine)."""
@@ -94,9 +121,11 @@ class ByteSource:
                 for c in ("sample_id", "source_uri", "key", "sha256", "_offset", "_size")}
         images: list[bytes | None] = []
         why: list[str | None] = []
+        spans = self._coalesced(cols["_offset"], cols["_size"]) if self.unit.kind == "tar" else {}
         for i, sid in enumerate(cols["sample_id"]):
             if self.unit.kind == "tar":
-                data = self._tar_bytes(sid, cols["_offset"][i], cols["_size"][i])
+                data = spans.get(i) if i in spans and self._reparsed is None else \
+                    self._tar_bytes(sid, cols["_offset"][i], cols["_size"][i])
                 if source_changed(data, cols["sha256"][i]) and self._reparsed is None:
                     self._reparse()
                     data = self._tar_bytes(sid, None, None)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import sources
+from pipeline import unit_listing
 from pipeline.sources import count_new, load_unit, read_listing, write_listing
 
 PER_DIR, PER_UNIT, RUN_SIZE = 400, 500, 2000
@@ -36,7 +36,7 @@ def _peak(fn) -> tuple[int, object]:
 
 
 def test_listing_memory_does_not_grow_with_the_files(tmp_path, monkeypatch):
-    monkeypatch.setattr(sources, "FAN_IN", 4)  # the sort's merge width at its bound at both sizes
+    monkeypatch.setattr(unit_listing, "FAN_IN", 4)  # the sort's merge width at its bound at both sizes
     peaks, all_paths = [], None
     for n_dirs in (5, 40):  # 2,000 and 16,000 files, each listed twice (folder and manifest)
         root = tmp_path / str(n_dirs)
