@@ -16,8 +16,10 @@ $(STAMP): pyproject.toml scripts/install.sh $(wildcard deps/*.txt)
 demo: install
 	$(VENV)/bin/humanset demo --output runs/demo
 
-# a hung test must not hang CI: after 45 minutes pytest is interrupted and reports what it ran
+# lint first (rules in pyproject.toml), then the suite; a hung test must not hang CI: after 45 minutes
+# pytest is interrupted and reports what it ran
 test: install
+	$(VENV)/bin/ruff check .
 	timeout --signal=INT --kill-after=60 2700 $(PY) -m pytest tests
 
 bench: install

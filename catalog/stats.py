@@ -239,7 +239,7 @@ def scores(con, manifest: dict, p: str = "", exact: bool = True) -> list[dict]:
     order = {stage: i for i, stage in enumerate(STAGE_ORDER)}
     measures.sort(key=lambda m: order[m[0]])  # stable: a stage's rules, then its other columns
     parts = []
-    for stage, col, rule, t in measures:
+    for _stage, col, rule, t in measures:
         parts.append(_quantile_sql(col, exact=exact))
         parts.append(f"count(*) FILTER (WHERE {rule.sql_fails(col, t)})" if _number(t) else "NULL")
     vals = con.execute(f"SELECT {', '.join(parts)} FROM {p}samples").fetchone()

@@ -277,7 +277,7 @@ def iter_tar(fileobj_or_path, *, name: str = "", max_member_bytes: int | None = 
             if not meta:
                 size = pending.pop("size", size)
             padded = size + -size % BLOCK
-            def check_size(key: str | None = None):  # before anything is read or skipped
+            def check_size(key: str | None = None, size=size, at=at):  # before anything is read or skipped
                 nonlocal reading
                 if r.left() is not None and size > r.left():
                     reading = key

@@ -171,7 +171,7 @@ def register(sub) -> None:
     q.add_argument("--normal-frame", choices=["opencv", "opengl"], default=None,
                    help="sapiens: axes of normals/*.npy. opengl (default): x right, y up, z toward the viewer, "
                         "i.e. (1, -1, -1) times OpenCV, what Sapiens' released normal checkpoints predict "
-                        "(evidence in render/README.md); opencv: x right, y down, z forward, as rendered")
+                        "(evidence in docs/rendering.md); opencv: x right, y down, z forward, as rendered")
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
     q.set_defaults(func=run_export)
 

@@ -1,7 +1,7 @@
 """`humanset render export OUT --format sapiens|coco --to PATH`: a render run in the layout another trainer reads.
 
 sapiens (DIR): the folders of Sapiens' own fine-tuning datasets (facebookresearch/sapiens,
-seg/mmseg/datasets/depth_general.py, normal_general.py, pointmap_render_people.py; render/README.md):
+seg/mmseg/datasets/depth_general.py, normal_general.py, pointmap_render_people.py; docs/rendering.md):
   images/{key}.png             RGB, as rendered
   masks/{key}.png              uint8, 255 = person, 0 = background (Sapiens reads channel 0 > 0)
   depths/{key}.npy             float32 H×W planar z in metres, 0 off the person
@@ -47,7 +47,7 @@ NORMAL_FRAMES = {
     "opengl": "x right, y up, z toward the viewer: exactly (1, -1, -1) times the OpenCV vector; "
               "a surface facing the camera has z > 0",
 }
-DEFAULT_NORMAL_FRAME = "opengl"  # what Sapiens' released normal checkpoints predict (evidence: render/README.md)
+DEFAULT_NORMAL_FRAME = "opengl"  # what Sapiens' released normal checkpoints predict (evidence: docs/rendering.md)
 OPENGL_FROM_OPENCV = np.array([1.0, -1.0, -1.0], np.float32)
 MANIFEST = "manifest.json"
 _KEY = re.compile(r"^[0-9A-Za-z_-]{1,64}$")  # keys become file names: nothing else is trusted

@@ -48,3 +48,80 @@ def test_compact_log_lines_keep_the_level_of_warnings_only():
 
     assert line(logging.INFO, "4 rendered").split(" ", 1)[1] == "4 rendered"
     assert line(logging.WARNING, "stage art skipped").split(" ", 1)[1] == "WARNING stage art skipped"
+
+
+EXIT_CHILD = r"""
+import atexit, os, sys, types
+# registered before the filter, so it runs after it: what a native static destructor prints at exit
+atexit.register(lambda: os.write(1, b"Error: Not freed memory blocks: 1, total unfreed memory 0.000065 MB\n"
+                                    b"Error: a real error at exit\n"))
+if sys.argv[1] == "bpy":
+    sys.modules["bpy"] = types.ModuleType("bpy")  # the library whose exit noise is known, loaded
+from humanset.console import native_noise_filtered
+with native_noise_filtered():
+    print("the command's output", flush=True)
+"""
+
+
+def _run(code, *args, stderr=subprocess.PIPE):
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=stderr,
+                          env=env, timeout=60)
+
+
+def test_blender_exit_noise_is_dropped_from_stdout_and_the_rest_passes():
+    proc = _run(EXIT_CHILD, "bpy")  # communicate() reads to EOF: the filter child's output included
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode().splitlines() == ["the command's output", "Error: a real error at exit"]
+    # without Blender loaded nothing is filtered at exit (and no child process is started)
+    proc = _run(EXIT_CHILD, "none")
+    assert proc.stdout.decode().splitlines() == [
+        "the command's output", "Error: Not freed memory blocks: 1, total unfreed memory 0.000065 MB",
+        "Error: a real error at exit"]
+
+
+def test_stderr_stays_a_terminal_inside_the_filter():
+    # progress bars ask sys.stderr.isatty(); descriptor 2 is the filter's pipe, the answer is the terminal's
+    import pty
+
+    code = ("import sys\nfrom humanset.console import native_noise_filtered\n"
+            "with native_noise_filtered():\n    print(sys.stderr.isatty(), sys.stderr.fileno() == 2)\n")
+    primary, secondary = pty.openpty()
+    try:
+        proc = _run(code, stderr=secondary)
+    finally:
+        os.close(secondary)
+        os.close(primary)
+    assert proc.stdout.decode().split() == ["True", "True"]
+    piped = _run(code)
+    assert piped.stdout.decode().split() == ["False", "True"]
+
+
+def test_libraries_log_warnings_only_and_ours_log_info():
+    import logging
+
+    from catalog.console import OursOrWarnings
+
+    keep = OursOrWarnings().filter
+
+    def rec(name, level):
+        return logging.LogRecord(name, level, __file__, 1, "m", None, None)
+
+    assert keep(rec("humanset.curate", logging.INFO)) and keep(rec("render.job", logging.INFO))
+    assert keep(rec("training.engine", logging.INFO)) and keep(rec("catalog.storage", logging.INFO))
+    assert not keep(rec("matplotlib.font_manager", logging.INFO))  # "generated new fontManager"
+    assert not keep(rec("anny", logging.INFO)) and not keep(rec("humansetx", logging.INFO))
+    assert keep(rec("matplotlib.font_manager", logging.WARNING)) and keep(rec("ray.data", logging.ERROR))
+
+
+def test_matplotlib_building_its_font_cache_prints_nothing(tmp_path):
+    code = ("import logging\nfrom humanset.console import setup_logging\nsetup_logging()\n"
+            "logging.getLogger('humanset.demo').info('ours')\nimport matplotlib.font_manager\n")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, MPLCONFIGDIR=str(tmp_path),  # a fresh cache: matplotlib logs at INFO that it built one
+               PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert list(tmp_path.glob("fontlist-*.json")), "matplotlib built no font cache: the test tests nothing"
+    assert [line.split(" ", 1)[1] for line in proc.stderr.splitlines()] == ["ours"], proc.stderr

@@ -7,7 +7,7 @@ pose: OKS AP over ground-truth person boxes (top-down, as Sapiens reports) and P
 box's longer side; seg: mIoU / mAcc at the label resolution; depth: per-image RMSE / AbsRel / delta1 after
 scale-and-shift alignment, averaged; normals: angular error statistics over all person pixels.
 At small scale delta1 (~1.0 for a constant after the alignment) and AP (~0 for people of a few hundred
-pixels) do not separate a model from a constant: read AbsRel / RMSE and PCK (training/FINETUNE.md).
+pixels) do not separate a model from a constant: read AbsRel / RMSE and PCK (docs/finetune.md).
 """
 from __future__ import annotations
 

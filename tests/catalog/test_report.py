@@ -37,7 +37,7 @@ def test_report_is_self_contained_and_every_image_decodes(report):
     page = out.read_text()
     assert page.count("<img") == len(_imgs(page)) > 0  # every image is an inline data URI
     assert not re.search(r'src="(?!data:)', page) and "<link" not in page and "<script" not in page
-    for alt, mime, b64 in _imgs(page):
+    for _alt, _mime, b64 in _imgs(page):
         Image.open(io.BytesIO(base64.b64decode(b64))).verify()
     for section in ["Funnel", "Reject reasons", "Persons per kept image", "Score distributions",
                     "Per source", "Duplicates", "Contact sheets"]:

@@ -301,7 +301,7 @@ def _realistic(n: int, seed: int) -> pa.Table:
     near = rng.choice(n, n // 20, replace=False)
     src = rng.integers(0, n, len(near))
     h[near] = h[src]
-    for f in range(4):
+    for _ in range(4):
         on = near[rng.random(len(near)) < 0.6]
         h[on] ^= np.uint64(1) << rng.integers(0, 64, len(on)).astype(np.uint64)
     skew = rng.choice(n, n // 100, replace=False)
@@ -365,7 +365,7 @@ def test_run_dedup_writes_unit_verdicts_equal_to_cluster(measured_run):
     got = _verdicts(run)
     assert got.equals(cluster(alive, 4).cast(dedup.VERDICT_SCHEMA))
     # each unit's file holds exactly its own alive samples
-    for i, u in enumerate(UNITS):
+    for u in UNITS:
         own = pq.read_table(run / "work/measure" / f"{u}.parquet")
         own = own.filter(own.column("_alive")).column("sample_id").to_pylist()
         assert dedup.read_verdicts(run, u).column("sample_id").to_pylist() == own

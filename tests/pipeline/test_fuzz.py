@@ -2,7 +2,6 @@
 import importlib.util
 from pathlib import Path
 
-import pytest
 
 import catalog
 from pipeline.stages.decode import REASON_KINDS

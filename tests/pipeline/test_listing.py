@@ -2,6 +2,7 @@
 grow with the number of files, and the listing is the same as the sorted, chunked list of them."""
 import json
 import tracemalloc
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
@@ -42,8 +43,8 @@ def test_listing_memory_does_not_grow_with_the_files(tmp_path, monkeypatch):
         root = tmp_path / str(n_dirs)
         folder, manifest = _crawl(root, n_dirs)
         listing = root / "run" / "units.jsonl"
-        peak, (n_units, repeated) = _peak(lambda: write_listing([str(folder), str(manifest)], listing, PER_UNIT,
-                                                                  run_size=RUN_SIZE))
+        peak, (n_units, repeated) = _peak(partial(write_listing, [str(folder), str(manifest)], listing, PER_UNIT,
+                                                  run_size=RUN_SIZE))
         peaks.append(peak)
         units = read_listing(listing)
         assert n_units == len(units)
@@ -55,7 +56,7 @@ def test_listing_memory_does_not_grow_with_the_files(tmp_path, monkeypatch):
         lines = [json.loads(line) for line in listing.read_text().splitlines()]
         assert [x["unit_id"] for x in lines] == [u.unit_id for u in units] and len(units) == n // PER_UNIT
         assert "offset" not in lines[0] and len(lines[0]["files"]) == PER_UNIT
-        all_paths = _peak(lambda: [str(p) for p in folder.rglob("*.jpg")])[0]
+        all_paths = _peak(lambda folder=folder: [str(p) for p in folder.rglob("*.jpg")])[0]
     # 8x the files: the peak stays within a small factor, and far below holding every path once
     assert peaks[1] < 1.5 * peaks[0], peaks
     assert peaks[1] < all_paths / 2, (peaks, all_paths)

@@ -10,7 +10,7 @@ import catalog
 from humanset.cli import main as humanset
 from render import export as ex
 from render.export_coco import COCO17_SKELETON, mask_box, mask_rle
-from render.output import load_npy, load_png, npy_bytes, png_bytes
+from render.output import load_png, npy_bytes, png_bytes
 from training_fixtures import sphere_frame, write_sphere_renders
 
 

@@ -25,7 +25,7 @@ def test_decode_modes_to_rgb():
     for name, data in skimage_samples()[:-1]:
         img = decode_image(data)
         assert img.mode == "RGB" and min(img.size) > 100, name
-    with pytest.raises(Exception):
+    with pytest.raises(OSError):  # PIL.UnidentifiedImageError
         decode_image(skimage_samples()[-1][1])
 
 

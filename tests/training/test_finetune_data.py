@@ -193,7 +193,7 @@ def test_encoder_loads_from_mae_checkpoint_export_and_timm(tmp_path):
 
 
 def test_rectangular_vit_loads_into_timm():
-    timm = pytest.importorskip("timm", reason="timm is not installed")
+    pytest.importorskip("timm", reason="timm is not installed")
     from timm.models.vision_transformer import VisionTransformer as TimmViT
     enc = VisionTransformer.from_preset("micro", (64, 48), learn_pos_embed=True).init_weights()
     model = TimmViT(**enc.timm_kwargs())
