@@ -41,10 +41,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 import catalog
-from catalog.storage import duckdb_connect_for, is_uri, run_root
+from catalog.storage import is_uri, run_root
 
 from . import adapter, console
 from . import dedup as dedup_mod

@@ -30,9 +30,7 @@ PENDING = "split pending, issue #22"
 OVERSIZED_ALLOWED = {
     "pipeline/engine.py": PENDING,
     "pipeline/dedup.py": PENDING,
-    "pipeline/sources.py": PENDING,
     "pipeline/stages/person.py": PENDING,
-    "render/blender.py": PENDING,
     "render/job.py": PENDING,
     "catalog/stats.py": PENDING,
     "catalog/report.py": PENDING,
@@ -42,8 +40,9 @@ OVERSIZED_ALLOWED = {
 # subclasses, which import the base class from storage; sources re-exports reading, which reads the
 # listing from sources; export dispatches to export_coco, which takes export's run reader
 CIRCLES_ALLOWED = {
-    frozenset({"catalog.storage", "catalog.storage_lock", "catalog.storage_mem", "catalog.storage_s3"}): PENDING,
-    frozenset({"pipeline.sources", "pipeline.reading"}): PENDING,
+    frozenset({"catalog.storage", "catalog.storage_lock", "catalog.storage_mem", "catalog.storage_paths",
+               "catalog.storage_s3"}): PENDING,  # the base classes still live beside the factory
+    frozenset({"pipeline.sources", "pipeline.reading", "pipeline.unit_listing"}): PENDING,  # sources re-exports
     frozenset({"render.export", "render.export_coco"}): PENDING,
 }
 

@@ -85,7 +85,7 @@ class TextStage(Stage):
 
     def __init__(self, cfg: dict | None = None):
         super().__init__(cfg)
-        self.recognize  # a bad value fails when the config is read
+        _ = self.recognize  # a bad value fails when the config is read
         self.ocr = None
         self.rec_calls = self.rec_crops = 0  # recognition calls / crops read (tests, bench)
 

@@ -152,7 +152,7 @@ def evidence(gray: np.ndarray, boxes: list[np.ndarray], strings: list[str], rec_
         c, m = placement(b, h, w)
         corner |= c
         centred |= m
-        bw, bh = float(b[:, 0].max() - b[:, 0].min()), float(b[:, 1].max() - b[:, 1].min())
+        bh = float(b[:, 1].max() - b[:, 1].min())
         if m and bh >= 0.07 * h and len(str(s).split()) <= 3:
             o = box_opacity(gray, b)
             center_word |= o is not None and o <= 0.6

@@ -199,7 +199,7 @@ def sign(rgb: np.ndarray, rng, scene_text: list[str] | tuple = ()) -> np.ndarray
         bw = w * rng.uniform(.12, .35)
         bh = bw * src.shape[0] / src.shape[1]
         x0, y0 = rng.uniform(0, max(1, w - bw)), rng.uniform(0, max(1, h - bh))
-        j = lambda: rng.uniform(-.12, .12) * bw  # noqa: E731  perspective jitter of each corner
+        j = lambda: rng.uniform(-.12, .12) * bw  # noqa: E731, B023  perspective jitter of each corner
         dst = np.float32([[x0 + j(), y0 + j()], [x0 + bw + j(), y0 + j()], [x0 + bw + j(), y0 + bh + j()],
                           [x0 + j(), y0 + bh + j()]])
         srcq = np.float32([[0, 0], [src.shape[1], 0], [src.shape[1], src.shape[0]], [0, src.shape[0]]])

@@ -7,17 +7,16 @@ The classifier is the project's ViT encoder (from an MAE encoder export; random 
 a loud warning) with a linear head on the cls token. Its training data are made on the fly by
 training/filters/samples.py from clean photos of a curation run (its kept samples) or any shards: synthetic
 watermarks against clean photos and hard negatives; stylised non-photos against photos (among them
-crops of HTML pages that headless Chromium renders once per run into OUT/html_pool/, training/
-filters/browser.py). One generator family per class is held out: the card's validation figures on it
-measure an unseen style.
+crops of HTML pages that headless Chromium renders once per run into OUT/html_pool/, filters/browser.py).
+One generator family per class is held out: the card's validation figures on it measure an unseen style.
 
-The output loads without humanset: `timm.models.vision_transformer.VisionTransformer(**card
-["architecture"]["kwargs"])` with `load_state_dict(torch.load(OUT/model.pt, weights_only=True))`;
-pipeline/stages/watermark.py and art.py read the card (watermark.weights / art.weights = OUT).
+Loads without humanset: `timm.models.vision_transformer.VisionTransformer(**card["architecture"]["kwargs"])`
+with `load_state_dict(torch.load(OUT/model.pt, weights_only=True))`; pipeline/stages/watermark.py and art.py
+read the card (watermark.weights / art.weights = OUT).
 
-The model, data and loss are a recipe (`FilterRecipe`) that training/engine.py runs: resumable
-checkpoints (OUT/checkpoints/step-N.pt; `--resume` continues bit-identically, the data being a pure
-function of (seed, step)), the run log, and Ray Train with `--workers N`.
+The model, data and loss are a recipe (`FilterRecipe`) that training/engine.py runs: resumable checkpoints
+(OUT/checkpoints/step-N.pt; `--resume` continues bit-identically, the data a pure function of (seed, step)),
+the run log, and Ray Train with `--workers N`.
 """
 from __future__ import annotations
 
@@ -52,7 +51,6 @@ from ..weights import load_encoder
 log = logging.getLogger(__name__)
 
 CARD_FORMAT, CARD_NAME, WEIGHTS_NAME = cards.CARD_FORMAT, cards.CARD_NAME, cards.WEIGHTS_NAME  # catalog/cards.py
-
 
 
 def normalize(images_uint8: torch.Tensor, device=None) -> torch.Tensor:
