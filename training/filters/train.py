@@ -3,12 +3,11 @@
     cfg = FilterConfig(filter="watermark", images="RUN", encoder="PT/encoder.pth", output="models/wm")
     train_filter(cfg)   # -> OUT/model.pt (timm state dict) + OUT/card.json
 
-The classifier is the project's ViT encoder (from an MAE encoder export; random initialisation only with
-a loud warning) with a linear head on the cls token. Its training data are made on the fly by
-training/filters/samples.py from clean photos of a curation run (its kept samples) or any shards: synthetic
-watermarks against clean photos and hard negatives; stylised non-photos against photos (among them
-crops of HTML pages that headless Chromium renders once per run into OUT/html_pool/, filters/browser.py).
-One generator family per class is held out: the card's validation figures on it measure an unseen style.
+The classifier is the project's ViT encoder (from an MAE encoder export; random initialisation only with a loud
+warning) with a linear head on the cls token. Its training data are made on the fly by training/filters/samples.py
+from clean photos of a curation run (its kept samples) or any shards: synthetic watermarks against clean photos and
+hard negatives; stylised non-photos against photos (and crops of HTML pages Chromium renders into OUT/html_pool/,
+filters/browser.py). One generator family per class is held out: its validation figures measure an unseen style.
 
 Loads without humanset: `timm.models.vision_transformer.VisionTransformer(**card["architecture"]["kwargs"])`
 with `load_state_dict(torch.load(OUT/model.pt, weights_only=True))`; pipeline/stages/watermark.py and art.py
