@@ -100,7 +100,7 @@ def test_a_cluster_too_small_for_the_actor_pools_is_refused_not_left_waiting():
     """Model actors hold their CPUs for the run; the read and write steps need one more. On 2 CPUs
     with person and text actors of 1 CPU each, Ray Data would wait forever."""
     from pipeline.config import load_config
-    from pipeline.engine import actor_cpus, cpu_shortfall
+    from pipeline.ray_setup import actor_cpus, cpu_shortfall
     cfg = load_config(sets=["stages=[decode,size,dedup,person,text]"])
     assert actor_cpus(cfg) == 2.0
     msg = cpu_shortfall(2, cfg)
@@ -119,7 +119,7 @@ def test_model_actors_load_while_phase_3_waits_and_a_stopped_run_frees_them(ray_
     import time
 
     from pipeline.config import load_config
-    from pipeline.engine import _EarlyScore
+    from pipeline.early import _EarlyScore
     from pipeline.sources import Unit
     from pipeline.stages.text import TextStage
 
@@ -165,7 +165,7 @@ def test_task_poll_sets_how_soon_ray_data_sees_a_finished_unit():
 
 def test_actors_start_early_on_large_runs_only_by_default():
     from pipeline.config import load_config
-    from pipeline.engine import _start_actors_early
+    from pipeline.early import _start_actors_early
     from pipeline.stages.text import TextStage
     from pipeline.stages.size import SizeStage
     cfg = load_config(sets=["stages=[decode,size,dedup,text]"])
