@@ -132,7 +132,8 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=8, help="Cycles samples per pixel (default 8)")
     p.add_argument("--fill", default="0.8,0.95", help="person height as a fraction of the frame (default 0.8,0.95)")
     p.add_argument("--steps", type=int, default=1000, help="fine-tuning steps per head and init (default 1000)")
-    p.add_argument("--lr", type=float, default=2e-3, help="fine-tuning peak lr (default 2e-3, FINETUNE.md's smoke lr)")
+    p.add_argument("--lr", type=float, default=5e-4,
+                   help="fine-tuning peak lr (default 5e-4, Sapiens' own; 2e-3 keeps normals near the mean normal)")
     p.add_argument("--head-width", type=int, default=32, help="decoder width (default 32)")
     p.add_argument("--pretrain-steps", type=int, default=300, help="MAE steps (default 300)")
     p.add_argument("--pretrain-size", type=int, default=128, help="MAE input side (default 128)")
