@@ -141,7 +141,7 @@ def test_cli_pose_from_a_render_run_and_evaluate_says_what_it_scores(people, tmp
     assert "TRAINING data" in captured.err and '"scored_on": "training data"' in captured.out
     assert humanset(["evaluate", "--checkpoint", str(ckpt), "--data", str(people), "--baselines",
                      "--out", str(tmp_path / "m.json")]) == 0
-    assert "--data names the training data" in capsys.readouterr().err  # the same run by another path: said
+    assert "--data names the training data" in capsys.readouterr().err  # --data naming the training run itself: said too
     result = json.loads((tmp_path / "m.json").read_text())
     assert result["scored_on"] == "training data"
     assert {"AP", "PCK@0.05", "PCK@0.1", "PCK@0.2"} <= set(result)
