@@ -67,10 +67,11 @@ def cmd_finetune(args) -> int:
 def cmd_evaluate(args) -> int:
     from .evaluate import evaluate, write_result
 
-    if not args.data:
-        print("evaluate: no --data given, so this scores the checkpoint's own TRAINING data: the figures say "
-              "how well it fits, not how it generalises; pass --data HELD_OUT for that", file=sys.stderr)
     result = evaluate(args.checkpoint, args.data, args.images, args.batch_size, args.limit, baselines=args.baselines)
+    if result["scored_on"] == "training data":  # no --data, or --data naming the training data itself
+        why = "--data names the training data" if args.data else "no --data given"
+        print(f"evaluate: {why}, so this scores the checkpoint's own TRAINING data: the figures say how well it "
+              f"fits, not how it generalises; pass --data HELD_OUT for that", file=sys.stderr)
     if args.out:
         write_result(result, args.out)
     print(json.dumps(result, indent=2))

@@ -328,13 +328,13 @@ def save(model, opt, sched, recipe: Recipe, ctx: Context, step: int):
 # --- the run log -----------------------------------------------------------------------------------
 class RunLog:
     """Every logged step to OUT/log.jsonl; a tqdm bar on a terminal, else lines: the first step, one per
-    `interval` seconds at most (0: every logged step), the last."""
+    `interval` seconds at most (0: every logged step), the last; timed by `clock` (tests pass their own)."""
 
     def __init__(self, path: Path, name: str, total: int, start: int, global_batch: int, progress: bool = True,
-                 interval: float = 0.0):
+                 interval: float = 0.0, clock: Callable[[], float] = time.perf_counter):
         self.fh = open(path, "a")
-        self.name, self.total, self.start, self.global_batch = name, total, start, global_batch
-        self.t0 = self.t_last = time.perf_counter()
+        self.name, self.total, self.start, self.global_batch, self.clock = name, total, start, global_batch, clock
+        self.t0 = self.t_last = clock()
         self.step_last, self.interval, self.t_printed = start, interval, None
         self.bar = None
         if progress and sys.stderr.isatty():
@@ -342,7 +342,7 @@ class RunLog:
             self.bar = tqdm(total=total, initial=start, desc=name, unit="step", dynamic_ncols=True)
 
     def write(self, step: int, loss: float, lr: float, grad_norm: float, extra: dict | None = None):
-        now = time.perf_counter()
+        now = self.clock()
         ips = (step - self.step_last) * self.global_batch / max(now - self.t_last, 1e-9)
         rate = (step - self.start) / max(now - self.t0, 1e-9)
         eta = (self.total - step) / rate if rate > 0 else float("nan")

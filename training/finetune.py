@@ -86,6 +86,7 @@ class FinetuneConfig(RunConfig):
     schedule: str = "auto"  # auto (pose: step, others: linear) | linear | step
     heatmap_sigma: float = 2.0
     ohkm_topk: int | None = None  # pose: online hard keypoint mining (Sapiens: 128 for 308 keypoints)
+    background_weight: float | None = None  # seg: cross-entropy weight of class 0 (None: the vocabulary's)
     backgrounds: str = ""  # curation run whose person-free photos become random backgrounds
     background_prob: float = 0.5
     augment: bool = True
@@ -157,6 +158,15 @@ def task_loss(task: str, out: torch.Tensor, batch: dict, cfg: FinetuneConfig, cl
     return losses.normal_loss(out, batch["normal"], batch["mask"])
 
 
+def seg_class_weights(cfg: FinetuneConfig, device=None) -> torch.Tensor:
+    """The vocabulary's cross-entropy weights, class 0 (background) replaced by cfg.background_weight if set
+    (sapiens28 gives it 0.1: on renders of unclothed bodies that paints parts over the background)."""
+    w = torch.as_tensor(np.asarray(load_vocab(cfg.vocab).weights, np.float32).copy(), device=device)
+    if cfg.background_weight is not None:
+        w[0] = float(cfg.background_weight)
+    return w
+
+
 def build_optimizer(model: TaskModel, cfg: FinetuneConfig, fused: bool = True):
     groups = layer_decay_groups(model, cfg.weight_decay, cfg.layer_decay)
     for g in groups:
@@ -183,7 +193,7 @@ class TaskRecipe(engine.Recipe):
         elif not resuming and ctx.main:
             log.warning("no --encoder: the encoder starts from random weights (fine for smoke tests, not for results)")
         if self.cfg.task == "seg":
-            self.class_weights = torch.as_tensor(load_vocab(self.cfg.vocab).weights, device=ctx.device)
+            self.class_weights = seg_class_weights(self.cfg, ctx.device)
         return model
 
     def shard_units(self, model):

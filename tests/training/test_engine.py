@@ -34,10 +34,11 @@ def test_eta_format():
     assert fmt_eta(3725) == "1:02:05" and fmt_eta(float("nan")) == "?"
 
 
-def test_run_log_without_a_terminal_prints_at_most_one_line_per_interval(tmp_path, monkeypatch, capsys):
-    clock = iter([0.0, 0.0, 1.0, 2.0, 31.0, 32.0, 33.0])  # t0, then one reading per write
-    monkeypatch.setattr("training.engine.time.perf_counter", lambda: next(clock))
-    logger = RunLog(tmp_path / "log.jsonl", "finetune", total=6, start=0, global_batch=8, interval=30.0)
+def test_run_log_without_a_terminal_prints_at_most_one_line_per_interval(tmp_path, capsys):
+    # the log's own clock, not the global time.perf_counter (which other threads also read)
+    readings = iter([0.0, 0.0, 1.0, 2.0, 31.0, 32.0, 33.0])  # t0, then one reading per write
+    logger = RunLog(tmp_path / "log.jsonl", "finetune", total=6, start=0, global_batch=8, interval=30.0,
+                    clock=lambda: next(readings))
     for step in range(1, 7):
         logger.write(step, 0.5, 1e-3, 1.0)
     logger.close()

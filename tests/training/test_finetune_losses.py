@@ -66,3 +66,16 @@ def test_losses_upsample_low_resolution_predictions_and_backpropagate():
     loss = depth_loss(pred, depth, torch.ones(1, 1, 8, 8, dtype=torch.bool))
     loss.backward()
     assert pred.grad is not None and pred.grad.abs().sum() > 0
+
+
+def test_seg_background_weight_replaces_only_class_0():
+    import numpy as np
+
+    from training.finetune import FinetuneConfig, seg_class_weights
+    from training.vocab import load as load_vocab
+    vocab = np.asarray(load_vocab("sapiens28").weights, np.float32)
+    plain = seg_class_weights(FinetuneConfig(task="seg", data="x", output="y"))
+    raised = seg_class_weights(FinetuneConfig(task="seg", data="x", output="y", background_weight=1.0))
+    assert np.allclose(plain.numpy(), vocab) and plain[0] == np.float32(0.1)
+    assert raised[0] == 1.0 and np.allclose(raised[1:].numpy(), vocab[1:])
+    assert np.asarray(load_vocab("sapiens28").weights)[0] == np.float32(0.1)  # the vocabulary is not changed

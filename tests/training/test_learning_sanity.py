@@ -127,6 +127,7 @@ def test_render_keypoints_read_the_frames_json_and_box_the_mask(people):
 
 def test_cli_pose_from_a_render_run_and_evaluate_says_what_it_scores(people, tmp_path, capsys):
     import json
+    import shutil
 
     from humanset.cli import main as humanset
     out = tmp_path / "pose"
@@ -140,6 +141,13 @@ def test_cli_pose_from_a_render_run_and_evaluate_says_what_it_scores(people, tmp
     assert "TRAINING data" in captured.err and '"scored_on": "training data"' in captured.out
     assert humanset(["evaluate", "--checkpoint", str(ckpt), "--data", str(people), "--baselines",
                      "--out", str(tmp_path / "m.json")]) == 0
+    assert "--data names the training data" in capsys.readouterr().err  # --data naming the training run itself: said too
     result = json.loads((tmp_path / "m.json").read_text())
+    assert result["scored_on"] == "training data"
     assert {"AP", "PCK@0.05", "PCK@0.1", "PCK@0.2"} <= set(result)
     assert result["baselines"]["best"] == "mean train pose in the box"
+    held = tmp_path / "held"  # other data (a copy at another path): no note
+    shutil.copytree(people, held)
+    assert humanset(["evaluate", "--checkpoint", str(ckpt), "--data", str(held)]) == 0
+    captured = capsys.readouterr()
+    assert "TRAINING" not in captured.err and '"scored_on": "other data"' in captured.out
