@@ -18,7 +18,7 @@ engine twice on it: crawl and RUN on local disk, then crawl and RUN on S3 (`engi
 `s3_over_local` = images/s and driver VmHWM ratios).
 
 --units N: N shards of --per-unit images (128 px): the driver's peak RSS, the engine's seconds per
-unit per phase (its overhead: the images are tiny) and `humanset stats` on the finished run (its wall
+unit per phase (its overhead: the images are tiny) and `humanset stats` and `query` on the finished run (their wall
 time and peak RSS, a process of its own). --shard-size N: shards of N images; `worker_peak_rss_mb`
 is the largest peak RSS of any worker over a unit (VmHWM per unit, from RUN/stats/*.json).
 
@@ -154,10 +154,15 @@ def driver(crawl: str, run: str, num_cpus: int, min_side: int = 300, sets: list[
                       "worker_seconds": {k: round(v, 1) for k, v in sorted(worker.items())}}))
 
 
-def _stats_cost(run: Path, env: dict) -> dict:
-    """`humanset stats RUN --json` in a process of its own: wall seconds and its peak RSS."""
+QUERY = "SELECT reject_reason, count(*) FROM samples GROUP BY 1"
+
+
+def _stats_cost(run: Path, env: dict, *command: str) -> dict:
+    """`humanset stats RUN --json` (or another humanset command on RUN) in a process of its own: wall
+    seconds and its peak RSS."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "humanset.cli", "stats", str(run), "--json"], env=env,
+    cmd = list(command) or ["stats", str(run), "--json"]
+    proc = subprocess.Popen([sys.executable, "-m", "humanset.cli", *cmd], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     s = time.perf_counter() - t0
@@ -258,6 +263,7 @@ def main() -> int:
                                        "driver_vmhwm": round(s3["driver_vmhwm_mb"] / engine["driver_vmhwm_mb"], 3)}
         if args.units:
             result["stats"] = _stats_cost(run, env)
+            result["query"] = _stats_cost(run, env, "query", str(run), QUERY)  # the user's SQL on the views
         if not args.skip_plain:
             plain = plain_loop(tars, work / "plain.tar", min(300, args.side))
             (work / "plain.tar").unlink(missing_ok=True)

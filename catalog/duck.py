@@ -98,8 +98,18 @@ def glob_escape(path: str) -> str:
     return "".join(f"[{c}]" if c in "[*?" else c for c in str(path))
 
 
+def _pattern(run, view: str) -> str:
+    """The view's files inside the run: a finished local run's samples from their compacted copy
+    (catalog/compact.py), else the parts."""
+    if view == "samples":
+        from .compact import FOLDER, is_compacted
+        if is_compacted(run):
+            return f"{FOLDER}/*.parquet"
+    return VIEWS[view]
+
+
 def _glob(run: Path, view: str) -> str:
-    return f"{glob_escape(run)}/{VIEWS[view]}"
+    return f"{glob_escape(run)}/{_pattern(run, view)}"
 
 
 def _bound(schema: pa.Schema, names=None) -> str:
@@ -160,7 +170,7 @@ def _parts(run, view: str):
             if "/" not in name and fnmatch.fnmatchcase(name, pattern) and not name.startswith("."):
                 yield store.uri_of(e.path)
         return
-    folder, pattern = (run / VIEWS[view]).parent, Path(VIEWS[view]).name
+    folder, pattern = (run / _pattern(run, view)).parent, Path(_pattern(run, view)).name
     try:
         with os.scandir(folder) as it:
             for e in it:

@@ -40,6 +40,7 @@ from pathlib import Path
 
 
 import catalog
+from catalog import compact as compact_mod
 from catalog.storage import is_uri, run_root
 
 from . import console
@@ -64,7 +65,7 @@ log = logging.getLogger("humanset.curate")
 
 _limits = limits_of  # the engine's name for it (tests, isolation)
 _now = now
-RUN_WRITERS = ["", "stats", "catalog/samples", "shards", "work/measure", "work/dedup", "work/dedup/pairs"]  # where
+RUN_WRITERS = ["", "stats", "catalog/samples", "catalog/compact", "shards", "work/measure", "work/dedup", "work/dedup/pairs"]  # where
 # our writers write in a RUN (clean_tmp looks only there)
 DEFAULT_WINDOW_UNITS = 2048  # engine.window_units: units one Ray Data pipeline is given at a time
 
@@ -255,6 +256,8 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
     cfg_active = dict(cfg, stages=[s.name for s in active])
     window = _window_units(cfg)
 
+    if n_todo and not is_uri(str(run)):
+        compact_mod.invalidate(Path(run))  # parts are written again: the views read them, not a stale copy
     if n_todo:
         init_ray(cfg)  # Ray Data's own progress off: ours (console.progress) counts units
         task_poll(float(cfg.get("engine", {}).get("task_poll_s", 0.01)))
@@ -303,11 +306,51 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
         missing = next((u.unit_id for u in iter_listing(listing_path(run)) if u.unit_id not in done), "?")
         raise RunError(f"{n_units - len(done)} units have no stats marker after the run (e.g. {missing}); "
                        "rerun the same command to finish them")
+    if not is_uri(str(run)) and not compact_mod.is_compacted(Path(run)):
+        t0 = time.perf_counter()
+        _compact(Path(run), cfg, n_units)
+        seconds["compact"] = round(time.perf_counter() - t0, 2)
     counts, n_inputs, n_kept, reasons = _reason_counts(run)
     manifest.update(status="complete", finished=_now(), funnel=funnel_from_counts(counts, n_inputs, manifest["stages"]),
                     counts={"inputs": n_inputs, "kept": n_kept}, reject_reasons=reasons, seconds=seconds)
     store.write_json("manifest.json", manifest)
     return manifest
+
+
+def _compact(run: Path, cfg: dict, n_units: int) -> None:
+    """The catalog's compacted copy (catalog/compact.py): one Ray task per group of consecutive units
+    of the listing, at most 4 per CPU in flight (the driver holds their unit ids, never the run's)."""
+    import ray
+    init_ray(cfg)
+    task = ray.remote(num_cpus=1, max_retries=_retries(cfg))(compact_mod.compact_group)
+    limit = max(1, int(4 * ray.cluster_resources().get("CPU", 1)))
+    pending, rows, files = [], 0, 0
+    group: list[str] = []
+
+    def collect(n_left: int) -> int:
+        nonlocal pending
+        got = 0
+        while len(pending) > n_left:
+            ready, pending = ray.wait(pending, num_returns=1)
+            got += ray.get(ready[0])
+        return got
+
+    def submit() -> None:
+        nonlocal files
+        pending.append(task.remote(str(run), files, list(group)))
+        files += 1
+        group.clear()
+
+    for u in iter_listing(listing_path(run)):
+        group.append(u.unit_id)
+        if len(group) >= compact_mod.GROUP:
+            submit()
+            rows += collect(limit - 1)
+    if group:
+        submit()
+    rows += collect(0)
+    compact_mod.finish(run, files, rows, n_units)
+    log.info("catalog: %d parts compacted into %d files (%d rows)", n_units, files, rows)
 
 
 def _reason_counts(run: str) -> tuple[dict[str, int], int, int, dict[str, int]]:

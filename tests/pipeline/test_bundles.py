@@ -91,3 +91,22 @@ def test_bundled_and_single_unit_tasks_give_the_same_run(two_runs):
     marker = json.loads(next((a / "stats").glob("*.json")).read_text())
     assert marker["inputs"] == 1 and marker["kept"] == 1
     assert not [p for p in a.rglob(".*.tmp-*")]  # every temporary renamed or removed
+
+
+def test_a_finished_run_reads_its_compacted_catalog_and_a_resume_makes_it_anew(two_runs):
+    """The engine compacts the catalog at the end of a local run (catalog/compact.py); a resumed run
+    with work left drops the copy first and makes it again from the parts."""
+    import catalog
+    from catalog import compact
+    run = two_runs / "bundled"
+    assert compact.is_compacted(run) and compact.marker(run)["rows"] == 48
+    assert catalog.connect(run).execute("SELECT count(*) FROM samples").fetchone()[0] == 48
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert "compact" in manifest["seconds"]
+    for name in ("00003", "00004"):  # two units lose their markers: the rerun redoes them
+        (run / "stats" / f"{name}.json").unlink()
+    stamp = (run / compact.MARKER).stat().st_mtime_ns
+    _curate(two_runs / "crawl", run)
+    assert compact.is_compacted(run) and (run / compact.MARKER).stat().st_mtime_ns != stamp
+    assert _catalog(run).equals(_catalog(two_runs / "single"))
+    assert catalog.connect(run).execute("SELECT count(*) FROM samples").fetchone()[0] == 48
