@@ -23,6 +23,8 @@ CHECKS: dict[str, Check] = {
     "size.use_original": Check(("bool",)),
     "dedup.max_distance": Check(("int",), nullable=True, low=0, high=64),
     "dedup.components_memory": Check(("int",), low=0),
+    "dedup.partitioned": Check(("bool",), words=("auto",)),
+    "dedup.task_memory": Check(("int",), low=1 << 20),
     "decode.max_pixels": Check(("int",), nullable=True, low=1),
     "person.weights": Check(("str",), nullable=True),
     "person.min_store_score": Check(("number",), low=0, high=1),
