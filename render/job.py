@@ -42,7 +42,6 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 import catalog
 from catalog import FRAMES, HDRIS, SCANS, ShardWriter, conform
@@ -51,6 +50,8 @@ from catalog.storage import is_uri, run_root, storage_for
 from . import output as outfmt
 from . import plan
 from .config import RenderConfig
+from .run_files import (HDRI_CATALOG, SCAN_CATALOG, _crash_file, crashed_scans, read_table,  # noqa: F401
+                        reject_crashed_scans, run_store)
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: Render
             raise ValueError(str(e)) from None
         _HELD_LOCKS[key] = lock
         if remote:  # an object-store lock outlives its process until its lease runs out: release it
-            atexit.register(lock.__exit__, None, None, None)
+            atexit.register(release_run, key)
     if not remote:
         catalog.clean_tmp(out)
     config = json.loads(json.dumps(cfg.to_dict()))  # as the manifest stores it (tuples become lists)
@@ -169,19 +170,6 @@ def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: Render
     return spec
 
 
-HDRI_CATALOG, SCAN_CATALOG = "catalog/hdris/hdris.parquet", "catalog/scans/scans.parquet"
-
-
-def run_store(spec: RunSpec) -> catalog.Storage:
-    """OUT's Storage: every file of the run is read and written through it (a local folder or a URI)."""
-    return storage_for(spec.out)
-
-
-def read_table(spec: RunSpec, rel: str, columns=None):
-    store = run_store(spec)
-    return pq.read_table(store.fs_path(rel), filesystem=store.fs, columns=columns)
-
-
 def staging_dir(spec: RunSpec, shard: int) -> Path:
     """Where a shard's frames wait until it is packed: OUT/staging/NAME for a local OUT (a rerun renders
     only its missing frames); for an OUT on an object store a local scratch folder named by the run
@@ -194,6 +182,13 @@ def staging_dir(spec: RunSpec, shard: int) -> Path:
     return Path(tempfile.gettempdir()) / f"humanset-render-{run}" / shard_name(shard)
 
 
+def release_run(out: str) -> None:
+    """Give up this process's lock on OUT (RunSpec.out); at exit for an OUT on an object store."""
+    lock = _HELD_LOCKS.pop(out, None)
+    if lock is not None:
+        lock.__exit__(None, None, None)
+
+
 def usable_hdris(spec: RunSpec) -> dict[str, str]:
     t = read_table(spec, HDRI_CATALOG).to_pylist()
     return {r["hdri_id"]: r["path"] for r in sorted(t, key=lambda r: r["hdri_id"]) if r["ok"]}
@@ -202,41 +197,6 @@ def usable_hdris(spec: RunSpec) -> dict[str, str]:
 def usable_scans(spec: RunSpec) -> dict[str, dict]:
     t = read_table(spec, SCAN_CATALOG).to_pylist()
     return {r["scan_id"]: r for r in sorted(t, key=lambda r: r["scan_id"]) if r["ok"]}
-
-
-def _crash_file(scan_id: str) -> str:
-    # names from data never become paths: the file is named by a hash of the scan id
-    return "crashes/" + hashlib.blake2b(scan_id.encode(), digest_size=10).hexdigest() + ".json"
-
-
-def crashed_scans(spec: RunSpec) -> dict[str, dict]:
-    """Scans that crashed Blender in this run: scan_id -> {"scan_id", "frame_index", "attempts"}."""
-    store, found = run_store(spec), {}
-    for e in sorted(store.list("crashes", suffix=".json")):
-        crash = store.read_json(e.path)
-        found[crash["scan_id"]] = crash
-    return found
-
-
-def reject_crashed_scans(spec: RunSpec) -> int:
-    """Mark the run's crashed scans in its scan catalog (ok = false, reason "blender_crash: ..."). Driver only."""
-    crashed, store = crashed_scans(spec), run_store(spec)
-    path = f"{spec.out}/{SCAN_CATALOG}"
-    if not crashed or not store.exists(SCAN_CATALOG):
-        return 0
-    rows = read_table(spec, SCAN_CATALOG).to_pylist()
-    n = 0
-    for r in rows:
-        c = crashed.get(r["scan_id"])
-        if c is not None and r["ok"]:
-            r["ok"], n = False, n + 1
-            r["reject_reason"] = (f"blender_crash: Blender's process died loading or rendering it (frame "
-                                  f"{c['frame_index']}); rejected for the rest of the run. Re-export the scan "
-                                  f"or remove it from the library.")
-    if n:
-        store.write_parquet(SCAN_CATALOG, conform(rows, SCANS))
-        log.warning("%s: %d scan(s) crashed Blender and are rejected in %s", spec.out, n, path)
-    return n
 
 
 def shard_done(spec: RunSpec, shard: int) -> bool:

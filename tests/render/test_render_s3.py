@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,8 @@ pytest.importorskip("anny", reason="render tests need anny: pip install -r deps/
 
 import catalog  # noqa: E402
 from catalog import storage as st  # noqa: E402
+from render import job as jobmod  # noqa: E402
+from render.config import load_config  # noqa: E402
 from render.output import load_npy, load_png  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,3 +97,24 @@ def test_a_rerun_finds_every_shard_done(s3_render):
     assert "2 shards, 0 to render" in p.stderr
     assert {e.path: store.read_bytes(e.path) for e in store.list("shards")} == before  # nothing rewritten
     assert ".lock" not in {e.path for e in store.list()}
+
+
+def test_a_restarted_worker_finds_the_attempt_marker_on_s3(s3_server, tmp_path, monkeypatch):
+    """The attempt marker of a frame whose worker died is an object on OUT (the frames' local scratch
+    folder may be on another node): a worker finding it at the attempt limit fails the frame."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the scratch folder, to see it removed
+    cfg = load_config(sets=TINY)
+    spec = jobmod.prepare_run(s3_server.prefix("crash"), "anny", "builtin", 1, 3, cfg)
+    store = st.open_storage(spec.out)
+    try:
+        assert ".lock" in {e.path for e in store.list()}  # held by this process
+        marker = "staging/render-00000/00000000.attempt.json"
+        store.write_json(marker, {"attempts": cfg.schedule.max_frame_attempts, "scan_id": None})
+        (stats,) = jobmod.run_local(spec, progress=False)
+        assert stats["errors"] == {"00000000": "blender_crash"} and stats["rendered"] == 0
+    finally:
+        jobmod.release_run(spec.out)
+    names = {e.path for e in store.list()}
+    assert marker not in names and ".lock" not in names
+    assert {"shards/render-00000.stats.json", "catalog/frames/render-00000.parquet"} <= names
+    assert list(tmp_path.iterdir()) == []
