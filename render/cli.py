@@ -45,6 +45,11 @@ def add_render_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpus-per-worker", type=float, default=2, help="CPUs per Ray actor (default: 2)")
     p.add_argument("--gpus-per-worker", type=float, default=0, help="GPUs per Ray actor (default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--force-unlock", action="store_true",
+                   help="take over an OUT on an object store whose lock's heartbeat is older than --lock-lease "
+                        "(a render that was killed); said loudly on stderr. A live run is never taken over")
+    p.add_argument("--lock-lease", type=float, default=120.0, metavar="SECONDS",
+                   help="seconds without a heartbeat after which an object-store lock counts as stale (default: 120)")
 
 
 def run_render(args) -> int:
@@ -56,7 +61,8 @@ def run_render(args) -> int:
         return 2
     try:
         cfg = load_config(args.config, args.set)
-        spec = prepare_run(args.output, args.scans, args.hdris, args.frames, args.seed, cfg)
+        spec = prepare_run(args.output, args.scans, args.hdris, args.frames, args.seed, cfg,
+                           force_unlock=args.force_unlock, lock_lease=args.lock_lease)
     except (OSError, KeyError, ValueError, ImportError) as e:  # OSError: FileNotFoundError, catalog.StorageError
         print(f"humanset render: error: {e}", file=sys.stderr)
         return 2

@@ -111,9 +111,11 @@ class RunSpec:
 
 # --- planning --------------------------------------------------------------------------------------
 _HELD_LOCKS: dict = {}  # OUT -> its catalog.run_lock, held until this process ends
+_HELD: dict = {}  # OUT on an object store -> its lock's Held
 
 
-def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: RenderConfig) -> RunSpec:
+def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: RenderConfig,
+                force_unlock: bool = False, lock_lease: float = 120.0) -> RunSpec:
     """Index scans and HDRIs into the run's catalogs (once) and write or check the manifest."""
     remote = is_uri(str(out))
     out = run_root(out) if remote else Path(out)
@@ -122,12 +124,14 @@ def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: Render
     key = out if remote else str(out.resolve())
     store = storage_for(key)
     if key not in _HELD_LOCKS:  # OUT stays locked for the life of this process
-        lock = catalog.run_lock(out) if not remote else store.run_lock()
+        lock = catalog.run_lock(out) if not remote else store.run_lock(force=force_unlock, lease_s=lock_lease)
         try:
-            lock.__enter__()
+            held = lock.__enter__()
         except catalog.RunLocked as e:
             raise ValueError(str(e)) from None
         _HELD_LOCKS[key] = lock
+        if remote:
+            _HELD[key] = held  # .check() raises LockLost once another run took the lock over
         if remote:  # an object-store lock outlives its process until its lease runs out: release it
             atexit.register(release_run, key)
     if not remote:
@@ -184,7 +188,7 @@ def staging_dir(spec: RunSpec, shard: int) -> Path:
 
 def release_run(out: str) -> None:
     """Give up this process's lock on OUT (RunSpec.out); at exit for an OUT on an object store."""
-    lock = _HELD_LOCKS.pop(out, None)
+    lock, _ = _HELD_LOCKS.pop(out, None), _HELD.pop(out, None)
     if lock is not None:
         lock.__exit__(None, None, None)
 
@@ -414,6 +418,8 @@ def run_local(spec: RunSpec, progress: bool = True) -> list[dict]:
     stats, bar = [], progress and sys.stderr.isatty()
     try:
         for s in tqdm(todo, desc="render shards", unit="shard", disable=not bar):
+            if spec.out in _HELD:
+                _HELD[spec.out].check()  # stop before writing a shard into a run another process took over
             stats.append(worker.render_shard(s))
             log.info("%s: %d rendered, %d failed", stats[-1]["shard"], stats[-1]["rendered"], stats[-1]["failed"])
     finally:
