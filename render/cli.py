@@ -19,6 +19,7 @@ sheet per shard in OUT/contact/. Rerun the same command to resume: only missing 
 examples:
   humanset render --scans anny --hdris builtin --frames 8 --output runs/synth --set sampling.camera.height=512 --set sampling.camera.width=384
   humanset render --scans scans/ --hdris hdris/ --frames 500000 --output /data/synth --ray --address auto
+  humanset render --frames 64 --output s3://bucket/runs/synth     # every file of the run as an object there
   humanset render scan-index scans/ --output scans.parquet
   humanset render config > render.yaml     # every setting with its default
 """
@@ -32,7 +33,8 @@ def add_render_args(p: argparse.ArgumentParser) -> None:
                    help="folder of .hdr/.exr environment maps, or 'builtin' for the CC0 studio lights "
                         "inside the bpy wheel (default: builtin)")
     p.add_argument("--frames", type=int, help="number of frames in the run (required)")
-    p.add_argument("--output", metavar="OUT", help="run directory; rerun to resume (required)")
+    p.add_argument("--output", metavar="OUT", help="run directory, or an object-store URI (s3://bucket/runs/synth: credentials and endpoint "
+                        "from the standard AWS chain, e.g. AWS_ENDPOINT_URL); rerun to resume (required)")
     p.add_argument("--seed", type=int, default=0, help="run seed: (seed, frame index) fixes every parameter")
     p.add_argument("--config", metavar="FILE", help="YAML overriding the defaults (see `humanset render config`)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -43,6 +45,11 @@ def add_render_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpus-per-worker", type=float, default=2, help="CPUs per Ray actor (default: 2)")
     p.add_argument("--gpus-per-worker", type=float, default=0, help="GPUs per Ray actor (default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--force-unlock", action="store_true",
+                   help="take over an OUT on an object store whose lock's heartbeat is older than --lock-lease "
+                        "(a render that was killed); said loudly on stderr. A live run is never taken over")
+    p.add_argument("--lock-lease", type=float, default=120.0, metavar="SECONDS",
+                   help="seconds without a heartbeat after which an object-store lock counts as stale (default: 120)")
 
 
 def run_render(args) -> int:
@@ -54,8 +61,9 @@ def run_render(args) -> int:
         return 2
     try:
         cfg = load_config(args.config, args.set)
-        spec = prepare_run(args.output, args.scans, args.hdris, args.frames, args.seed, cfg)
-    except (FileNotFoundError, KeyError, ValueError, ImportError) as e:
+        spec = prepare_run(args.output, args.scans, args.hdris, args.frames, args.seed, cfg,
+                           force_unlock=args.force_unlock, lock_lease=args.lock_lease)
+    except (OSError, KeyError, ValueError, ImportError) as e:  # OSError: FileNotFoundError, catalog.StorageError
         print(f"humanset render: error: {e}", file=sys.stderr)
         return 2
     if args.ray:

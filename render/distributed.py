@@ -1,7 +1,8 @@
 """Ray: one warm Blender per actor; the driver hands each actor whole shards until none is left.
 
-Actors write straight into the run directory, which must be on storage every node sees (NFS, a
-mounted bucket); the driver only collects each shard's stats. Rerunning finishes missing shards and,
+Actors write straight into the run directory, which must be on storage every node sees (NFS, or an
+object store: --output s3://bucket/runs/synth, each actor opening its own client from the standard
+credential chain); the driver only collects each shard's stats. Rerunning finishes missing shards and,
 within an unfinished shard, missing frames.
 
 Crash isolation: Blender runs in the actor's process, so a native crash kills the actor. Ray restarts

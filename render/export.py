@@ -16,9 +16,9 @@ with an image is whole, and a rerun skips it.
 
 coco (FILE.json): see render/export_coco.py.
 
-Every byte of the run is read through `RunReader.open`, the one place a path of OUT is opened (the
-storage layer swaps it for s3:// later); shards are streamed member by member with catalog.iter_tar,
-one frame in memory at a time.
+Every byte of the run is read through `RunReader.open`, the one place a path of OUT is opened (OUT
+may be a URI, s3://bucket/runs/synth: read through catalog.storage, each shard as one buffered stream);
+shards are streamed member by member with catalog.iter_tar, one frame in memory at a time.
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from typing import Iterator
 import numpy as np
 
 import catalog
+from catalog.storage import is_uri, storage_for
 
 from . import output as outfmt
 
@@ -63,12 +64,22 @@ class RunReader:
 
     def __init__(self, out):
         self.out = str(out)
+        self.store = storage_for(self.out) if is_uri(self.out) else None  # s3://... through catalog.storage
 
-    def open(self, rel: str):
-        return open(os.path.join(self.out, rel), "rb")
+    def open(self, rel: str, stream: bool = False):
+        if self.store is None:
+            return open(os.path.join(self.out, rel), "rb")
+        if stream:  # a whole shard read front to back: buffered 8 MiB GETs, not one request per header
+            try:
+                return self.store.fs.open_input_stream(self.store.fs_path(rel), buffer_size=8 << 20)
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{self.store.uri_of(rel)}: no such file") from None
+        return self.store.open_input(rel)
 
     def shards(self) -> list[str]:
         """Whole shards ('shards/render-NNNNN.tar'): a tar with its Parquet index (catalog's rule)."""
+        if self.store is not None:
+            return [f"shards/{n}" for n in catalog.list_shard_names(self.store.uri_of("shards"))]
         return [f"shards/{p.name}" for p in catalog.list_shards(Path(self.out) / "shards")]
 
     def manifest(self) -> dict:
@@ -86,7 +97,7 @@ class RunReader:
             return pq.read_table(fh, columns=["key"]).column("key").to_pylist()
 
     def frames(self, shard: str) -> Iterator[catalog.TarRecord]:
-        with self.open(shard) as fh:
+        with self.open(shard, stream=True) as fh:
             yield from catalog.iter_tar(fh, name=f"{self.out}/{shard}")
 
 

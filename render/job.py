@@ -14,6 +14,12 @@ Layout of a run directory OUT:
                                    after: one left behind means the worker died inside that frame.
   crashes/{hash}.json              a scan that crashed Blender: rejected for the rest of the run
 
+OUT may be a URI (s3://bucket/runs/synth): every file above is then an object written through
+catalog.storage (whole or not at all), the run lock is the store's `.lock` object, and resume is one
+listing of OUT/shards. Frames are staged in a local scratch folder instead (see `staging_dir`), removed
+once their shard is uploaded; the attempt markers and crash records, which must outlive a dead worker,
+stay on OUT (`staging/render-NNNNN/{key}.attempt.json`, `crashes/`).
+
 Frame i's parameters come from (seed, i) alone; render.plan decides which shard holds it (scan-major
 runs of `schedule.frames_per_scan_visit` frames of one scan). A worker process that dies inside a frame
 (a Blender crash) is restarted (Ray: `schedule.max_restarts`); the frame is tried again up to
@@ -23,25 +29,29 @@ scan catalog marks it (ok = false, reject_reason "blender_crash: ...") when the 
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 import catalog
-from catalog import FRAMES, HDRIS, SCANS, ShardWriter, conform, write_json, write_parquet
+from catalog import FRAMES, HDRIS, SCANS, ShardWriter, conform
+from catalog.storage import is_uri, run_root, storage_for
 
 from . import output as outfmt
 from . import plan
 from .config import RenderConfig
+from .run_files import (HDRI_CATALOG, SCAN_CATALOG, _crash_file, crashed_scans, read_table,  # noqa: F401
+                        reject_crashed_scans, run_store)
 
 log = logging.getLogger(__name__)
 
@@ -101,26 +111,36 @@ class RunSpec:
 
 # --- planning --------------------------------------------------------------------------------------
 _HELD_LOCKS: dict = {}  # OUT -> its catalog.run_lock, held until this process ends
+_HELD: dict = {}  # OUT on an object store -> its lock's Held
 
 
-def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: RenderConfig) -> RunSpec:
+def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: RenderConfig,
+                force_unlock: bool = False, lock_lease: float = 120.0) -> RunSpec:
     """Index scans and HDRIs into the run's catalogs (once) and write or check the manifest."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if str(out.resolve()) not in _HELD_LOCKS:  # OUT stays locked for the life of this process
-        lock = catalog.run_lock(out)
+    remote = is_uri(str(out))
+    out = run_root(out) if remote else Path(out)
+    if not remote:
+        out.mkdir(parents=True, exist_ok=True)
+    key = out if remote else str(out.resolve())
+    store = storage_for(key)
+    if key not in _HELD_LOCKS:  # OUT stays locked for the life of this process
+        lock = catalog.run_lock(out) if not remote else store.run_lock(force=force_unlock, lease_s=lock_lease)
         try:
-            lock.__enter__()
+            held = lock.__enter__()
         except catalog.RunLocked as e:
             raise ValueError(str(e)) from None
-        _HELD_LOCKS[str(out.resolve())] = lock
-    catalog.clean_tmp(out)
+        _HELD_LOCKS[key] = lock
+        if remote:
+            _HELD[key] = held  # .check() raises LockLost once another run took the lock over
+        if remote:  # an object-store lock outlives its process until its lease runs out: release it
+            atexit.register(release_run, key)
+    if not remote:
+        catalog.clean_tmp(out)
     config = json.loads(json.dumps(cfg.to_dict()))  # as the manifest stores it (tuples become lists)
-    spec = RunSpec(str(out.resolve()), int(seed), int(frames), str(scans), str(hdris), config)
-    manifest = out / MANIFEST
+    spec = RunSpec(key, int(seed), int(frames), str(scans), str(hdris), config)
     old = None
-    if manifest.exists():
-        old = catalog.read_json(manifest)
+    if store.exists(MANIFEST):
+        old = store.read_json(MANIFEST)
         same = {k: old.get(k) for k in ("seed", "scans", "hdris", "config")}
         now = {k: spec.to_dict()[k] for k in ("seed", "scans", "hdris", "config")}
         if same != now:
@@ -130,13 +150,11 @@ def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: Render
         if old.get("frames", 0) > frames:
             spec.frames = int(old["frames"])  # never shrink a run; extra frames were already promised
     from . import scans as scan_index
-    hdri_path = out / "catalog" / "hdris" / "hdris.parquet"
-    if not hdri_path.exists():
-        write_parquet(hdri_path, conform(scan_index.index_hdris(hdris), HDRIS))
-    if scans != "anny":
-        scan_path = out / "catalog" / "scans" / "scans.parquet"
-        if not scan_path.exists():
-            write_parquet(scan_path, conform(scan_index.index_scans(scans), SCANS))
+    hdri_path = f"{out}/{HDRI_CATALOG}"
+    if not store.exists(HDRI_CATALOG):
+        store.write_parquet(HDRI_CATALOG, conform(scan_index.index_hdris(hdris), HDRIS))
+    if scans != "anny" and not store.exists(SCAN_CATALOG):
+        store.write_parquet(SCAN_CATALOG, conform(scan_index.index_scans(scans), SCANS))
     from . import parts
     if scans != "anny":
         # fixed at the first start: crash rejections later in the run never change what frames draw
@@ -150,66 +168,49 @@ def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: Render
                              f"window ({window} frames, render.plan) is partial and would be re-planned. Start "
                              f"runs that will grow with a multiple of {window} frames, or render the new frames "
                              f"into a new --output.")
-    write_json(manifest, {**spec.to_dict(), "part_vocabulary": parts.vocabulary()})
+    store.write_json(MANIFEST, {**spec.to_dict(), "part_vocabulary": parts.vocabulary()})
     if not usable_hdris(spec):
         raise ValueError(f"no readable HDRI in {hdris}; see {hdri_path} (reject_reason)")
     return spec
 
 
+def staging_dir(spec: RunSpec, shard: int) -> Path:
+    """Where a shard's frames wait until it is packed: OUT/staging/NAME for a local OUT (a rerun renders
+    only its missing frames); for an OUT on an object store a local scratch folder named by the run
+    (so a restarted worker on the same machine still finds its finished frames), removed after upload."""
+    if not is_uri(spec.out):
+        return Path(spec.out) / "staging" / shard_name(shard)
+    same = json.dumps({k: spec.to_dict()[k] for k in ("out", "seed", "scans", "hdris", "config", "scan_ids")},
+                      sort_keys=True)
+    run = hashlib.blake2b(same.encode(), digest_size=8).hexdigest()
+    return Path(tempfile.gettempdir()) / f"humanset-render-{run}" / shard_name(shard)
+
+
+def release_run(out: str) -> None:
+    """Give up this process's lock on OUT (RunSpec.out); at exit for an OUT on an object store."""
+    lock, _ = _HELD_LOCKS.pop(out, None), _HELD.pop(out, None)
+    if lock is not None:
+        lock.__exit__(None, None, None)
+
+
 def usable_hdris(spec: RunSpec) -> dict[str, str]:
-    t = pq.read_table(Path(spec.out) / "catalog" / "hdris" / "hdris.parquet").to_pylist()
+    t = read_table(spec, HDRI_CATALOG).to_pylist()
     return {r["hdri_id"]: r["path"] for r in sorted(t, key=lambda r: r["hdri_id"]) if r["ok"]}
 
 
 def usable_scans(spec: RunSpec) -> dict[str, dict]:
-    t = pq.read_table(Path(spec.out) / "catalog" / "scans" / "scans.parquet").to_pylist()
+    t = read_table(spec, SCAN_CATALOG).to_pylist()
     return {r["scan_id"]: r for r in sorted(t, key=lambda r: r["scan_id"]) if r["ok"]}
 
 
-def _crash_file(spec: RunSpec, scan_id: str) -> Path:
-    # names from data never become paths: the file is named by a hash of the scan id
-    return Path(spec.out) / "crashes" / (hashlib.blake2b(scan_id.encode(), digest_size=10).hexdigest() + ".json")
-
-
-def crashed_scans(spec: RunSpec) -> dict[str, dict]:
-    """Scans that crashed Blender in this run: scan_id -> {"scan_id", "frame_index", "attempts"}."""
-    folder = Path(spec.out) / "crashes"
-    if not folder.is_dir():
-        return {}
-    found = {}
-    for f in sorted(folder.glob("*.json")):
-        crash = catalog.read_json(f)
-        found[crash["scan_id"]] = crash
-    return found
-
-
-def reject_crashed_scans(spec: RunSpec) -> int:
-    """Mark the run's crashed scans in its scan catalog (ok = false, reason "blender_crash: ..."). Driver only."""
-    crashed = crashed_scans(spec)
-    path = Path(spec.out) / "catalog" / "scans" / "scans.parquet"
-    if not crashed or not path.exists():
-        return 0
-    rows = pq.read_table(path).to_pylist()
-    n = 0
-    for r in rows:
-        c = crashed.get(r["scan_id"])
-        if c is not None and r["ok"]:
-            r["ok"], n = False, n + 1
-            r["reject_reason"] = (f"blender_crash: Blender's process died loading or rendering it (frame "
-                                  f"{c['frame_index']}); rejected for the rest of the run. Re-export the scan "
-                                  f"or remove it from the library.")
-    if n:
-        write_parquet(path, conform(rows, SCANS))
-        log.warning("%s: %d scan(s) crashed Blender and are rejected in %s", spec.out, n, path)
-    return n
-
-
 def shard_done(spec: RunSpec, shard: int) -> bool:
-    return (Path(spec.out) / "shards" / f"{shard_name(shard)}.stats.json").exists()
+    return run_store(spec).exists(f"shards/{shard_name(shard)}.stats.json")
 
 
 def shards_todo(spec: RunSpec) -> list[int]:
-    return [s for s in range(spec.n_shards) if not shard_done(spec, s)]
+    """Shards without their completion marker, from one listing of OUT/shards (paged on object stores)."""
+    done = {e.path for e in run_store(spec).list("shards", suffix=".stats.json")}
+    return [s for s in range(spec.n_shards) if f"shards/{shard_name(s)}.stats.json" not in done]
 
 
 # --- the worker ------------------------------------------------------------------------------------
@@ -224,7 +225,7 @@ class ShardRenderer:
         self.hdris = usable_hdris(self.spec)
         self.scans = None
         if self.spec.scans != "anny":
-            rows = pq.read_table(Path(self.spec.out) / "catalog" / "scans" / "scans.parquet").to_pylist()
+            rows = read_table(self.spec, SCAN_CATALOG).to_pylist()
             by_id = {r["scan_id"]: r for r in rows}
             self.scans = {s: by_id[s] for s in self.spec.scan_ids}
         self._renderer = None
@@ -237,11 +238,11 @@ class ShardRenderer:
         return self._renderer
 
     def render_shard(self, shard: int) -> dict:
-        spec, out = self.spec, Path(self.spec.out)
+        spec, store = self.spec, run_store(self.spec)
         name = shard_name(shard)
         if shard_done(spec, shard):
-            return catalog.read_json(out / "shards" / f"{name}.stats.json")
-        staging = out / "staging" / name
+            return store.read_json(f"shards/{name}.stats.json")
+        staging = staging_dir(spec, shard)
         staging.mkdir(parents=True, exist_ok=True)
         t0, rendered_now = time.time(), 0
         for i in spec.shard_frames(shard):
@@ -251,8 +252,10 @@ class ShardRenderer:
         stats = pack_shard(spec, shard)
         stats["rendered_this_run"] = rendered_now
         stats["seconds_this_run"] = round(time.time() - t0, 2)
-        write_json(out / "shards" / f"{name}.stats.json", stats)  # completion marker, last
+        store.write_json(f"shards/{name}.stats.json", stats)  # completion marker, last
         shutil.rmtree(staging, ignore_errors=True)
+        if is_uri(spec.out) and not any(staging.parent.iterdir()):
+            shutil.rmtree(staging.parent, ignore_errors=True)
         return stats
 
     def scan_of(self, i: int) -> str | None:
@@ -266,18 +269,20 @@ class ShardRenderer:
         """Render frame i into the staging folder: members first, the json sidecar last.
 
         An attempt marker brackets the render; finding one means this frame killed the previous worker
-        process (Blender crashed), which counts against the frame and rejects its scan for the run."""
+        process (Blender crashed), which counts against the frame and rejects its scan for the run. The
+        marker is OUT/staging/NAME/{key}.attempt.json (a local OUT's staging folder; on an object store
+        an object there, so a worker restarted on another node finds it too)."""
         t = time.time()
         key = frame_key(i)
-        marker = staging / f"{key}.attempt.json"
-        crashes = catalog.read_json(marker)["attempts"] if marker.exists() else 0
+        store, marker = run_store(self.spec), f"staging/{staging.name}/{key}.attempt.json"
+        crashes = store.read_json(marker)["attempts"] if store.exists(marker) else 0
         scan_id = self.scan_of(i)
         if crashes and scan_id is not None:
             log.warning("frame %d: the render process died in it (%d time(s)); rejecting scan %s for this run",
                         i, crashes, scan_id)
-            path = _crash_file(self.spec, scan_id)
-            if not path.exists():
-                write_json(path, {"scan_id": scan_id, "frame_index": i, "attempts": crashes})
+            path = _crash_file(scan_id)
+            if not store.exists(path):
+                store.write_json(path, {"scan_id": scan_id, "frame_index": i, "attempts": crashes})
         crashed = crashed_scans(self.spec).get(scan_id) if scan_id is not None else None
         frame, members, scan_row = None, {}, None
         if crashes >= self.cfg.schedule.max_frame_attempts or (crashed is not None and not crashes):
@@ -287,25 +292,25 @@ class ShardRenderer:
             frame = {"frame_index": i, "seed": self.spec.seed, "scan_id": scan_id, "error": "blender_crash",
                      "params": {"error_detail": detail}}
         else:
-            write_json(marker, {"attempts": crashes + 1, "scan_id": scan_id})
+            store.write_json(marker, {"attempts": crashes + 1, "scan_id": scan_id})
             try:
                 frame, members, scan_row = self.render_frame(i)
             except Exception as e:  # noqa: BLE001  (one bad frame must not stop the job)
                 log.warning("frame %d failed: %s", i, e)
                 frame = {"frame_index": i, "seed": self.spec.seed, "error": f"{type(e).__name__}: {e}"}
             except BaseException:  # an interrupt is not a crash of this frame
-                marker.unlink(missing_ok=True)
+                store.delete(marker)
                 raise
         frame["render_seconds"] = round(time.time() - t, 3)
         t_write = time.time()
         for ext, data in members.items():
             catalog.write_bytes(staging / f"{key}.{ext}", data)
         if scan_row is not None:
-            write_json(staging / f"{key}.scan.jsonrow", scan_row)
+            catalog.write_json(staging / f"{key}.scan.jsonrow", scan_row)
         if frame.get("timings") is not None:
             frame["timings"]["write_s"] = round(time.time() - t_write, 4)
-        write_json(staging / f"{key}.json", frame)
-        marker.unlink(missing_ok=True)
+        catalog.write_json(staging / f"{key}.json", frame)
+        store.delete(marker)
         return frame
 
     def render_frame(self, i: int) -> tuple[dict, dict, dict | None]:
@@ -360,10 +365,10 @@ class ShardRenderer:
 # --- packing a finished shard ----------------------------------------------------------------------
 def pack_shard(spec: RunSpec, shard: int) -> dict:
     """Staged frames -> shard tar + index, frame catalog, scan rows (anny), contact sheet."""
-    out, name = Path(spec.out), shard_name(shard)
-    staging = out / "staging" / name
+    store, name = run_store(spec), shard_name(shard)
+    staging = staging_dir(spec, shard)
     cfg = spec.cfg
-    writer = ShardWriter(out / "shards", PREFIX, FRAMES, max_count=1 << 30, max_bytes=1 << 62)
+    writer = ShardWriter(store.child("shards"), PREFIX, FRAMES, max_count=1 << 30, max_bytes=1 << 62)
     writer.index = shard
     rows, scan_rows, contact = [], [], []
     for i in spec.shard_frames(shard):
@@ -391,11 +396,11 @@ def pack_shard(spec: RunSpec, shard: int) -> dict:
         if len(contact) < cfg.output.contact_rows:
             contact.append(outfmt.contact_row(members, cfg.output.contact_height))
     writer.close()
-    write_parquet(out / "catalog" / "frames" / f"{name}.parquet", conform(rows, FRAMES))
+    store.write_parquet(f"catalog/frames/{name}.parquet", conform(rows, FRAMES))
     if scan_rows:
-        write_parquet(out / "catalog" / "scans" / f"anny-{name}.parquet", conform(scan_rows, SCANS))
+        store.write_parquet(f"catalog/scans/anny-{name}.parquet", conform(scan_rows, SCANS))
     if contact:
-        catalog.write_bytes(out / "contact" / f"{name}.png", outfmt.contact_sheet(contact))
+        store.write_bytes(f"contact/{name}.png", outfmt.contact_sheet(contact))
     errors = [r for r in rows if r["error"]]
     return {"shard": name, "frames": len(rows), "rendered": len(rows) - len(errors), "failed": len(errors),
             "errors": {r["key"]: r["error"] for r in errors},
@@ -413,6 +418,8 @@ def run_local(spec: RunSpec, progress: bool = True) -> list[dict]:
     stats, bar = [], progress and sys.stderr.isatty()
     try:
         for s in tqdm(todo, desc="render shards", unit="shard", disable=not bar):
+            if spec.out in _HELD:
+                _HELD[spec.out].check()  # stop before writing a shard into a run another process took over
             stats.append(worker.render_shard(s))
             log.info("%s: %d rendered, %d failed", stats[-1]["shard"], stats[-1]["rendered"], stats[-1]["failed"])
     finally:
@@ -421,12 +428,13 @@ def run_local(spec: RunSpec, progress: bool = True) -> list[dict]:
 
 
 def summary(spec: RunSpec) -> dict:
-    files = sorted((Path(spec.out) / "catalog" / "frames").glob("*.parquet"))
+    files = sorted(e.path for e in run_store(spec).list("catalog/frames", suffix=".parquet")
+                   if not e.path.rsplit("/", 1)[-1].startswith("."))
     if not files:
         return {"frames": 0, "rendered": 0, "failed": 0}
     errors = []
     for f in files:
-        errors += pq.read_table(f, columns=["error"]).column("error").to_pylist()
+        errors += read_table(spec, f, columns=["error"]).column("error").to_pylist()
     done = sum(e is None for e in errors)
     return {"frames": len(errors), "rendered": done, "failed": len(errors) - done,
             "shards_done": spec.n_shards - len(shards_todo(spec)), "shards": spec.n_shards}
