@@ -3,6 +3,7 @@
     python bench/stats.py --out runs/bench-stats        # generate (once) and measure
     python bench/stats.py --out runs/bench-stats-small --rows 200000
     python bench/stats.py --out runs/bench-parts --parts 10000 50000   # per-part costs (bench/stats_parts.py)
+    python bench/stats.py --out runs/bench-parts --parts 10000 50000 --compact --skip-select  # as a finished run
 
 The catalog is written in chunks with pyarrow, conforming to catalog.SAMPLES, with realistic columns:
 crawl-like sizes and formats, ~1.5% decode errors, duplicate clusters, 0..N person boxes per image and
@@ -251,13 +252,17 @@ def main() -> None:
                     help="instead: runs of N small catalog parts each (with stats markers), and `humanset stats`, "
                          "`query`, `report` and `select` on each in a child process (wall s, peak RSS)")
     ap.add_argument("--rows-per-part", type=int, default=1, help="with --parts: rows per part (default 1, one-image shards)")
+    ap.add_argument("--compact", action="store_true",
+                    help="with --parts: compact each run's catalog first, as the engine does at the end of a run")
+    ap.add_argument("--skip-select", action="store_true", help="with --parts: leave out `select` (its loop reads every part)")
     ap.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)  # the child process
     args = ap.parse_args()
     run = Path(args.out)
     if args.parts:
         from stats_parts import bench_parts  # noqa: E402 (bench/ is this script's folder)
 
-        print(json.dumps(bench_parts(run, args.parts, args.rows_per_part, args.seed), indent=2))
+        print(json.dumps(bench_parts(run, args.parts, args.rows_per_part, args.seed, args.compact,
+                                     not args.skip_select), indent=2))
         return
     if args.measure_only:
         print(json.dumps(measure(run)))

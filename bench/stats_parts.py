@@ -113,10 +113,26 @@ def _child(argv: list[str]) -> dict:
     return {"wall_s": round(wall, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1)}
 
 
-def measure(run: Path, n_parts: int) -> dict:
+def compact_run(run: Path) -> float:
+    """The catalog compacted as the engine leaves a finished run (catalog/compact.py), in-process."""
+    from catalog import compact
+    t0 = time.perf_counter()
+    compact.invalidate(run)
+    units = sorted(p.stem for p in (run / "stats").glob("*.json"))
+    groups = [units[i:i + compact.GROUP] for i in range(0, len(units), compact.GROUP)]
+    rows = sum(compact.compact_group(str(run), i, g) for i, g in enumerate(groups))
+    compact.finish(run, len(groups), rows, len(units))
+    return round(time.perf_counter() - t0, 2)
+
+
+def measure(run: Path, n_parts: int, select: bool = True) -> dict:
     out = {"stats": _child(["stats", str(run), "--json"]),
            "query": _child(["query", str(run), QUERY]),
            "report": _child(["report", str(run), "--out", str(run / "bench-report.html"), "--thumbs", "0"])}
+    if not select:
+        for r in out.values():
+            r["ms_per_part"] = round(1000 * r["wall_s"] / n_parts, 3)
+        return out
     sel = run.parent / f"{run.name}-select"
     if sel.exists():
         import shutil
@@ -129,8 +145,9 @@ def measure(run: Path, n_parts: int) -> dict:
     return out
 
 
-def bench_parts(root: Path, sizes: list[int], rows_per_part: int, seed: int) -> dict:
-    result = {"rows_per_part": rows_per_part, "runs": {}}
+def bench_parts(root: Path, sizes: list[int], rows_per_part: int, seed: int, compacted: bool = False,
+                select: bool = True) -> dict:
+    result = {"rows_per_part": rows_per_part, "compacted": compacted, "runs": {}}
     for n in sizes:
         run = root / f"parts-{n}"
         m = run / "manifest.json"
@@ -139,11 +156,13 @@ def bench_parts(root: Path, sizes: list[int], rows_per_part: int, seed: int) -> 
             gen = {"generate_s": None}  # reused
         else:
             gen = generate(run, n, rows_per_part, seed)
-        result["runs"][str(n)] = {**gen, **measure(run, n)}
+        if compacted:
+            gen["compact_s"] = compact_run(run)
+        result["runs"][str(n)] = {**gen, **measure(run, n, select)}
     if len(sizes) > 1:
         lo, hi = result["runs"][str(min(sizes))], result["runs"][str(max(sizes))]
         result["ratios_largest_vs_smallest"] = {
             cmd: {"peak_rss": round(hi[cmd]["peak_rss_mb"] / lo[cmd]["peak_rss_mb"], 3),
                   "time_per_part": round(hi[cmd]["ms_per_part"] / lo[cmd]["ms_per_part"], 3)}
-            for cmd in ("stats", "query", "report", "select")}
+            for cmd in ("stats", "query", "report", "select") if cmd in hi}
     return result

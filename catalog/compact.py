@@ -1,6 +1,8 @@
 """The catalog of a finished run, compacted: the per-unit parts (`catalog/samples/{unit}.parquet`, one
-per unit: 10^6 of them for a crawl of 10^6 shards) copied into few large files (`catalog/compact/`),
-which the views read instead once `catalog/compact.json` says the copy is complete.
+per unit: 10^6 of them for a crawl of 10^6 shards) and the curated shards' indexes
+(`shards/{unit}-NNNNN.parquet`) copied into few large files (`catalog/compact/samples/`,
+`catalog/compact/shards/`), which the `samples` and `shards` views read instead once
+`catalog/compact.json` says the copy is complete.
 
 Why: DuckDB holds ~4 KB per file for as long as a scan over many files runs (2.0.1), so a `query` over
 10^6 parts would need ~4 GB before its first row; over 10^3 compacted files it needs ~4 MB. The
@@ -21,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .io import atomic_path, write_json
-from .schema import SAMPLES, conform
+from .schema import CURATED_INDEX, SAMPLES, conform
 
 FOLDER = "catalog/compact"
 MARKER = "catalog/compact.json"
@@ -43,34 +45,56 @@ def file_name(index: int) -> str:
     return f"c-{index:06d}.parquet"
 
 
+class _Sink:
+    """One compacted file, written in row groups of up to ROW_GROUP rows (small parts are merged)."""
+
+    def __init__(self, tmp, schema):
+        self.schema, self.writer, self.buf, self.n, self.rows = schema, pq.ParquetWriter(tmp, schema, compression="zstd"), [], 0, 0
+
+    def add(self, path: Path) -> None:
+        table = pq.ParquetFile(path).read()  # (no dataset layer: half the time of read_table)
+        table = conform(table.select([c for c in table.column_names if c in self.schema.names]), self.schema)
+        if table.num_rows:
+            self.buf.append(table)
+            self.n += table.num_rows
+            self.rows += table.num_rows
+        if self.n >= ROW_GROUP:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buf:
+            self.writer.write_table(pa.concat_tables(self.buf))
+            self.buf, self.n = [], 0
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self.writer.close()
+
+
 def compact_group(run: str, index: int, unit_ids: list[str]) -> int:
-    """Copy the parts of `unit_ids` (a unit with no part is skipped: it has no rows) into one file,
-    conformed to the current SAMPLES schema (older parts get the columns added since as nulls), one
-    part at a time, in row groups of up to ROW_GROUP rows. Returns its rows."""
+    """Copy the catalog parts and the curated shards' indexes of `unit_ids` (a unit without a part or
+    shards is skipped) into one file each, conformed to the current schema (older parts get the
+    columns added since as nulls), one part at a time. Returns the catalog rows."""
     run_p = Path(run)
-    out = run_p / FOLDER / file_name(index)
-    rows, buf, n_buf = 0, [], 0
-    with atomic_path(out) as tmp:
-        writer = pq.ParquetWriter(tmp, SAMPLES, compression="zstd")
+    with atomic_path(run_p / FOLDER / "samples" / file_name(index)) as s_tmp, \
+            atomic_path(run_p / FOLDER / "shards" / file_name(index)) as i_tmp:
+        samples, shards = _Sink(s_tmp, SAMPLES), _Sink(i_tmp, CURATED_INDEX)
         try:
             for uid in unit_ids:
                 part = run_p / "catalog" / "samples" / f"{uid}.parquet"
-                if not part.is_file():
-                    continue
-                table = pq.ParquetFile(part).read()  # (no dataset layer: half the time of read_table)
-                table = conform(table.select([c for c in table.column_names if c in SAMPLES.names]), SAMPLES)
-                if table.num_rows:
-                    buf.append(table)
-                    n_buf += table.num_rows
-                    rows += table.num_rows
-                if n_buf >= ROW_GROUP:
-                    writer.write_table(pa.concat_tables(buf))
-                    buf, n_buf = [], 0
-            if buf:
-                writer.write_table(pa.concat_tables(buf))
+                if part.is_file():
+                    samples.add(part)
+                for i in range(1 << 20):  # the unit's curated shards: {unit}-00000, -00001, ...
+                    idx = run_p / "shards" / f"{uid}-{i:05d}.parquet"
+                    if not idx.is_file():
+                        break
+                    shards.add(idx)
         finally:
-            writer.close()
-    return rows
+            samples.close()
+            shards.close()
+    return samples.rows
 
 
 def finish(run: Path, files: int, rows: int, units: int) -> None:

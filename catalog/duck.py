@@ -99,12 +99,12 @@ def glob_escape(path: str) -> str:
 
 
 def _pattern(run, view: str) -> str:
-    """The view's files inside the run: a finished local run's samples from their compacted copy
-    (catalog/compact.py), else the parts."""
-    if view == "samples":
+    """The view's files inside the run: a finished local run's samples and shard index from their
+    compacted copy (catalog/compact.py), else the parts."""
+    if view in ("samples", "shards"):
         from .compact import FOLDER, is_compacted
         if is_compacted(run):
-            return f"{FOLDER}/*.parquet"
+            return f"{FOLDER}/{view}/*.parquet"
     return VIEWS[view]
 
 

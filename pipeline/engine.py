@@ -65,7 +65,8 @@ log = logging.getLogger("humanset.curate")
 
 _limits = limits_of  # the engine's name for it (tests, isolation)
 _now = now
-RUN_WRITERS = ["", "stats", "catalog/samples", "catalog/compact", "shards", "work/measure", "work/dedup", "work/dedup/pairs"]  # where
+RUN_WRITERS = ["", "stats", "catalog/samples", "catalog/compact/samples", "catalog/compact/shards", "shards",
+               "work/measure", "work/dedup", "work/dedup/pairs"]  # where
 # our writers write in a RUN (clean_tmp looks only there)
 DEFAULT_WINDOW_UNITS = 2048  # engine.window_units: units one Ray Data pipeline is given at a time
 

@@ -34,10 +34,10 @@ def test_the_copy_equals_the_parts_and_the_views_switch_to_it(tmp_path):
     assert compact.is_compacted(run)
     con = catalog.connect(run)
     files = {r[0].rsplit("/", 1)[-1] for r in con.execute("SELECT DISTINCT filename FROM read_parquet("
-                                                          f"'{run}/catalog/compact/*.parquet', filename=true)").fetchall()}
+                                                          f"'{run}/catalog/compact/samples/*.parquet', filename=true)").fetchall()}
     assert files == {"c-000000.parquet", "c-000001.parquet"}
     assert _count(run) == before == (7, 4)
-    copied = pa.concat_tables(pq.read_table(p) for p in sorted((run / "catalog" / "compact").glob("*.parquet")))
+    copied = pa.concat_tables(pq.read_table(p) for p in sorted((run / "catalog" / "compact" / "samples").glob("*.parquet")))
     assert copied.schema.equals(SAMPLES, check_metadata=False)
     assert sorted(copied.column("sample_id").to_pylist()) == sorted(f"u0-{i}" for i in range(3)) + \
         sorted(f"u2-{i}" for i in range(4))

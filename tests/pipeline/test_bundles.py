@@ -100,7 +100,12 @@ def test_a_finished_run_reads_its_compacted_catalog_and_a_resume_makes_it_anew(t
     from catalog import compact
     run = two_runs / "bundled"
     assert compact.is_compacted(run) and compact.marker(run)["rows"] == 48
-    assert catalog.connect(run).execute("SELECT count(*) FROM samples").fetchone()[0] == 48
+    con = catalog.connect(run)
+    assert con.execute("SELECT count(*) FROM samples").fetchone()[0] == 48
+    index = pq.read_table(sorted((run / "shards").glob("*.parquet")))  # the shard indexes, read directly
+    assert con.execute("SELECT count(*), count(DISTINCT shard) FROM shards").fetchone() == \
+        (index.num_rows, len(set(index.column("shard").to_pylist())))
+    assert {p.parent.name for p in (run / "catalog" / "compact").rglob("*.parquet")} == {"samples", "shards"}
     manifest = json.loads((run / "manifest.json").read_text())
     assert "compact" in manifest["seconds"]
     for name in ("00003", "00004"):  # two units lose their markers: the rerun redoes them
