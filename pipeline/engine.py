@@ -53,7 +53,7 @@ from .blocks import _measure_block, _retries, _score_ds, _unit_blocks, _units_ds
 from .early import _EarlyScore, _start_actors_early
 from .ray_compat import set_task_poll as task_poll
 from .ray_setup import actor_cpus, cpu_shortfall, init_ray  # noqa: F401 (engine's API)
-from .run_state import NameSet, _drain, _failed, _windows
+from .run_state import NameSet, _drain, _failed, _windows, reason_counts
 from .sources import Unit, check_inputs, count_new, iter_listing, write_listing
 from .stages import Stage, build_stages
 from .unit_io import run_store
@@ -311,7 +311,7 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
         t0 = time.perf_counter()
         _compact(Path(run), cfg, n_units)
         seconds["compact"] = round(time.perf_counter() - t0, 2)
-    counts, n_inputs, n_kept, reasons = _reason_counts(run)
+    counts, n_inputs, n_kept, reasons = reason_counts(run)
     manifest.update(status="complete", finished=_now(), funnel=funnel_from_counts(counts, n_inputs, manifest["stages"]),
                     counts={"inputs": n_inputs, "kept": n_kept}, reject_reasons=reasons, seconds=seconds)
     store.write_json("manifest.json", manifest)
@@ -352,28 +352,6 @@ def _compact(run: Path, cfg: dict, n_units: int) -> None:
     rows += collect(0)
     compact_mod.finish(run, files, rows, n_units)
     log.info("catalog: %d parts compacted into %d files (%d rows)", n_units, files, rows)
-
-
-def _reason_counts(run: str) -> tuple[dict[str, int], int, int, dict[str, int]]:
-    """Rejections per stage (first reason), inputs, kept and the count of each reject reason, from
-    the units' stats markers read one at a time (the driver holds counters only; a DuckDB scan of
-    the catalog would hold ~4 KB per part until it ends)."""
-    by_stage: dict[str, int] = {}
-    reasons: dict[str, int] = {}
-    n_inputs = n_kept = 0
-    store = run_store(run)
-    for e in store.list("stats/", suffix=".json"):
-        name = e.path.rsplit("/", 1)[-1]
-        if name.startswith(".") or e.path.count("/") != 1:
-            continue
-        m = store.read_json(e.path)
-        n_inputs += int(m.get("inputs") or 0)
-        n_kept += int(m.get("kept") or 0)
-        for reason, n in (m.get("rejected") or {}).items():
-            reasons[reason] = reasons.get(reason, 0) + n
-            stage = reason.split(":", 1)[0]
-            by_stage[stage] = by_stage.get(stage, 0) + n
-    return by_stage, n_inputs, n_kept, dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def funnel_from_counts(rejected: dict[str, int], n_inputs: int, stage_names: list[str]) -> list[dict]:

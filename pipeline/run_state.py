@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -93,3 +95,40 @@ def _windows(run: Path, keep, size: int):
     if window:
         yield window
 
+
+
+MARKER_READERS = 16  # stats markers read at once by reason_counts (one GET each on an object store)
+
+
+def reason_counts(run: str, readers: int = MARKER_READERS) -> tuple[dict[str, int], int, int, dict[str, int]]:
+    """Rejections per stage (first reason), inputs, kept and the count of each reject reason, from
+    the units' stats markers. The listing is streamed and at most 4 x `readers` reads are in flight,
+    so the driver holds counters and a bounded window, never the run's markers (a DuckDB scan of the
+    catalog would hold ~4 KB per part until it ends); on an object store the reads overlap their
+    round trips instead of paying one after another."""
+    by_stage: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    n_inputs = n_kept = 0
+    store = run_store(run)
+
+    def add(m: dict) -> None:
+        nonlocal n_inputs, n_kept
+        n_inputs += int(m.get("inputs") or 0)
+        n_kept += int(m.get("kept") or 0)
+        for reason, n in (m.get("rejected") or {}).items():
+            reasons[reason] = reasons.get(reason, 0) + n
+            stage = reason.split(":", 1)[0]
+            by_stage[stage] = by_stage.get(stage, 0) + n
+
+    window: deque = deque()
+    with ThreadPoolExecutor(max(1, readers)) as pool:
+        for e in store.list("stats/", suffix=".json"):
+            name = e.path.rsplit("/", 1)[-1]
+            if name.startswith(".") or e.path.count("/") != 1:
+                continue
+            window.append(pool.submit(store.read_json, e.path))
+            if len(window) >= 4 * max(1, readers):
+                add(window.popleft().result())
+        while window:
+            add(window.popleft().result())
+    return by_stage, n_inputs, n_kept, dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
