@@ -3,15 +3,17 @@
 A Storage is rooted at a folder or URI (`/data/run`, `file:///data/run`, `s3://bucket/runs/r1`,
 `gs://bucket/x`, `hdfs://namenode:8020/x`, `memory://name/x` for tests); every method takes a path
 relative to that root ("units/00001.json", never absolute, never with ".."). Data moves through
-pyarrow.fs (ranged reads, multipart uploads, the AWS SDK's retries); on S3, listing and the
-conditional requests (`If-None-Match: *`, `If-Match`) go through boto3, as pyarrow has neither a
-streamed listing nor conditional writes. Both read credentials from the standard AWS provider chain
-(environment, ~/.aws profiles, instance/container roles) and the endpoint from `AWS_ENDPOINT_URL`.
+pyarrow.fs (ranged reads, multipart uploads, retries); on S3, humanset's own requests (streamed
+listing, whole objects, ranges, streamed uploads, the conditional `If-None-Match: *`/`If-Match`) go
+through obstore and pyarrow's S3 file system is built only when `.fs` is asked for
+(catalog/storage_s3.py). Credentials come from the standard AWS provider chain (environment,
+~/.aws profiles, instance/container roles), the endpoint from `AWS_ENDPOINT_URL`.
 
 - Local: writes are temp + fsync + rename (catalog/io.py), create_once is link(2), the run lock is
   flock (io.run_lock).
-- Object stores: an object appears whole or not at all; open_output spools to a local temporary file
-  and uploads on success, so a failed writer leaves nothing under the final name. Names are
+- Object stores: an object appears whole or not at all; open_output uploads on success (S3: a
+  streamed multipart upload, completed only if the block succeeds; gs/hdfs: spooled to a local
+  temporary file first), so a failed writer leaves nothing under the final name. Names are
   deterministic: a retried task rewrites the same object.
 """
 from __future__ import annotations

@@ -7,34 +7,58 @@ import pyarrow as pa
 import pytest
 
 from catalog import storage as st
+from s3server import CountingProxy
 
 
-def _count_lists(store):
-    calls = []
-    store.client.meta.events.register("before-call.s3.ListObjectsV2", lambda **kw: calls.append(1))
-    return calls
+@pytest.fixture
+def counting(s3_server, monkeypatch):
+    """Stores opened in the test talk through a relay that counts the ListObjectsV2 requests."""
+    proxy = CountingProxy(s3_server.endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    yield proxy
+    proxy.close()
 
 
-def test_listing_more_than_a_thousand_keys_pages_and_streams(s3_server):
+def _put_many(store, names):
+    with ThreadPoolExecutor(16) as pool:  # one obstore client, shared by the threads
+        list(pool.map(lambda name: store.write_bytes(name, b"t"), names))
+
+
+def test_listing_more_than_a_thousand_keys_pages_and_streams(s3_server, counting):
     store = st.open_storage(s3_server.prefix("many"))
     n = 1_234
-    with ThreadPoolExecutor(16) as pool:  # boto3 clients are thread-safe
-        list(pool.map(lambda i: store.client.put_object(Bucket=store.bucket, Key=store._key(f"shards/{i:05d}.tar"),
-                                                        Body=b"t"), range(n)))
-    calls = _count_lists(store)
+    _put_many(store, [f"shards/{i:05d}.tar" for i in range(n)])
+    counting.lists = 0
     it = store.list("shards", suffix=".tar")
     first = next(it)
-    assert first.path == "shards/00000.tar" and len(calls) == 1  # the first key came from the first page
+    assert first.path == "shards/00000.tar" and counting.lists == 1  # the first key came from the first page
     rest = sum(1 for _ in it)  # counted, never held: one page of <= 1,000 keys in memory at a time
     assert rest + 1 == n
-    assert len(calls) == 2  # SeaweedFS pages ListObjectsV2 at 1,000 keys (IsTruncated + continuation)
+    assert counting.lists == 2  # SeaweedFS pages ListObjectsV2 at 1,000 keys (IsTruncated + continuation)
+    names = [e.path for e in st.open_storage(store.uri).list("shards")]
+    assert names == sorted(names) and len(set(names)) == n  # key order, no repeats
+    assert sum(1 for _ in store.glob("shards/000*.tar")) == 100
+    assert [e.path for e in store.list("shards/0000")] == []  # a folder, not a part of a name
+    assert [p for p in store.glob("shards/0000?.tar")] == [f"shards/0000{i}.tar" for i in range(10)]
 
-    small = st.open_storage(store.uri)
-    small.page_size = 100
-    calls = _count_lists(small)
-    names = [e.path for e in small.list("shards")]
-    assert len(calls) == 13 and names == sorted(names) and len(set(names)) == n  # key order, no repeats
-    assert sum(1 for _ in small.glob("shards/000*.tar")) == 100
+
+def test_an_upload_that_fails_leaves_nothing_and_a_big_one_round_trips(s3_server):
+    import os
+    store = st.open_storage(s3_server.prefix("up"))
+    blob = os.urandom(3 * (8 << 20) + 12345)  # four parts of a streamed multipart upload
+    with pytest.raises(RuntimeError):
+        with store.open_output("big.bin") as f:
+            f.write(blob)
+            raise RuntimeError("the writer failed after 24 MiB")
+    assert not store.exists("big.bin") and list(store.list()) == []
+    with store.open_output("big.bin") as f:
+        for i in range(0, len(blob), 4096):  # small writes, as the shard writer makes them
+            f.write(blob[i:i + 4096])
+        assert f.tell() == len(blob)
+    assert store.size("big.bin") == len(blob) and store.read_bytes("big.bin") == blob
+    assert store.read_range("big.bin", 9 << 20, 100) == blob[9 << 20:(9 << 20) + 100]
+    with store.open_input("big.bin") as f:  # pyarrow's file system reads what obstore wrote
+        assert f.read_at(10, len(blob) - 10) == blob[-10:]
 
 
 def test_a_bad_credential_never_shows_in_an_error_or_a_log(s3_server, monkeypatch, caplog, capsys):
