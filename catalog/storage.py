@@ -18,6 +18,7 @@ through obstore and pyarrow's S3 file system is built only when `.fs` is asked f
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -111,6 +112,17 @@ class Storage:
         """A random-access file (seek, read, read_at(n, offset), size); use it as a context manager."""
         try:
             return self.fs.open_input_file(self.fs_path(path))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.uri_of(path)}: no such file") from None
+        except OSError as e:
+            raise self._err("open", path, e) from None
+
+    def open_stream(self, path: str, buffer_size: int = 1 << 20):
+        """A sequential binary reader (read, readline; a context manager) that fetches `buffer_size`
+        bytes a request: for reading a listing or a manifest front to back."""
+        try:
+            return io.BufferedReader(self.fs.open_input_stream(self.fs_path(path), buffer_size=buffer_size),
+                                     buffer_size)
         except FileNotFoundError:
             raise FileNotFoundError(f"{self.uri_of(path)}: no such file") from None
         except OSError as e:

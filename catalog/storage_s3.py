@@ -20,6 +20,7 @@ us-east-1 with a custom endpoint, else the bucket's (one request).
 """
 from __future__ import annotations
 
+import io
 import os
 import threading
 import urllib.error
@@ -143,6 +144,27 @@ class _Writer:
             self._buf.clear()
 
 
+class _RawStream(io.RawIOBase):
+    """obstore's buffered reader as a raw stream, for io.BufferedReader (readinto)."""
+
+    def __init__(self, reader):
+        self._r = reader
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        data = self._r.read(len(b))
+        n = len(data)
+        memoryview(b)[:n] = memoryview(data)
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            self._r.close()
+        super().close()
+
+
 class S3Storage(Storage):
     scheme = "s3"
 
@@ -174,6 +196,16 @@ class S3Storage(Storage):
 
     def _missing(self, path: str) -> FileNotFoundError:
         return FileNotFoundError(f"{self.uri_of(path)}: no such file")
+
+    def open_stream(self, path: str, buffer_size: int = 1 << 20):
+        import obstore
+        try:
+            reader = obstore.open_reader(self._clients.store, self._key(path), buffer_size=buffer_size)
+        except FileNotFoundError:
+            raise self._missing(path) from None
+        except Exception as e:
+            raise self._fail("open", path, e) from None
+        return io.BufferedReader(_RawStream(reader), buffer_size)
 
     # whole objects and ranges: one request each
     def read_bytes(self, path: str) -> bytes:

@@ -153,7 +153,7 @@ def _open_listing(path):
     """The saved listing as a buffered binary file (readline, tell), local or on a store."""
     if _remote(path):
         store, name = catalog.storage.locate(path)
-        return io.BufferedReader(store.fs.open_input_stream(store.fs_path(name)), 1 << 20)
+        return store.open_stream(name, 1 << 20)
     return open(path, "rb")
 
 
