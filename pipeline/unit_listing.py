@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import io
 import json
 import logging
 import os
