@@ -83,6 +83,28 @@ def test_a_bad_credential_never_shows_in_an_error_or_a_log(s3_server, monkeypatc
     assert st.open_storage(store.uri).create_once("lock", b"1")  # the right secret works
 
 
+def test_credentials_from_a_profile_go_through_the_standard_chain(s3_server, tmp_path, monkeypatch):
+    """No key in the environment, a ~/.aws profile: boto3's chain (profiles) feeds obstore; the
+    environment's keys, when set, come first and no boto3 is involved."""
+    (tmp_path / "credentials").write_text(f"[bench]\naws_access_key_id = {s3_server.access_key}\n"
+                                          f"aws_secret_access_key = {s3_server.secret_key}\n")
+    (tmp_path / "config").write_text("[profile bench]\nregion = us-east-1\n")
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_PROFILE", "bench")
+    store = st.open_storage(s3_server.prefix("profile"))
+    assert store.region == "us-east-1"  # from the profile
+    store.write_bytes("a.txt", b"from a profile")
+    assert store.create_once("lock", b"1") and not store.create_once("lock", b"2")
+    assert [e.path for e in store.list()] == ["a.txt", "lock"] and store.read_bytes("a.txt") == b"from a profile"
+    monkeypatch.setenv("AWS_PROFILE", "missing")  # a profile that is not there: a clear error, no secret
+    with pytest.raises(Exception) as e:
+        st.open_storage(store.uri).read_bytes("a.txt")
+    assert s3_server.secret_key not in str(e.value) + repr(e.value)
+
+
 def test_scrub_removes_the_environments_secret(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "abcdEFGH1234")
     assert st.scrub("signing with abcdEFGH1234 failed") == "signing with *** failed"
