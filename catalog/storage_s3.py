@@ -76,9 +76,13 @@ class _Clients:
             except ImportError:
                 raise StorageError("s3:// with credentials from a ~/.aws profile needs boto3 "
                                    "(pip install -r deps/storage.pip.txt)") from None
-            session = boto3.session.Session()
-            self.region = self.region or session.region_name
-            self._provider = Boto3CredentialProvider(session)
+            try:
+                session = boto3.session.Session()
+                self.region = self.region or session.region_name
+                self._provider = Boto3CredentialProvider(session)
+            except Exception as e:  # no such profile, no credentials in it, an expired SSO session
+                raise StorageError(f"s3://{bucket}: cannot get credentials from the AWS profile "
+                                   f"({os.environ.get('AWS_PROFILE', 'default')}): {scrub(str(e))}") from None
         if not self.region:
             try:
                 self.region = "us-east-1" if self.endpoint else pafs.resolve_s3_region(bucket)

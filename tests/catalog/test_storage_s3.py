@@ -100,7 +100,7 @@ def test_credentials_from_a_profile_go_through_the_standard_chain(s3_server, tmp
     assert store.create_once("lock", b"1") and not store.create_once("lock", b"2")
     assert [e.path for e in store.list()] == ["a.txt", "lock"] and store.read_bytes("a.txt") == b"from a profile"
     monkeypatch.setenv("AWS_PROFILE", "missing")  # a profile that is not there: a clear error, no secret
-    with pytest.raises(Exception) as e:
+    with pytest.raises(st.StorageError, match="cannot get credentials from the AWS profile") as e:
         st.open_storage(store.uri).read_bytes("a.txt")
     assert s3_server.secret_key not in str(e.value) + repr(e.value)
 
