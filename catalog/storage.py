@@ -3,18 +3,14 @@
 A Storage is rooted at a folder or URI (`/data/run`, `file:///data/run`, `s3://bucket/runs/r1`,
 `gs://bucket/x`, `hdfs://namenode:8020/x`, `memory://name/x` for tests); every method takes a path
 relative to that root ("units/00001.json", never absolute, never with ".."). Data moves through
-pyarrow.fs (ranged reads, multipart uploads, retries); on S3, humanset's own requests (streamed
-listing, whole objects, ranges, streamed uploads, the conditional `If-None-Match: *`/`If-Match`) go
-through obstore and pyarrow's S3 file system is built only when `.fs` is asked for
-(catalog/storage_s3.py). Credentials come from the standard AWS provider chain (environment,
-~/.aws profiles, instance/container roles), the endpoint from `AWS_ENDPOINT_URL`.
+pyarrow.fs; on S3 through obstore, with pyarrow's S3 client built only when `.fs` is asked for
+(catalog/storage_s3.py). Credentials: the standard AWS chain; endpoint: `AWS_ENDPOINT_URL`.
 
 - Local: writes are temp + fsync + rename (catalog/io.py), create_once is link(2), the run lock is
   flock (io.run_lock).
-- Object stores: an object appears whole or not at all; open_output uploads on success (S3: a
-  streamed multipart upload, completed only if the block succeeds; gs/hdfs: spooled to a local
-  temporary file first), so a failed writer leaves nothing under the final name. Names are
-  deterministic: a retried task rewrites the same object.
+- Object stores: an object appears whole or not at all (open_output uploads only if its block
+  succeeds), so a failed writer leaves nothing under the final name. Names are deterministic: a
+  retried task rewrites the same object.
 """
 from __future__ import annotations
 
@@ -118,11 +114,9 @@ class Storage:
             raise self._err("open", path, e) from None
 
     def open_stream(self, path: str, buffer_size: int = 1 << 20):
-        """A sequential binary reader (read, readline; a context manager) that fetches `buffer_size`
-        bytes a request: for reading a listing or a manifest front to back."""
+        """A sequential reader (read, readline; a context manager), `buffer_size` bytes a request."""
         try:
-            return io.BufferedReader(self.fs.open_input_stream(self.fs_path(path), buffer_size=buffer_size),
-                                     buffer_size)
+            return io.BufferedReader(self.fs.open_input_stream(self.fs_path(path), buffer_size=buffer_size))
         except FileNotFoundError:
             raise FileNotFoundError(f"{self.uri_of(path)}: no such file") from None
         except OSError as e:
@@ -133,8 +127,7 @@ class Storage:
             return f.read()
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
-        """`length` bytes from `offset` (a ranged GET on object stores, after the open's HEAD: to read
-        many members of one shard, open_input it once and call read_at on it)."""
+        """`length` bytes from `offset` (a ranged GET; many members of one shard: open_input + read_at)."""
         with self.open_input(path) as f:
             return f.read_at(length, offset)
 
@@ -268,7 +261,6 @@ class Storage:
     def fsspec(self):
         """An fsspec file system over this store (what DuckDB's register_filesystem takes)."""
         from fsspec.implementations.arrow import ArrowFSWrapper
-
         class _Wrapped(ArrowFSWrapper):
             protocol = (self.scheme,)
         return _Wrapped(self.fs)
