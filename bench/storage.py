@@ -1,10 +1,12 @@
-"""Throughput of catalog/storage.py on one store, against boto3 alone: prints JSON.
+"""Throughput of catalog/storage.py on one store, against pyarrow and boto3 alone: prints JSON.
 
     python bench/storage.py --uri s3://bucket/bench --mb 64      # endpoint + credentials from AWS_* variables
     python bench/storage.py --uri /tmp/bench --mb 64
 
-Measures: a whole-object write and read through the storage layer (pyarrow.fs), the same through boto3
-(s3:// only), the latency of a 64 KiB ranged read at a random offset, and the listing rate of 2,000 keys.
+Measures: a whole-object write and read through the storage layer (S3: obstore), a streamed write in
+64 KiB pieces (open_output, as the shard writer writes), the same bytes through pyarrow's S3 file system
+and boto3 (s3:// only; boto3 if installed), the latency of a 64 KiB ranged read at a random offset
+(open_input: pyarrow), and the listing rate of 2,000 keys.
 """
 from __future__ import annotations
 
@@ -48,11 +50,30 @@ def main(argv=None):
             off = rng.randrange(0, len(data) - 65536)
             lat.append(_timed(lambda: f.read_at(65536, off)))  # noqa: B023 (called at once)
     out["range_read_64k_ms_median"] = sorted(lat)[len(lat) // 2] * 1000
-    if hasattr(store, "client"):
-        key = store._key("bench/big-boto3.bin")
-        out["boto3_put_mib_s"] = args.mb / _timed(lambda: store.client.put_object(Bucket=store.bucket, Key=key, Body=data))
-        out["boto3_get_mib_s"] = args.mb / _timed(
-            lambda: store.client.get_object(Bucket=store.bucket, Key=key)["Body"].read())
+    def streamed():  # as the shard writer writes: 64 KiB at a time into one open_output
+        with store.open_output("bench/streamed.bin") as f:
+            for i in range(0, len(data), 65536):
+                f.write(data[i:i + 65536])
+    out["storage_stream_write_mib_s"] = args.mb / _timed(streamed)
+    if store.scheme == "s3":  # the same bytes through the other clients: pyarrow's AWS C++ SDK, boto3
+        key = store.fs_path("bench/big-pyarrow.bin")
+
+        def pa_put():
+            with store.fs.open_output_stream(key) as f:
+                f.write(data)
+        out["pyarrow_put_mib_s"] = args.mb / _timed(pa_put)
+        out["pyarrow_get_mib_s"] = args.mb / _timed(lambda: store.fs.open_input_file(key).read())
+        try:
+            import boto3
+        except ImportError:
+            boto3 = None
+        if boto3 is not None:
+            client = boto3.session.Session().client("s3", endpoint_url=store._clients.endpoint,
+                                                    region_name=store.region)
+            key = store._key("bench/big-boto3.bin")
+            out["boto3_put_mib_s"] = args.mb / _timed(lambda: client.put_object(Bucket=store.bucket, Key=key, Body=data))
+            out["boto3_get_mib_s"] = args.mb / _timed(
+                lambda: client.get_object(Bucket=store.bucket, Key=key)["Body"].read())
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda i: store.write_bytes(f"bench/keys/{i:06d}", b"k"), range(args.keys)))
     n = {}

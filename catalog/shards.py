@@ -73,8 +73,9 @@ class ShardWriter:
     def __init__(self, folder, prefix: str, schema: pa.Schema, max_count: int = 10_000,
                  max_bytes: int = 1 << 30):
         from .storage import Storage
-        # a folder on an object store (a catalog.Storage that is not posix): each tar is spooled and
-        # uploaded whole when it closes, its index after it; locally, temp + fsync + rename as always
+        # a folder on an object store (a catalog.Storage that is not posix): each tar is one open_output
+        # (on S3 a streamed multipart upload: parts go up while the next members are written; the object
+        # appears only when the tar closes), its index after it; locally, temp + fsync + rename as always
         self.store = folder if isinstance(folder, Storage) and not folder.posix else None
         self.folder = Path(folder.base if isinstance(folder, Storage) else folder) if self.store is None else None
         self.prefix = prefix
@@ -127,7 +128,7 @@ class ShardWriter:
         end = self._offset + 2 * tarfile.BLOCKSIZE
         self._fh.write(tarfile.NUL * (2 * tarfile.BLOCKSIZE + -end % tarfile.RECORDSIZE))
         if self.store is not None:
-            self._out.__exit__(None, None, None)  # the tar's object, whole; then its index
+            self._out.__exit__(None, None, None)  # the upload completes: the tar's object, whole; then its index
             self.store.write_parquet(self._name[:-4] + ".parquet", conform(self._rows, self.schema))
             self.written.append(self._name)
             self._writing = False
@@ -155,7 +156,7 @@ class ShardWriter:
             self.close()
         elif self._writing:  # leave nothing that looks whole
             if self.store is not None:
-                self._out.__exit__(exc_type, exc, tb)  # the spool is dropped, nothing uploaded
+                self._out.__exit__(exc_type, exc, tb)  # the upload is aborted: nothing under the name
             else:
                 self._fh.close()
                 Path(self._tmp).unlink(missing_ok=True)

@@ -3,19 +3,18 @@
 A Storage is rooted at a folder or URI (`/data/run`, `file:///data/run`, `s3://bucket/runs/r1`,
 `gs://bucket/x`, `hdfs://namenode:8020/x`, `memory://name/x` for tests); every method takes a path
 relative to that root ("units/00001.json", never absolute, never with ".."). Data moves through
-pyarrow.fs (ranged reads, multipart uploads, the AWS SDK's retries); on S3, listing and the
-conditional requests (`If-None-Match: *`, `If-Match`) go through boto3, as pyarrow has neither a
-streamed listing nor conditional writes. Both read credentials from the standard AWS provider chain
-(environment, ~/.aws profiles, instance/container roles) and the endpoint from `AWS_ENDPOINT_URL`.
+pyarrow.fs; on S3 through obstore, with pyarrow's S3 client built only when `.fs` is asked for
+(catalog/storage_s3.py). Credentials: the standard AWS chain; endpoint: `AWS_ENDPOINT_URL`.
 
 - Local: writes are temp + fsync + rename (catalog/io.py), create_once is link(2), the run lock is
   flock (io.run_lock).
-- Object stores: an object appears whole or not at all; open_output spools to a local temporary file
-  and uploads on success, so a failed writer leaves nothing under the final name. Names are
-  deterministic: a retried task rewrites the same object.
+- Object stores: an object appears whole or not at all (open_output uploads only if its block
+  succeeds), so a failed writer leaves nothing under the final name. Names are deterministic: a
+  retried task rewrites the same object.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -114,13 +113,21 @@ class Storage:
         except OSError as e:
             raise self._err("open", path, e) from None
 
+    def open_stream(self, path: str, buffer_size: int = 1 << 20):
+        """A sequential reader (read, readline; a context manager), `buffer_size` bytes a request."""
+        try:
+            return io.BufferedReader(self.fs.open_input_stream(self.fs_path(path), buffer_size=buffer_size))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.uri_of(path)}: no such file") from None
+        except OSError as e:
+            raise self._err("open", path, e) from None
+
     def read_bytes(self, path: str) -> bytes:
         with self.open_input(path) as f:
             return f.read()
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
-        """`length` bytes from `offset` (a ranged GET on object stores, after the open's HEAD: to read
-        many members of one shard, open_input it once and call read_at on it)."""
+        """`length` bytes from `offset` (a ranged GET; many members of one shard: open_input + read_at)."""
         with self.open_input(path) as f:
             return f.read_at(length, offset)
 
@@ -254,7 +261,6 @@ class Storage:
     def fsspec(self):
         """An fsspec file system over this store (what DuckDB's register_filesystem takes)."""
         from fsspec.implementations.arrow import ArrowFSWrapper
-
         class _Wrapped(ArrowFSWrapper):
             protocol = (self.scheme,)
         return _Wrapped(self.fs)

@@ -73,7 +73,7 @@ def txt_shards(uri: str) -> Iterator[str]:
     """The shards a .txt lists, streamed a line at a time."""
     store, name = locate(uri)
     base = uri.removeprefix("file://").rsplit("/", 1)[0]
-    with store.fs.open_input_stream(store.fs_path(name), buffer_size=1 << 20) as fh:
+    with store.open_stream(name, 1 << 20) as fh:
         rest = b""
         while True:
             chunk = fh.read(1 << 20)

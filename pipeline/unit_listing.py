@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import io
 import json
 import logging
 import os
@@ -153,7 +152,7 @@ def _open_listing(path):
     """The saved listing as a buffered binary file (readline, tell), local or on a store."""
     if _remote(path):
         store, name = catalog.storage.locate(path)
-        return io.BufferedReader(store.fs.open_input_stream(store.fs_path(name)), 1 << 20)
+        return store.open_stream(name, 1 << 20)
     return open(path, "rb")
 
 

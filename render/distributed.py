@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from .job import RunSpec, reject_crashed_scans, shards_todo
+from .job import RunSpec, check_lock, reject_crashed_scans, shards_todo
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ def run_ray(spec: RunSpec, workers: int = 0, cpus_per_worker: float = 2, gpus_pe
     try:
         while queue or pending:
             while idle and queue:
+                check_lock(spec)  # a run whose lock was taken over hands out no more shards
                 actor, shard = idle.pop(), queue.pop(0)
                 pending[actor.render_shard.remote(shard)] = (actor, shard)
             if not pending:  # every actor is gone

@@ -186,6 +186,14 @@ def staging_dir(spec: RunSpec, shard: int) -> Path:
     return Path(tempfile.gettempdir()) / f"humanset-render-{run}" / shard_name(shard)
 
 
+def check_lock(spec: RunSpec) -> None:
+    """Raise LockLost if another process took this run's object-store lock over (--force-unlock):
+    called before each shard is handed out, so no shard is written into a run taken over."""
+    held = _HELD.get(spec.out)
+    if held is not None:
+        held.check()
+
+
 def release_run(out: str) -> None:
     """Give up this process's lock on OUT (RunSpec.out); at exit for an OUT on an object store."""
     lock, _ = _HELD_LOCKS.pop(out, None), _HELD.pop(out, None)
@@ -418,8 +426,7 @@ def run_local(spec: RunSpec, progress: bool = True) -> list[dict]:
     stats, bar = [], progress and sys.stderr.isatty()
     try:
         for s in tqdm(todo, desc="render shards", unit="shard", disable=not bar):
-            if spec.out in _HELD:
-                _HELD[spec.out].check()  # stop before writing a shard into a run another process took over
+            check_lock(spec)  # stop before writing a shard into a run another process took over
             stats.append(worker.render_shard(s))
             log.info("%s: %d rendered, %d failed", stats[-1]["shard"], stats[-1]["rendered"], stats[-1]["failed"])
     finally:

@@ -142,3 +142,55 @@ def s3_server(tmp_path_factory):
             else:
                 os.environ[n] = v
         stop_weed(proc, ports)
+
+
+class CountingProxy:
+    """A TCP relay in front of the S3 server on 127.0.0.1 that counts the ListObjectsV2 requests
+    passing through it (`lists`): what a test needs to see that a listing is paged and streamed,
+    whatever client sends it. Point AWS_ENDPOINT_URL at `.endpoint` (signatures cover the Host
+    header, which the client sets to the relay's, so they still verify)."""
+
+    def __init__(self, target: str):
+        import threading
+        host, port = target.rsplit("//", 1)[1].rsplit(":", 1)
+        self._target = (host, int(port))
+        self._srv = socket.socket()
+        self._srv.bind(("127.0.0.1", 0))
+        self._srv.listen(16)
+        self.endpoint = f"http://127.0.0.1:{self._srv.getsockname()[1]}"
+        self.lists = 0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import threading
+        while True:
+            try:
+                client, _ = self._srv.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self._target)
+            threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
+
+    def _pipe(self, src, dst, count: bool):
+        tail = b""
+        try:
+            while data := src.recv(65536):
+                if count:  # request lines: "GET /bucket?list-type=2&prefix=... HTTP/1.1"
+                    seen = tail + data
+                    with self._lock:
+                        self.lists += seen.count(b"list-type=2") - tail.count(b"list-type=2")
+                    tail = seen[-16:]
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self._srv.close()

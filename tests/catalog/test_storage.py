@@ -54,6 +54,20 @@ def _tar(n_members=6, size=256_000, seed=0) -> bytes:
     return buf.getvalue()
 
 
+def test_a_stream_reads_a_file_front_to_back_a_buffer_a_request(store):
+    lines = [f"{i:06d} {'x' * (i % 97)}\n".encode() for i in range(20_000)]
+    store.write_bytes("units.jsonl", b"".join(lines))
+    with store.open_stream("units.jsonl", 64 << 10) as fh:
+        got = []
+        while line := fh.readline():
+            got.append(line)
+    assert got == lines
+    with store.open_stream("units.jsonl") as fh:
+        assert fh.read(7) == lines[0][:7] and fh.read() == b"".join(lines)[7:]
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        store.open_stream("missing.jsonl").read()
+
+
 def test_a_tar_round_trips_bit_for_bit_and_ranged_reads_hit_its_members(store):
     data = _tar()
     assert len(data) > 1_500_000

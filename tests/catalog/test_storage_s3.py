@@ -7,34 +7,58 @@ import pyarrow as pa
 import pytest
 
 from catalog import storage as st
+from s3server import CountingProxy
 
 
-def _count_lists(store):
-    calls = []
-    store.client.meta.events.register("before-call.s3.ListObjectsV2", lambda **kw: calls.append(1))
-    return calls
+@pytest.fixture
+def counting(s3_server, monkeypatch):
+    """Stores opened in the test talk through a relay that counts the ListObjectsV2 requests."""
+    proxy = CountingProxy(s3_server.endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    yield proxy
+    proxy.close()
 
 
-def test_listing_more_than_a_thousand_keys_pages_and_streams(s3_server):
+def _put_many(store, names):
+    with ThreadPoolExecutor(16) as pool:  # one obstore client, shared by the threads
+        list(pool.map(lambda name: store.write_bytes(name, b"t"), names))
+
+
+def test_listing_more_than_a_thousand_keys_pages_and_streams(s3_server, counting):
     store = st.open_storage(s3_server.prefix("many"))
     n = 1_234
-    with ThreadPoolExecutor(16) as pool:  # boto3 clients are thread-safe
-        list(pool.map(lambda i: store.client.put_object(Bucket=store.bucket, Key=store._key(f"shards/{i:05d}.tar"),
-                                                        Body=b"t"), range(n)))
-    calls = _count_lists(store)
+    _put_many(store, [f"shards/{i:05d}.tar" for i in range(n)])
+    counting.lists = 0
     it = store.list("shards", suffix=".tar")
     first = next(it)
-    assert first.path == "shards/00000.tar" and len(calls) == 1  # the first key came from the first page
+    assert first.path == "shards/00000.tar" and counting.lists == 1  # the first key came from the first page
     rest = sum(1 for _ in it)  # counted, never held: one page of <= 1,000 keys in memory at a time
     assert rest + 1 == n
-    assert len(calls) == 2  # SeaweedFS pages ListObjectsV2 at 1,000 keys (IsTruncated + continuation)
+    assert counting.lists == 2  # SeaweedFS pages ListObjectsV2 at 1,000 keys (IsTruncated + continuation)
+    names = [e.path for e in st.open_storage(store.uri).list("shards")]
+    assert names == sorted(names) and len(set(names)) == n  # key order, no repeats
+    assert sum(1 for _ in store.glob("shards/000*.tar")) == 100
+    assert [e.path for e in store.list("shards/0000")] == []  # a folder, not a part of a name
+    assert [p for p in store.glob("shards/0000?.tar")] == [f"shards/0000{i}.tar" for i in range(10)]
 
-    small = st.open_storage(store.uri)
-    small.page_size = 100
-    calls = _count_lists(small)
-    names = [e.path for e in small.list("shards")]
-    assert len(calls) == 13 and names == sorted(names) and len(set(names)) == n  # key order, no repeats
-    assert sum(1 for _ in small.glob("shards/000*.tar")) == 100
+
+def test_an_upload_that_fails_leaves_nothing_and_a_big_one_round_trips(s3_server):
+    import os
+    store = st.open_storage(s3_server.prefix("up"))
+    blob = os.urandom(3 * (8 << 20) + 12345)  # four parts of a streamed multipart upload
+    with pytest.raises(RuntimeError):
+        with store.open_output("big.bin") as f:
+            f.write(blob)
+            raise RuntimeError("the writer failed after 24 MiB")
+    assert not store.exists("big.bin") and list(store.list()) == []
+    with store.open_output("big.bin") as f:
+        for i in range(0, len(blob), 4096):  # small writes, as the shard writer makes them
+            f.write(blob[i:i + 4096])
+        assert f.tell() == len(blob)
+    assert store.size("big.bin") == len(blob) and store.read_bytes("big.bin") == blob
+    assert store.read_range("big.bin", 9 << 20, 100) == blob[9 << 20:(9 << 20) + 100]
+    with store.open_input("big.bin") as f:  # pyarrow's file system reads what obstore wrote
+        assert f.read_at(10, len(blob) - 10) == blob[-10:]
 
 
 def test_a_bad_credential_never_shows_in_an_error_or_a_log(s3_server, monkeypatch, caplog, capsys):
@@ -57,6 +81,28 @@ def test_a_bad_credential_never_shows_in_an_error_or_a_log(s3_server, monkeypatc
     assert all(store.uri in str(f) for f in failures)  # and each message names what failed
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
     assert st.open_storage(store.uri).create_once("lock", b"1")  # the right secret works
+
+
+def test_credentials_from_a_profile_go_through_the_standard_chain(s3_server, tmp_path, monkeypatch):
+    """No key in the environment, a ~/.aws profile: boto3's chain (profiles) feeds obstore; the
+    environment's keys, when set, come first and no boto3 is involved."""
+    (tmp_path / "credentials").write_text(f"[bench]\naws_access_key_id = {s3_server.access_key}\n"
+                                          f"aws_secret_access_key = {s3_server.secret_key}\n")
+    (tmp_path / "config").write_text("[profile bench]\nregion = us-east-1\n")
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_PROFILE", "bench")
+    store = st.open_storage(s3_server.prefix("profile"))
+    assert store.region == "us-east-1"  # from the profile
+    store.write_bytes("a.txt", b"from a profile")
+    assert store.create_once("lock", b"1") and not store.create_once("lock", b"2")
+    assert [e.path for e in store.list()] == ["a.txt", "lock"] and store.read_bytes("a.txt") == b"from a profile"
+    monkeypatch.setenv("AWS_PROFILE", "missing")  # a profile that is not there: a clear error, no secret
+    with pytest.raises(st.StorageError, match="cannot get credentials from the AWS profile") as e:
+        st.open_storage(store.uri).read_bytes("a.txt")
+    assert s3_server.secret_key not in str(e.value) + repr(e.value)
 
 
 def test_scrub_removes_the_environments_secret(monkeypatch):

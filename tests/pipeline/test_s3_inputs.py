@@ -15,6 +15,7 @@ import catalog
 from catalog import storage as st
 from pipeline import sources
 from pipeline.fetch import ByteSource
+from s3server import CountingProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,19 +68,20 @@ def test_a_prefix_a_pattern_a_txt_and_a_shard_manifest_list_the_same_shards(craw
 def test_a_prefix_of_many_shards_is_listed_a_page_at_a_time(s3_server, tmp_path, monkeypatch):
     store = st.open_storage(s3_server.prefix("many"))
     from concurrent.futures import ThreadPoolExecutor
+    n = 1_100  # two ListObjectsV2 pages (1,000 keys a page)
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda i: store.client.put_object(Bucket=store.bucket, Key=store._key(f"c/{i:04d}.tar"),
-                                                        Body=b""), range(250)))
-    lister = st.storage_for(store.uri_of("c"))
-    lister.page_size = 100
-    calls = []
-    lister.client.meta.events.register("before-call.s3.ListObjectsV2", lambda **kw: calls.append(1))
-    it = sources.iter_units([store.uri_of("c") + "/"])
-    assert next(it).unit_id == "0000" and len(calls) == 1  # the first unit came from the first page
-    assert sum(1 for _ in it) == 249 and len(calls) == 3
-    listing = tmp_path / "units.jsonl"
-    n, _ = sources.write_listing([store.uri_of("c") + "/"], listing)
-    assert n == 250 and len(set(u.unit_id for u in sources.iter_listing(listing))) == 250
+        list(pool.map(lambda i: store.write_bytes(f"c/{i:04d}.tar", b""), range(n)))
+    proxy = CountingProxy(s3_server.endpoint)  # counts the list requests of every client opened now
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    try:
+        it = sources.iter_units([store.uri_of("c") + "/"])
+        assert next(it).unit_id == "0000" and proxy.lists == 1  # the first unit came from the first page
+        assert sum(1 for _ in it) == n - 1 and proxy.lists == 2
+        listing = tmp_path / "units.jsonl"
+        count, _ = sources.write_listing([store.uri_of("c") + "/"], listing)
+        assert count == n and len(set(u.unit_id for u in sources.iter_listing(listing))) == n
+    finally:
+        proxy.close()
 
 
 def test_inputs_that_name_nothing_are_refused_naming_the_input(crawl):
