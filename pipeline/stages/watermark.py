@@ -35,7 +35,7 @@ INPUT_PX = 256
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 WATERMARK_INDEX = 0
-METHODS = ("auto", "ocr", "laion", "card")
+from ..settings import WATERMARK_METHODS as METHODS  # noqa: E402 (declared with the config)
 
 
 def build_model():
