@@ -6,10 +6,11 @@ validation, then the room's typed object (docs/config.md).
 
 The dataclasses are the only source of defaults: each field's `setting()` holds its default, the
 comment the shipped YAML shows for it and its check (low / high / choices / nullable / kinds). The
-YAML files (pipeline/default.yaml, training/*.yaml) are written from them by `to_yaml`
-(`python -m humanset.settings --write`; tests/test_config_files.py fails when one is stale), and the
-flags' --help says the same default (`flag_help`). Validation covers every leaf: the field's check,
-else one inferred from the default's type (a number default wants a finite number, ...). Errors are ConfigError (a ValueError) in one line naming the key
+YAML files (pipeline/default.yaml, training/*.yaml) are written from them by `to_yaml` (`python -m
+humanset.settings --write`; tests/test_config_files.py fails when one is stale), and the flags'
+--help says the same default (`flag_help`). Validation covers every leaf: the field's check, else
+one inferred from the default's type (a number default wants a finite number, ...). Errors are
+ConfigError (a ValueError) in one line naming the key
 ("config size.min_short_side must be a finite number, got nan"); a key the defaults do not have, in
 --config FILE or --set, is an UnknownKey (also a KeyError) naming the file or the --set item.
 """
@@ -270,8 +271,13 @@ def _plain(value):
 
 
 def defaults_of(cls) -> dict:
-    """The defaults of a config dataclass as the nested, JSON-able dict `load` starts from."""
-    return _plain(cls())
+    """The fields' defaults (not what __post_init__ derives from them) of a config dataclass, as the
+    nested, JSON-able dict `load` starts from."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        default = _default(f)
+        out[f.name] = defaults_of(type(default)) if dataclasses.is_dataclass(default) else _plain(default)
+    return out
 
 
 def checks_of(cls, _prefix: str = "") -> dict[str, Check]:
@@ -312,11 +318,17 @@ def flag_help(cls, name: str, text: str = "") -> str:
     """--help text of a flag that sets `name`: `text` (else the field's doc) and the default."""
     text = text or _meta(cls, name).get("doc", "").split("\n")[0]
     default = _plain(_default(next(f for f in dataclasses.fields(cls) if f.name == name)))
-    return f"{text} (default {_scalar(default)})" if text else f"default {_scalar(default)}"
+    return f"{text} (default {yaml_scalar(default)})" if text else f"default {yaml_scalar(default)}"
 
 
-def _scalar(value) -> str:
-    """A value as YAML flow text: 1e-4 stays 0.0001, '' is '', None is null, lists are [a, b]."""
+def yaml_scalar(value) -> str:
+    """A value as YAML flow text: 1.5e-4 as 1.5e-4, '' as '', None as null, lists as [a, b]."""
+    if isinstance(value, float) and value and abs(value) < 1e-3:
+        mantissa, exponent = f"{value:e}".split("e")
+        mantissa = mantissa.rstrip("0")
+        return f"{mantissa}0e{int(exponent)}" if mantissa.endswith(".") else f"{mantissa}e{int(exponent)}"
+    if isinstance(value, list):
+        return f"[{', '.join(yaml_scalar(v) for v in value)}]"
     text = yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip()
     return text[:-4].strip() if text.endswith("\n...") else text.removesuffix("...").strip()
 
@@ -324,7 +336,7 @@ def _scalar(value) -> str:
 def to_yaml(cls, header: str = "", column: int = 30) -> str:
     """The YAML file of a config dataclass: every key with its default, its doc as the comment beside
     it (at `column`; later lines of the doc below, at the same column) and its note above it."""
-    lines = [f"# {h}" if h else "#" for h in header.splitlines()] if header else []
+    lines = [f"# {h}" if h else "#" for h in header.splitlines()] + [""] if header else []
 
     def comment_block(text, indent):
         return [f"{indent}# {t}" if t else f"{indent}#" for t in text.splitlines()]
@@ -332,7 +344,7 @@ def to_yaml(cls, header: str = "", column: int = 30) -> str:
     def walk(c, indent):
         for f in dataclasses.fields(c):
             meta, default = _meta(c, f.name), _default(f)
-            if lines and not indent and (meta.get("note") or dataclasses.is_dataclass(default)):
+            if lines and lines[-1] and not indent and (meta.get("note") or dataclasses.is_dataclass(default)):
                 lines.append("")  # a blank line before each top-level section or note
             if dataclasses.is_dataclass(default):
                 lines.extend(comment_block(meta.get("note", ""), indent))
@@ -340,7 +352,7 @@ def to_yaml(cls, header: str = "", column: int = 30) -> str:
                 walk(type(default), indent + "  ")
                 continue
             lines.extend(comment_block(meta.get("note", ""), indent))
-            text = f"{indent}{f.name}: {_scalar(_plain(default))}"
+            text = f"{indent}{f.name}: {yaml_scalar(_plain(default))}"
             doc = meta.get("doc", "").splitlines()
             if doc:
                 text = f"{text:<{column}}# {doc[0]}" if len(text) + 2 <= column else f"{text}  # {doc[0]}"
