@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from catalog import SAMPLES, ShardTruncated, iter_tar
 
 from .settings import DEFAULTS
-from .sources import IMAGE_EXTS, Unit, _is_uri, open_input, sample_id
+from .unit_inputs import IMAGE_EXTS, Unit, _is_uri, open_input, sample_id
 
 log = logging.getLogger(__name__)
 

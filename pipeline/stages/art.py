@@ -57,7 +57,7 @@ class ArtStage(Stage):
     stateful = True
     rules = RULES["art"]
     error_column = "art_error"
-    default_batch_size = 16
+    default_batch_size = DEFAULTS.art.batch_size
 
     def __init__(self, cfg: dict | None = None):
         super().__init__(cfg)

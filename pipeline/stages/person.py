@@ -141,7 +141,7 @@ class PersonStage(Stage):
     writes = ("person_boxes", "person_scores", "person_keypoints", "n_persons", "person_score_max",
               "person_box_max_px", "person_n_pass", "person_error")
     stateful = True
-    default_batch_size = 16
+    default_batch_size = DEFAULTS.person.batch_size
     rules = RULES["person"]  # applied per box by reject(), not per image
 
     def __init__(self, cfg: dict | None = None):

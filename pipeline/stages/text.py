@@ -82,7 +82,7 @@ class TextStage(Stage):
     stateful = True
     rules = RULES["text"]
     error_column = "text_error"
-    default_batch_size = 8
+    default_batch_size = DEFAULTS.text.batch_size
 
     def __init__(self, cfg: dict | None = None):
         super().__init__(cfg)
