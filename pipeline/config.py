@@ -23,9 +23,9 @@ def default_config() -> dict:
 
 
 def section(cfg: dict | None, name: str) -> dict:
-    """A config section completed with its defaults: stages built from a partial section (tests, old
-    manifests) read every key from the dataclass's defaults, never from a fallback in code."""
-    return {**default_config()[name], **(cfg or {})}
+    """Section `name` of a whole config, completed with its defaults: code given a partial config (tests,
+    an old manifest) reads every key, the missing ones from the dataclass, never from a fallback in code."""
+    return {**default_config()[name], **((cfg or {}).get(name) or {})}
 
 
 def validate(cfg: dict) -> dict:
