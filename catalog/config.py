@@ -1,20 +1,23 @@
-"""One way to configure every room: YAML defaults, then `--config FILE`, then dotted `--set`, then
-validation, then the room's typed object.
+"""One way to configure every room: typed defaults, then `--config FILE`, then dotted `--set`, then
+validation, then the room's typed object (docs/config.md).
 
-    cfg = load(defaults, path, sets, checks)     # a validated, JSON-able dict (saved in manifests)
+    steps: int = setting(1000, "optimiser steps", low=1)     # a field of a room's config dataclass
+    cfg = load(defaults_of(Cls), path, sets, checks_of(Cls))  # a validated, JSON-able dict
 
-Each room owns its defaults and turns the validated dict into its typed object: pipeline builds its
-stages from it (pipeline/config.py, pipeline/default.yaml), render its RenderConfig dataclasses,
-training its run configs (training/config.py, training/pretrain.yaml, finetune.yaml, train_filter.yaml).
-Validation covers every leaf: an explicit `Check` for a dotted key (the rules' thresholds come from
-catalog/rules.py), else one inferred from the default's type (a number default wants a finite
-number, a string a string, ...). Errors are ConfigError (a ValueError) in one line naming the key
+The dataclasses are the only source of defaults: each field's `setting()` holds its default, the
+comment the shipped YAML shows for it and its check (low / high / choices / nullable / kinds). The
+YAML files (pipeline/default.yaml, training/*.yaml) are written from them by `to_yaml` (`python -m
+humanset.settings --write`; tests/test_config_files.py fails when one is stale), and the flags'
+--help says the same default (`flag_help`). Validation covers every leaf: the field's check, else
+one inferred from the default's type (a number default wants a finite number, ...). Errors are
+ConfigError (a ValueError) in one line naming the key
 ("config size.min_short_side must be a finite number, got nan"); a key the defaults do not have, in
 --config FILE or --set, is an UnknownKey (also a KeyError) naming the file or the --set item.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -205,3 +208,156 @@ def load(defaults: dict, path=None, sets: list[str] | None = None,
         cfg = merge(cfg, read_yaml(path), f"--config {path}")
     cfg = apply_sets(cfg, sets)
     return validate(cfg, defaults, checks)
+
+
+# --- defaults, checks, YAML and --help from the rooms' dataclasses -----------------------------------
+_CHECK_ARGS = ("kinds", "nullable", "low", "high", "choices", "items", "words")
+
+
+def setting(default, doc: str = "", *, note: str = "", check: Check | None = None, keys: dict | None = None,
+            **limits):
+    """A config dataclass field: its default, its YAML comment (`doc`, lines split at newlines; `note`:
+    comment lines above the key) and what a value may be (`check`, or Check's arguments as `limits`:
+    kinds, nullable, low, high, choices, items, words; kinds default to the default's). `keys`: checks
+    of the entries of a mapping default (e.g. resources' num_cpus). A field that repeats a base class's
+    field with only a new default inherits its doc and check."""
+    unknown = set(limits) - set(_CHECK_ARGS)
+    if unknown:
+        raise TypeError(f"setting(): unknown check arguments {sorted(unknown)}")
+    meta = {k: v for k, v in (("doc", doc), ("note", note), ("keys", keys)) if v}
+    if check is not None or limits:
+        meta["check"] = check or Check(**{"kinds": limits.get("kinds") or _kinds(default), **limits})
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def section(cls, doc: str = "", note: str = ""):
+    """A field holding a nested config dataclass (a YAML section)."""
+    meta = {k: v for k, v in (("doc", doc), ("note", note)) if v}
+    return dataclasses.field(default_factory=cls, metadata=meta)
+
+
+def _kinds(default) -> tuple[str, ...]:
+    check = inferred(default)
+    if check is None:
+        raise TypeError(f"setting({default!r}): a null default needs kinds=, e.g. kinds=('int',)")
+    return check.kinds
+
+
+def _meta(cls, name: str) -> dict:
+    """The field's metadata, each item from the nearest class of the MRO that declares it."""
+    out: dict = {}
+    for base in cls.__mro__:
+        f = getattr(base, "__dataclass_fields__", {}).get(name)
+        if f is not None:
+            out = {**dict(f.metadata), **out}
+    return out
+
+
+def _default(f):
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def _plain(value):
+    """A default as the loader's dicts hold it: dataclasses as mappings, tuples as lists."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def defaults_of(cls) -> dict:
+    """The fields' defaults (not what __post_init__ derives from them) of a config dataclass, as the
+    nested, JSON-able dict `load` starts from."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        default = _default(f)
+        out[f.name] = defaults_of(type(default)) if dataclasses.is_dataclass(default) else _plain(default)
+    return out
+
+
+def checks_of(cls, _prefix: str = "") -> dict[str, Check]:
+    """The dotted-key checks `validate` applies, from the fields' metadata (nested sections too)."""
+    out: dict[str, Check] = {}
+    for f in dataclasses.fields(cls):
+        key, meta, default = f"{_prefix}{f.name}", _meta(cls, f.name), _default(f)
+        if dataclasses.is_dataclass(default):
+            out.update(checks_of(type(default), f"{key}."))
+            continue
+        if "check" in meta:
+            out[key] = meta["check"]
+        for k, check in (meta.get("keys") or {}).items():
+            out[f"{key}.{k}"] = check
+    return out
+
+
+def build(cls, values: dict | None, what: str = ""):
+    """A config dataclass from a (validated) dict; nested sections are built too, a list is a tuple
+    where the default is one. A key the dataclass does not have is an UnknownKey naming the known."""
+    values = dict(values or {})
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise UnknownKey(f"unknown {what or cls.__name__} settings {unknown}; known: {', '.join(fields)}")
+    kw = {}
+    for name, v in values.items():
+        default = _default(fields[name])
+        if dataclasses.is_dataclass(default) and (v is None or isinstance(v, dict)):
+            v = build(type(default), v, f"{what or cls.__name__}.{name}")
+        elif isinstance(default, tuple) and isinstance(v, list):
+            v = tuple(v)
+        kw[name] = v
+    return cls(**kw)
+
+
+def flag_help(cls, name: str, text: str = "") -> str:
+    """--help text of a flag that sets `name`: `text` (else the field's doc) and the default."""
+    text = text or _meta(cls, name).get("doc", "").split("\n")[0]
+    default = _plain(_default(next(f for f in dataclasses.fields(cls) if f.name == name)))
+    return f"{text} (default {yaml_scalar(default)})" if text else f"default {yaml_scalar(default)}"
+
+
+def yaml_scalar(value) -> str:
+    """A value as YAML flow text: 1.5e-4 as 1.5e-4, '' as '', None as null, lists as [a, b]."""
+    if isinstance(value, float) and value and abs(value) < 1e-3:
+        mantissa, exponent = f"{value:e}".split("e")
+        mantissa = mantissa.rstrip("0")
+        return f"{mantissa}0e{int(exponent)}" if mantissa.endswith(".") else f"{mantissa}e{int(exponent)}"
+    if isinstance(value, list):
+        return f"[{', '.join(yaml_scalar(v) for v in value)}]"
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip()
+    return text[:-4].strip() if text.endswith("\n...") else text.removesuffix("...").strip()
+
+
+def to_yaml(cls, header: str = "", column: int = 30) -> str:
+    """The YAML file of a config dataclass: every key with its default, its doc as the comment beside
+    it (at `column`; later lines of the doc below, at the same column) and its note above it."""
+    lines = [f"# {h}" if h else "#" for h in header.splitlines()] + [""] if header else []
+
+    def comment_block(text, indent):
+        return [f"{indent}# {t}" if t else f"{indent}#" for t in text.splitlines()]
+
+    def walk(c, indent):
+        for f in dataclasses.fields(c):
+            meta, default = _meta(c, f.name), _default(f)
+            if lines and lines[-1] and not indent and (meta.get("note") or dataclasses.is_dataclass(default)):
+                lines.append("")  # a blank line before each top-level section or note
+            if dataclasses.is_dataclass(default):
+                lines.extend(comment_block(meta.get("note", ""), indent))
+                lines.append(f"{indent}{f.name}:")
+                walk(type(default), indent + "  ")
+                continue
+            lines.extend(comment_block(meta.get("note", ""), indent))
+            text = f"{indent}{f.name}: {yaml_scalar(_plain(default))}"
+            doc = meta.get("doc", "").splitlines()
+            if doc:
+                text = f"{text:<{column}}# {doc[0]}" if len(text) + 2 <= column else f"{text}  # {doc[0]}"
+            lines.append(text)
+            lines.extend(f"{'':<{column}}# {d}" for d in doc[1:])
+
+    walk(cls, "")
+    return "\n".join(lines) + "\n"

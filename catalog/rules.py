@@ -8,7 +8,8 @@ keys, so it belongs to the data contract like the columns do; it is also how the
 run know what its manifest's thresholds meant. Each stage points at its entry (`Stage.rules`), and
 `first_failure` is the one helper that turns rules, thresholds and stored columns into reasons.
 
-Defaults equal pipeline/default.yaml (a test compares them); the YAML is what runs.
+A rule holds its threshold's default; pipeline/settings.py takes it from here and pipeline/default.yaml is
+generated from that (tests/test_config_files.py).
 """
 from __future__ import annotations
 

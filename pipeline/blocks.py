@@ -19,13 +19,15 @@ import catalog
 
 from .adapter import apply_stage
 from .columns import unit_meta
+from .config import section
+from .settings import DEFAULTS
 from .errors import RunError, environment_fault
 from .sources import Unit, load_unit
 from .stages import Stage, build_stages
 from .unit_io import finish_unit, limits_of, listing_path, max_batch_bytes, measure_unit, read_for_score, summary
 
-DEFAULT_BUNDLE_BYTES = 8 << 20  # engine.bundle_bytes: units smaller than this together share a task
-DEFAULT_BUNDLE_UNITS = 64  # engine.bundle_units: at most this many units in one task
+DEFAULT_BUNDLE_BYTES = DEFAULTS.engine.bundle_bytes  # engine.bundle_bytes: units smaller than this together share a task
+DEFAULT_BUNDLE_UNITS = DEFAULTS.engine.bundle_units  # engine.bundle_units: at most this many units in one task
 ESTIMATED_FILE_BYTES = 256 << 10  # a loose file's bytes for bundling (a folder's listing does not stat)
 
 
@@ -168,7 +170,7 @@ def _units_ds(units: list[Unit], cfg: dict, bundled: bool):
 
 
 def _retries(cfg: dict) -> int:
-    return int(cfg.get("engine", {}).get("max_retries", 2))
+    return int(section(cfg, "engine")["max_retries"])
 
 
 _OPEN_GATES: set[str] = set()  # in a worker: gates seen open, so later units pass without asking

@@ -1,64 +1,31 @@
-"""The curation config: pipeline/default.yaml, loaded through catalog.config (the one loader of every
-room: defaults, --config, --set, validation). This module only names pipeline's defaults and checks.
+"""The curation config through catalog.config (the one loader of every room: defaults, --config, --set,
+validation). The defaults and checks are pipeline/settings.py's dataclasses; pipeline/default.yaml is
+generated from them (the file a newcomer reads; tests/test_config_files.py keeps it in step).
 """
 from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
 from catalog import config as loader
 from catalog.config import Check, ConfigError
-from catalog.rules import CHECKS as RULE_CHECKS
 
-from .stages.watermark import METHODS as WATERMARK_METHODS
+from .settings import CurateSettings
 
 DEFAULT_PATH = resources.files("pipeline") / "default.yaml"
 
-# beyond the rules' thresholds and what each YAML default's type implies
-CHECKS: dict[str, Check] = {
-    **RULE_CHECKS,
-    "input.files_per_unit": Check(("int",), low=1),
-    "size.use_original": Check(("bool",)),
-    "dedup.max_distance": Check(("int",), nullable=True, low=0, high=64),
-    "dedup.components_memory": Check(("int",), low=0),
-    "dedup.partitioned": Check(("bool",), words=("auto",)),
-    "dedup.task_memory": Check(("int",), low=1 << 20),
-    "decode.max_pixels": Check(("int",), nullable=True, low=1),
-    "person.weights": Check(("str",), nullable=True),
-    "person.min_store_score": Check(("number",), low=0, high=1),
-    "person.imgsz": Check(("int",), low=32),
-    "text.max_side": Check(("int",), low=32),
-    "text.min_rec_score": Check(("number",), low=0, high=1),
-    "text.min_chars": Check(("int",), low=0),
-    "watermark.weights": Check(("str",), nullable=True),
-    "watermark.method": Check(("str",), choices=WATERMARK_METHODS),
-    "watermark.max_side": Check(("int",), low=32),
-    "watermark.min_det_score": Check(("number",), low=0, high=1),
-    "watermark.min_rec_score": Check(("number",), low=0, high=1),
-    "watermark.max_boxes": Check(("int",), low=1),
-    "art.weights": Check(("str",), nullable=True),
-    "output.shard_max_count": Check(("int",), low=1),
-    "output.shard_max_bytes": Check(("int",), low=1),
-    "engine.start_actors_early": Check(("bool",), words=("auto",)),
-    "engine.early_min_units": Check(("int",), low=0),
-    "engine.task_poll_s": Check(("number",), low=0.001, high=1),
-    "engine.max_batch_bytes": Check(("int",), low=1 << 16),
-    "engine.window_units": Check(("int",), low=1),
-    "engine.bundle_bytes": Check(("int",), low=0),
-    "engine.bundle_units": Check(("int",), low=1),
-    "ray.address": Check(("str",), nullable=True),
-    "ray.num_cpus": Check(("int",), nullable=True, low=1),
-    "*.batch_size": Check(("int",), low=1),
-    "*.concurrency": Check(("int", "list"), nullable=True, low=1, words=("auto",)),
-    "*.num_cpus": Check(("number",), low=0),
-    "*.num_gpus": Check(("number",), low=0),
-}
+# dotted key -> check, from the settings' field metadata (the rules' thresholds from catalog/rules.py)
+CHECKS: dict[str, Check] = loader.checks_of(CurateSettings)
 
 
 def default_config() -> dict:
-    return yaml.safe_load(DEFAULT_PATH.read_text())
+    return loader.defaults_of(CurateSettings)
+
+
+def section(cfg: dict | None, name: str) -> dict:
+    """Section `name` of a whole config, completed with its defaults: code given a partial config (tests,
+    an old manifest) reads every key, the missing ones from the dataclass, never from a fallback in code."""
+    return {**default_config()[name], **((cfg or {}).get(name) or {})}
 
 
 def validate(cfg: dict) -> dict:
@@ -74,4 +41,4 @@ def load_config(path: str | Path | None = None, sets: list[str] | None = None) -
     return loader.load(default_config(), path, sets, CHECKS)
 
 
-__all__ = ["CHECKS", "ConfigError", "apply_sets", "default_config", "load_config", "validate"]
+__all__ = ["CHECKS", "ConfigError", "apply_sets", "default_config", "load_config", "section", "validate"]

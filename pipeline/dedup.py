@@ -53,11 +53,13 @@ import pyarrow.compute as pc
 import catalog.storage as cstore
 from catalog.schema import MEASURE, NEAR_PAIRS, VERDICTS
 
+from .settings import DEFAULTS
+
 log = logging.getLogger("humanset.dedup")
 
 BITS = 64
 WINDOW = 256  # buckets up to this size: compared as matrices of same-size buckets; larger: blocked scan
-DEFAULT_BUCKET_CAP = 20_000  # buckets larger than this are skipped (and counted): O(size^2) each
+DEFAULT_BUCKET_CAP = DEFAULTS.dedup.bucket_cap  # buckets larger than this are skipped (and counted): O(size^2) each
 MAX_TABLES = 500  # choose_blocks never picks more tables than this (unless k needs it)
 MAX_DISTANCE = 32  # beyond half the bits a "near" pHash pair is no longer a duplicate
 RAY_MIN_HASHES = 100_000  # fewer distinct hashes: the tables run in this process (a task costs more)
@@ -619,7 +621,7 @@ def cluster_stats(samples: pa.Table, max_distance: int = 4, exact: bool = True, 
 # samples takes like any other link, so the clusters equal those of the union-find over all pairs.
 
 PAIR_BYTES = 48  # memory per near pair in the in-process union-find at its peak (measured 21-42)
-DEFAULT_COMPONENTS_MEMORY = 4 << 30  # dedup.components_memory: more pairs than this holds -> on Ray
+DEFAULT_COMPONENTS_MEMORY = DEFAULTS.dedup.components_memory  # dedup.components_memory: more pairs than this holds -> on Ray
 MAX_PARTS = 256  # partitions of the edges on Ray (each a reduce task per round)
 _LOW = np.uint64(0xFFFFFFFF)
 _HI = np.uint64(32)
@@ -912,7 +914,7 @@ def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
         unit_ids = _unit_ids(run)
     d = cfg.get("dedup", {}) or {}
     enabled = "dedup" in cfg.get("stages", ["dedup"])
-    k = d.get("max_distance", 4)
+    k = d.get("max_distance", DEFAULTS.dedup.max_distance)
     bucket_cap = int(d.get("bucket_cap") or DEFAULT_BUCKET_CAP)
     budget = d.get("components_memory")
     budget = DEFAULT_COMPONENTS_MEMORY if budget is None else int(budget)

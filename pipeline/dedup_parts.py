@@ -32,6 +32,7 @@ import pyarrow as pa
 import catalog.storage as cstore
 from catalog.schema import NEAR_PAIRS
 
+from .settings import DEFAULTS
 from .dedup import (DEFAULT_BUCKET_CAP, Layout, _loc, _read_table_stats, _sorted_table_pairs, blocks,
                     tables)
 
@@ -39,7 +40,7 @@ from .dedup import (DEFAULT_BUCKET_CAP, Layout, _loc, _read_table_stats, _sorted
 # hashes (8), their sorted permuted copy (8), candidate positions and scan temporaries; see docs/dedup.md
 TASK_BYTES_PER_HASH = 48
 TASK_BASE_BYTES = 256 << 20  # a Ray worker with numpy and pyarrow imported, before any hash
-DEFAULT_TASK_MEMORY = 2 << 30  # dedup.task_memory
+DEFAULT_TASK_MEMORY = DEFAULTS.dedup.task_memory  # dedup.task_memory
 SCATTER_CHUNK = 1 << 22  # distinct hashes per scatter task (its pieces: 8 bytes each, twice)
 
 

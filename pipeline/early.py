@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 from .blocks import _score_ds
+from .config import section
 from .ray_setup import actor_cpus
 from .sources import Unit
 from .stages import Stage
@@ -85,9 +86,9 @@ class _EarlyScore:
 def _start_actors_early(cfg: dict, stages: list[Stage], units_to_measure: int) -> bool:
     """engine.start_actors_early: true, false, or auto (early when measure has at least
     engine.early_min_units units, enough work for the actors' set-up to hide behind)."""
-    eng = cfg.get("engine", {})
-    mode = eng.get("start_actors_early", "auto")
+    eng = section(cfg, "engine")  # the run's values; a partial config's defaults from pipeline/settings.py
+    mode = eng["start_actors_early"]
     if mode == "auto":
-        mode = units_to_measure >= int(eng.get("early_min_units", 16))
+        mode = units_to_measure >= int(eng["early_min_units"])
     return bool(mode) and any(s.stateful for s in stages)
 

@@ -47,7 +47,8 @@ from . import console
 from . import dedup as dedup_mod
 from .adapter import apply_stage, run_on_unit, run_stage  # noqa: F401 (engine's API)
 from .columns import unit_meta, with_meta  # noqa: F401 (engine's API)
-from .config import load_config
+from .config import load_config, section
+from .settings import DEFAULTS
 from .errors import EnvironmentFault, RunError, environment_fault
 from .blocks import _measure_block, _retries, _score_ds, _unit_blocks, _units_ds
 from .early import _EarlyScore, _start_actors_early
@@ -68,7 +69,7 @@ _now = now
 RUN_WRITERS = ["", "stats", "catalog/samples", "catalog/compact/samples", "catalog/compact/shards", "shards",
                "work/measure", "work/dedup", "work/dedup/pairs"]  # where
 # our writers write in a RUN (clean_tmp looks only there)
-DEFAULT_WINDOW_UNITS = 2048  # engine.window_units: units one Ray Data pipeline is given at a time
+DEFAULT_WINDOW_UNITS = DEFAULTS.engine.window_units  # engine.window_units: units one Ray Data pipeline is given at a time
 
 
 # --------------------------------------------------------------------------------------------
@@ -261,7 +262,7 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
         compact_mod.invalidate(Path(run))  # parts are written again: the views read them, not a stale copy
     if n_todo:
         init_ray(cfg)  # Ray Data's own progress off: ours (console.progress) counts units
-        task_poll(float(cfg.get("engine", {}).get("task_poll_s", 0.01)))
+        task_poll(float(section(cfg, "engine")["task_poll_s"]))
         t_start = time.time()
         timeline = manifest["timeline"] = {"start": round(t_start, 3)}
         todo = lambda uid: uid not in done  # noqa: E731

@@ -22,11 +22,12 @@ import pyarrow.parquet as pq
 
 from catalog import SAMPLES, ShardTruncated, iter_tar
 
-from .sources import IMAGE_EXTS, Unit, _is_uri, open_input, sample_id
+from .settings import DEFAULTS
+from .unit_inputs import IMAGE_EXTS, Unit, _is_uri, open_input, sample_id
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LIMITS = {"max_file_bytes": 256 << 20, "max_sidecar_bytes": 1 << 20}
+DEFAULT_LIMITS = {k: getattr(DEFAULTS.input, k) for k in ("max_file_bytes", "max_sidecar_bytes")}
 MAX_TEXT = 8192  # a url or other text field of a sidecar or index longer than this is not a column
 MAX_DETAIL = 1000  # characters of a downloader's error message kept in decode_error
 # the source's own scalar fields that become typed columns (catalog/schema.py SAMPLE_SOURCE)

@@ -33,6 +33,7 @@ from . import dedup as dedup_mod
 from .adapter import run_on_unit
 from .columns import flag, set_column, typed, unit_meta, with_meta
 from .fetch import ByteSource
+from .settings import DEFAULTS
 from .sources import DEFAULT_LIMITS, ROW_FIELDS, Unit, UnitReader, read_unit
 from .stages import Stage, build_stages
 from .stages.decode import unit_error_kind
@@ -44,7 +45,7 @@ MEMBER_SPAN = ("_offset", "_size")  # a tar sample's image member: phase 3 reads
 READ_SCHEMA = pa.schema(_READ_FIELDS)
 SUMMARY_SCHEMA = pa.schema([("unit_id", pa.string()), ("inputs", pa.int64()), ("kept", pa.int64()),
                             ("isolated", pa.bool_()), ("fault", pa.string())])
-DEFAULT_MAX_BATCH_BYTES = 64 << 20  # engine.max_batch_bytes: image bytes a worker holds at once
+DEFAULT_MAX_BATCH_BYTES = DEFAULTS.engine.max_batch_bytes  # engine.max_batch_bytes: image bytes a worker holds at once
 
 
 def now() -> str:

@@ -21,7 +21,7 @@ import catalog
 import catalog.storage
 from catalog.io import tmp_name
 
-from .sources import IMAGE_EXTS, InputError, Unit, _chunks, _is_uri, _sources, iter_units
+from .unit_inputs import IMAGE_EXTS, InputError, Unit, _chunks, _is_uri, _sources, iter_units
 
 log = logging.getLogger("pipeline.sources")
 

@@ -1,4 +1,5 @@
 """The render config: sampling distributions, Cycles settings and output layout, with documented defaults.
+The dataclasses are the defaults; their checks are field metadata (catalog.config.setting).
 
 `humanset render config` prints it as YAML; `--config FILE.yaml` and `--set camera.height=512` override.
 """
@@ -41,21 +42,7 @@ class RenderConfig:
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "RenderConfig":
-        d = d or {}
-        unknown = set(d) - {"sampling", "cycles", "output", "schedule"}
-        if unknown:
-            raise KeyError(f"unknown render config sections {sorted(unknown)}; use sampling, cycles, output, schedule")
-        return cls(sampling=SamplingConfig.from_dict(d.get("sampling")),
-                   cycles=_build(RenderSettings, d.get("cycles")), output=_build(OutputConfig, d.get("output")),
-                   schedule=_build(ScheduleConfig, d.get("schedule")))
-
-
-def _build(cls, d):
-    d = dict(d or {})
-    unknown = set(d) - set(cls.__dataclass_fields__)
-    if unknown:
-        raise KeyError(f"unknown {cls.__name__} keys {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}")
-    return cls(**d)
+        return loader.build(cls, d, "render config")  # nested sections too; an unknown key is an error
 
 
 def apply_sets(d: dict, sets: list[str] | None) -> dict:
@@ -63,8 +50,8 @@ def apply_sets(d: dict, sets: list[str] | None) -> dict:
     return loader.apply_sets(d, sets)
 
 
-# settings whose default is not null but null is meaningful (checks of the others follow their defaults)
-CHECKS = {"cycles.denoiser": loader.Check(("str",), nullable=True, choices=("INTEL", "OPTIX", None))}
+# the fields' checks (e.g. cycles.denoiser: INTEL, OPTIX or null); the others follow their defaults' types
+CHECKS = loader.checks_of(RenderConfig)
 
 
 def load_config(path=None, sets: list[str] | None = None) -> RenderConfig:

@@ -28,7 +28,7 @@ import numpy as np
 import catalog
 
 from .bodies import COCO17  # the order render writes keypoints_coco17 in (COCO's own)
-from .export import ExportError, RunReader, frame_arrays, frame_records, run_fingerprint
+from .run_reader import ExportError, RunReader, frame_arrays, frame_records, run_fingerprint
 
 log = logging.getLogger(__name__)
 

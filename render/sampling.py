@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from catalog import config as loader
+
 # independent random streams per frame, so resampling the camera never changes the scene
 STREAM_SCENE, STREAM_BODY, STREAM_CAMERA, STREAM_TEXTURE = 0, 1, 2, 3
 
@@ -64,24 +66,7 @@ class SamplingConfig:
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "SamplingConfig":
-        d = d or {}
-        unknown = set(d) - {"camera", "light", "body"}
-        if unknown:
-            raise KeyError(f"unknown sampling config sections {sorted(unknown)}; use camera, light, body")
-        return cls(camera=_section(CameraConfig, d.get("camera")), light=_section(LightConfig, d.get("light")),
-                   body=_section(BodyConfig, d.get("body")))
-
-
-def _section(cls, d):
-    d = dict(d or {})
-    names = set(cls.__dataclass_fields__)
-    unknown = set(d) - names
-    if unknown:
-        raise KeyError(f"unknown {cls.__name__} keys {sorted(unknown)}; known: {sorted(names)}")
-    for k, v in d.items():
-        if isinstance(v, list):
-            d[k] = tuple(v)
-    return cls(**d)
+        return loader.build(cls, d, "sampling")  # lists as tuples; an unknown key is an error
 
 
 def frame_rng(seed: int, frame_index: int, stream: int) -> np.random.Generator:

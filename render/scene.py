@@ -8,13 +8,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from catalog.config import setting
+
 
 @dataclass
 class RenderSettings:
     """Cycles settings of one worker (fixed for the life of a warm Blender)."""
     samples: int = 64
     noise_threshold: float = 0.01  # adaptive sampling stops a pixel below this noise; 0 disables
-    denoiser: str | None = "INTEL"  # "INTEL" (OpenImageDenoise), "OPTIX" or None
+    denoiser: str | None = setting("INTEL", '"INTEL" (OpenImageDenoise), "OPTIX" or null', kinds=("str",),
+                                   nullable=True, choices=("INTEL", "OPTIX", None))
     max_bounces: int = 4
     device: str = "auto"  # "auto": OptiX/CUDA/HIP GPU when Blender finds one, else CPU; "cpu"; "gpu"
     threads: int = 0  # CPU threads, 0 = all

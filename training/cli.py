@@ -13,21 +13,55 @@ log = logging.getLogger(__name__)
 PRESET_HELP = "sapiens-0.3b, sapiens-0.6b, sapiens-1b, sapiens-2b, base, small, tiny, micro"
 
 
+PRETRAIN_FLAGS = ("data", "output", "model", "image_size", "batch_size", "steps", "workers", "gpus_per_worker",
+                  "resume")
+
+
 def add_pretrain_args(p: argparse.ArgumentParser, required: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--data", required=required, help="folder of curated shards (a curation run's RUN/shards)")
     p.add_argument("--output", required=required, help="run folder: checkpoints/, log.jsonl, encoder.pth")
-    p.add_argument("--model", help=f"encoder preset: {PRESET_HELP} (default sapiens-0.3b)")
-    p.add_argument("--image-size", type=int, help="square input side in px, multiple of 16 (default 1024)")
-    p.add_argument("--batch-size", type=int, help="images per worker per step (default 32)")
-    p.add_argument("--steps", type=int, help="optimiser steps (default 1000)")
-    p.add_argument("--workers", type=int, help="run under Ray Train with N workers (DDP); 0 = this process (default)")
-    p.add_argument("--gpus-per-worker", type=float, help="GPUs per Ray Train worker (default 0 = CPU, gloo)")
-    p.add_argument("--fsdp", action="store_true",
-                   help="shard parameters and optimiser state across workers (FSDP2), for sapiens-1b / 2b")
-    p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
-                   help="continue from CKPT, or without a value from the newest checkpoint in --output")
+    add_setting_flags(p, "pretrain", {"model": f"encoder preset: {PRESET_HELP}",
+                                      "image_size": ("square input side in px, multiple of 16", int),
+                                      "batch_size": "images per worker per step"})
+    add_run_flags(p, "pretrain", workers="run under Ray Train with N workers (DDP); 0 = this process",
+                  fsdp="shard parameters and optimiser state across workers (FSDP2), for sapiens-1b / 2b")
     add_config_args(p, "pretrain.yaml", "--set base_lr=1e-4 --set checkpoint_every=500 --set grad_checkpointing=true")
     return p
+
+
+FLAG_TYPES = {"batch_size": int, "steps": int, "workers": int, "gpus_per_worker": float, "lr": float,
+              "input_px": int}
+
+
+def add_setting_flags(p: argparse.ArgumentParser, command: str, flags: dict) -> None:
+    """One --flag per setting (`image_size` -> --image-size): {setting: help text or (text, type)}; the
+    help ends with the setting's default (training/config.py flag_help), so it cannot drift from it."""
+    from .config import flag_help
+
+    for key, text in flags.items():
+        text, kind = text if isinstance(text, tuple) else (text, FLAG_TYPES.get(key))
+        p.add_argument(f"--{key.replace('_', '-')}", type=kind, help=flag_help(command, key, text))
+
+
+def add_run_flags(p: argparse.ArgumentParser, command: str, workers: str | None = None,
+                  fsdp: str | None = None) -> None:
+    """The flags every training command shares: --steps, --resume, and (where the command runs under
+    Ray Train) --workers, --gpus-per-worker and --fsdp."""
+    add_setting_flags(p, command, {"steps": "optimiser steps"})
+    if workers:
+        add_setting_flags(p, command, {"workers": workers, "gpus_per_worker": "GPUs per Ray Train worker; 0 = CPU"})
+    if fsdp:
+        p.add_argument("--fsdp", action="store_true", help=fsdp)
+    p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
+                   help="continue from CKPT, or without a value from the newest checkpoint in --output")
+
+
+def flags_from(args, keys) -> dict:
+    """The settings the command's flags give (None: not given), --fsdp as strategy=fsdp."""
+    flags = {k: getattr(args, k) for k in keys}
+    if getattr(args, "fsdp", False):
+        flags["strategy"] = "fsdp"
+    return flags
 
 
 def add_config_args(p: argparse.ArgumentParser, yaml_name: str, example: str) -> None:
@@ -42,11 +76,7 @@ def config_from_args(args):
     """training/pretrain.yaml, then --config, then --set, then the flags given (training/config.py)."""
     from .config import load_config
 
-    flags = {"data": args.data, "output": args.output, "model": args.model, "image_size": args.image_size,
-             "batch_size": args.batch_size, "steps": args.steps, "workers": args.workers,
-             "gpus_per_worker": args.gpus_per_worker, "resume": args.resume,
-             "strategy": "fsdp" if args.fsdp else None}
-    return load_config("pretrain", args.config, args.set, flags)
+    return load_config("pretrain", args.config, args.set, flags_from(args, PRETRAIN_FLAGS))
 
 
 def user_errors(fn):

@@ -5,9 +5,13 @@ import argparse
 import json
 import sys
 
-from .cli import add_config_args, user_errors
+from .cli import add_config_args, add_run_flags, add_setting_flags, flags_from, user_errors
 
 TASK_HELP = "pose (keypoint heatmaps), seg (body-part classes), depth (relative depth), normal (surface normals)"
+
+
+FINETUNE_FLAGS = ("task", "data", "images", "output", "encoder", "model", "image_size", "vocab", "backgrounds",
+                  "batch_size", "steps", "lr", "workers", "gpus_per_worker", "resume", "loader")
 
 
 def add_finetune_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -20,25 +24,20 @@ def add_finetune_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help="run folder: checkpoints/, log.jsonl, config.json")
     p.add_argument("--encoder", help="pretrained encoder: humanset MAE checkpoint, OUT/encoder.pth or a timm "
                                      "ViT state dict (without it the encoder starts random: smoke tests only)")
-    p.add_argument("--model", help="encoder preset the weights were trained with "
-                                   "(sapiens-0.3b (default) ... 2b, base, small, tiny, micro)")
-    p.add_argument("--image-size", help="input HxW, multiples of 16 (default 1024x768)")
+    add_setting_flags(p, "finetune", {
+        "model": "encoder preset the weights were trained with (sapiens-0.3b ... 2b, base, small, tiny, micro)",
+        "image_size": ("input HxW (e.g. 1024x768), multiples of 16", str)})
     p.add_argument("--vocab", help="pose: coco17 (default), coco_wholebody133, sapiens308 or a JSON; "
                                    "seg: sapiens28 (default), lip20 or a JSON")
     p.add_argument("--backgrounds", help="curation run whose person-free photos are pasted behind people "
                                          "(seg, depth, normal)")
-    p.add_argument("--batch-size", type=int, help="images per worker per step (default 8)")
-    p.add_argument("--steps", type=int, help="optimiser steps (default 1000)")
-    p.add_argument("--lr", type=float, help="peak learning rate of the decoder (default 5e-4)")
-    p.add_argument("--workers", type=int, help="Ray Train workers (DDP); 0 = this process (default)")
-    p.add_argument("--fsdp", action="store_true",
-                   help="shard encoder, head and optimiser state across the workers (FSDP2), for sapiens-1b / 2b")
+    add_setting_flags(p, "finetune", {"batch_size": "images per worker per step",
+                                      "lr": "peak learning rate of the decoder"})
+    add_run_flags(p, "finetune", workers="Ray Train workers (DDP); 0 = this process",
+                  fsdp="shard encoder, head and optimiser state across the workers (FSDP2), for sapiens-1b / 2b")
     p.add_argument("--loader", choices=["torch", "ray"],
                    help="torch: DataLoader in each worker, exact resume (default); ray: Ray Data streams "
                         "decoded, augmented samples to the workers (needs --workers)")
-    p.add_argument("--gpus-per-worker", type=float, help="GPUs per Ray Train worker (default 0 = CPU)")
-    p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
-                   help="continue from CKPT, or without a value from the newest checkpoint in --output")
     add_config_args(p, "finetune.yaml", "--set head_width=256 --set layer_decay=0.9 --set checkpoint_every=500")
     return p
 
@@ -47,12 +46,7 @@ def config_from_args(args):
     """training/finetune.yaml, then --config, then --set, then the flags given (training/config.py)."""
     from .config import load_config
 
-    flags = {"task": args.task, "data": args.data, "images": args.images, "output": args.output,
-             "encoder": args.encoder, "model": args.model, "image_size": args.image_size, "vocab": args.vocab,
-             "backgrounds": args.backgrounds, "batch_size": args.batch_size, "steps": args.steps, "lr": args.lr,
-             "workers": args.workers, "gpus_per_worker": args.gpus_per_worker, "resume": args.resume,
-             "strategy": "fsdp" if args.fsdp else None, "loader": args.loader}
-    return load_config("finetune", args.config, args.set, flags)
+    return load_config("finetune", args.config, args.set, flags_from(args, FINETUNE_FLAGS))
 
 
 @user_errors

@@ -1,9 +1,12 @@
 """Training settings through the one config loader of every room (catalog.config).
 
-Each command's settings and their defaults are a flat YAML shipped here: pretrain.yaml,
-finetune.yaml, train_filter.yaml. A run's settings are built in this order, each step over the last:
+Each command's settings, their defaults and their checks are its config dataclass (RunConfig's fields
+for every run, training/run_config.py; PretrainConfig, FinetuneConfig, FilterConfig add theirs, each field a
+`setting()`). training/pretrain.yaml, finetune.yaml and train_filter.yaml list them with their comments;
+they are generated from the dataclasses (`python -m humanset.settings --write`; tests/test_config_files.py
+fails when one is stale). A run's settings are built in this order, each step over the last:
 
-    1. the command's YAML defaults
+    1. the command's defaults  (its dataclass; the YAML shows them)
     2. --config FILE          a YAML of some of those keys
     3. --set KEY=VALUE        repeatable, the value parsed as YAML (e.g. --set base_lr=1e-4)
     4. the command's flags    --steps, --model, --batch-size, ... (only those given)
@@ -11,86 +14,61 @@ finetune.yaml, train_filter.yaml. A run's settings are built in this order, each
     6. the typed object       PretrainConfig / FinetuneConfig / FilterConfig
 
 The errors are catalog.config's, the same as curate's and render's. The effective settings are saved
-in the run folder as OUT/config.json (and in every checkpoint). The dataclasses keep their defaults
-for code that builds a config directly; tests/training/test_settings.py checks they equal the YAMLs.
+in the run folder as OUT/config.json (and in every checkpoint).
 """
 from __future__ import annotations
 
+import functools
 from importlib import resources
 
 from catalog import config as loader
-from catalog.config import Check, ConfigError, UnknownKey
+from catalog.config import ConfigError, UnknownKey
 
 YAML = {"pretrain": "pretrain.yaml", "finetune": "finetune.yaml", "train-filter": "train_filter.yaml"}
+HEADER = ("humanset {command}: every setting and its default (training/config.py loads it). Override with\n"
+          "--config FILE (a YAML of some of these keys), then --set KEY=VALUE, then the command's flags.\n"
+          "Generated from {source} (python -m humanset.settings --write): edit the dataclass there.")
+SOURCES = {"pretrain": "training/pretrain.py PretrainConfig", "finetune": "training/finetune.py FinetuneConfig",
+           "train-filter": "training/filters/train.py FilterConfig"}
+YAML_COLUMN = 32  # where the YAMLs' comments start
 
-_NUM, _INT, _STR = ("number",), ("int",), ("str",)
 
-# every training run (training/engine.py RunConfig)
-COMMON: dict[str, Check] = {
-    "output": Check(_STR),
-    "steps": Check(_INT, low=1),
-    "accum_steps": Check(_INT, low=1),
-    "clip_grad": Check(_NUM, low=0),
-    "seed": Check(_INT, low=0),
-    "loader_workers": Check(_INT, low=0),
-    "cpu_threads": Check(_INT, low=0),
-    "loader": Check(_STR, choices=("auto", "torch", "ray")),
-    "checkpoint_every": Check(_INT, low=1),
-    "keep_checkpoints": Check(_INT, low=0),  # 0 keeps every checkpoint
-    "log_every": Check(_INT, low=1),
-    "progress_every_s": Check(_NUM, low=0),
-    "precision": Check(_STR, choices=("auto", "bf16", "fp32")),
-    "workers": Check(_INT, low=0),
-    "gpus_per_worker": Check(_NUM, low=0),
-    "strategy": Check(_STR, choices=("ddp", "fsdp")),
-    "resume": Check(_STR, nullable=True),
-    "batch_size": Check(_INT, low=1),
-    "warmup_steps": Check(_INT, nullable=True, low=0),
-    "weight_decay": Check(_NUM, low=0),
-    "betas": Check(("list",), items="number"),
-}
+def config_class(command: str):
+    """The command's config dataclass (imports torch: only when a run is configured)."""
+    if command == "pretrain":
+        from .pretrain import PretrainConfig as cls
+    elif command == "finetune":
+        from .finetune import FinetuneConfig as cls
+    elif command == "train-filter":
+        from .filters.train import FilterConfig as cls
+    else:
+        raise KeyError(f"no training command {command!r}; known: {', '.join(YAML)}")
+    return cls
 
-CHECKS: dict[str, dict[str, Check]] = {
-    "pretrain": {
-        "image_size": Check(_INT, low=16),
-        "base_lr": Check(_NUM, low=0),
-        "min_lr_ratio": Check(_NUM, low=0, high=1),
-        "mask_ratio": Check(_NUM, low=0, high=0.99),
-        "crop_scale": Check(("list",), items="number"),
-    },
-    "finetune": {
-        "task": Check(_STR, choices=("pose", "seg", "depth", "normal")),
-        "image_size": Check(("int", "list", "str")),  # 1024, [1024, 768] or "1024x768"
-        "head_width": Check(_INT, nullable=True, low=1),
-        "head_deconvs": Check(_INT, nullable=True, low=0),
-        "head_convs": Check(_INT, nullable=True, low=0),
-        "lr": Check(_NUM, low=0),
-        "layer_decay": Check(_NUM, low=0, high=1),
-        "schedule": Check(_STR, choices=("auto", "linear", "step")),
-        "heatmap_sigma": Check(_NUM, low=0),
-        "ohkm_topk": Check(_INT, nullable=True, low=1),
-        "background_prob": Check(_NUM, low=0, high=1),
-    },
-    "train-filter": {
-        "filter": Check(_STR, choices=("watermark", "art")),
-        "loader": Check(_STR, choices=("torch",)),  # samples are generated in DataLoader workers
-        "input_px": Check(_INT, low=16),
-        "gen_px": Check(_INT, low=0),
-        "holdout": Check(("list",), nullable=True, items="str"),
-        "opacity": Check(("list",), items="number"),
-        "max_images": Check(_INT, low=1),
-        "html_pages": Check(_INT, low=0),  # FilterConfig also refuses 1 (a pool of one page)
-        "val_samples": Check(_INT, low=1),
-        "target_precision": Check(_NUM, low=0, high=1),
-        "lr": Check(_NUM, low=0),
-        "layer_decay": Check(_NUM, low=0, high=1),
-    },
-}
+
+def header(command: str) -> str:
+    return HEADER.format(command=command, source=SOURCES[command])
 
 
 def default_config(command: str) -> dict:
-    """The command's YAML defaults as a dict (a fresh copy)."""
+    """The command's defaults as a dict (a fresh copy), from its dataclass."""
+    return loader.defaults_of(config_class(command))
+
+
+def checks(command: str) -> dict:
+    """The command's checks, from its dataclass's field metadata."""
+    return loader.checks_of(config_class(command))
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped(command: str) -> dict:
     return loader.read_yaml(resources.files("training") / YAML[command], "training defaults")
+
+
+def flag_help(command: str, key: str, text: str) -> str:
+    """--help of a flag: `text` and the setting's default, read from the command's generated YAML (the
+    dataclass's defaults, without importing torch to print --help)."""
+    return f"{text} (default {loader.yaml_scalar(_shipped(command)[key])})"
 
 
 def load_settings(command: str, path=None, sets: list[str] | None = None, flags: dict | None = None) -> dict:
@@ -103,7 +81,7 @@ def load_settings(command: str, path=None, sets: list[str] | None = None, flags:
         raise UnknownKey(f"{e}; unknown settings are refused, training/{YAML[command]} lists them all") from None
     given = {k: v for k, v in (flags or {}).items() if v is not None}
     cfg = loader.merge(cfg, given, "flags")
-    return loader.validate(cfg, defaults, {**COMMON, **CHECKS[command]})
+    return loader.validate(cfg, defaults, checks(command))
 
 
 def load_config(command: str, path=None, sets: list[str] | None = None, flags: dict | None = None):
@@ -118,4 +96,5 @@ def load_config(command: str, path=None, sets: list[str] | None = None, flags: d
     return config_from(values)
 
 
-__all__ = ["CHECKS", "COMMON", "ConfigError", "YAML", "default_config", "load_config", "load_settings"]
+__all__ = ["ConfigError", "YAML", "checks", "config_class", "default_config", "flag_help", "load_config",
+           "load_settings"]

@@ -11,7 +11,6 @@ checkpoint cadence, one run log with progress, and the Ray Train launcher.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import math
@@ -29,53 +28,9 @@ import catalog
 
 from . import checkpoint as ckpt
 from .lr import clip_and_step
+from .run_config import RunConfig, config_from  # noqa: F401 (the engine's API; the settings every run has)
 
 log = logging.getLogger(__name__)
-
-
-# --- settings every run has ----------------------------------------------------------------------
-@dataclass
-class RunConfig:
-    """The engine's knobs; PretrainConfig and FinetuneConfig add the model's, data's and loss's."""
-    output: str = ""  # run folder: checkpoints/, log.jsonl, config.json
-    steps: int = 1000  # optimiser steps
-    accum_steps: int = 1  # micro-batches per optimiser step (gradient accumulation)
-    clip_grad: float = 1.0
-    seed: int = 0
-    loader_workers: int = 2  # DataLoader processes per training process (torch loader)
-    cpu_threads: int = 0  # torch intra-op threads on CPU; 0 = torch's default (all cores)
-    loader: str = "auto"  # torch | ray | auto (ray under Ray Train, torch otherwise)
-    checkpoint_every: int = 1000
-    keep_checkpoints: int = 3
-    log_every: int = 10
-    precision: str = "auto"  # auto (bf16 autocast on GPU, fp32 on CPU) | bf16 | fp32
-    workers: int = 0  # Ray Train workers; 0 runs in this process
-    gpus_per_worker: float = 0.0
-    strategy: str = "ddp"  # ddp | fsdp (shards parameters and optimiser state: for sapiens-1b / 2b)
-    resume: str | None = None  # 'auto' = newest checkpoint in output, or a checkpoint path
-    progress: bool = True  # a progress bar on a terminal (log lines otherwise)
-    progress_every_s: float = 30.0  # without a terminal: a progress line at most this often (0 = each logged step)
-
-    def __post_init__(self):
-        if self.strategy not in ("ddp", "fsdp"):
-            raise ValueError(f"strategy {self.strategy!r}: use 'ddp' or 'fsdp'")
-        if self.loader not in ("auto", "torch", "ray"):
-            raise ValueError(f"loader {self.loader!r}: use 'torch', 'ray' or 'auto'")
-        if self.precision not in ("auto", "bf16", "fp32"):
-            raise ValueError(f"precision {self.precision!r}: use 'auto', 'bf16' or 'fp32'")
-        if self.accum_steps < 1:
-            raise ValueError(f"accum_steps {self.accum_steps}: must be at least 1")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-def config_from(cls, values: dict, what: str):
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise KeyError(f"unknown {what} settings {unknown}; known: {', '.join(sorted(known))}")
-    return cls(**values)
 
 
 # --- where this process runs ---------------------------------------------------------------------

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from catalog.config import setting
+
 from . import checkpoint as ckpt
 from . import engine, losses
 from .data import normalize
@@ -67,31 +69,34 @@ def build_model(cfg: "FinetuneConfig") -> TaskModel:
 # --- configuration --------------------------------------------------------------------------------
 @dataclass
 class FinetuneConfig(RunConfig):
-    task: str = "depth"  # pose | seg | depth | normal
-    data: str = ""  # depth / normal: render run or its shards folder; pose / seg: COCO JSON or a render run
-    images: str = ""  # pose / seg: folder of the JSON's file_names (default: the JSON's folder)
-    encoder: str = ""  # pretrained weights; empty = random initialisation (smoke tests only)
-    model: str = "sapiens-0.3b"
-    image_size: tuple = (1024, 768)  # H, W
-    vocab: str = ""  # pose: coco17 | coco_wholebody133 | sapiens308 | a JSON; seg: sapiens28 | lip20
-    head_width: int | None = None  # None = Sapiens' layout (768, depth 384)
-    head_deconvs: int | None = None
-    head_convs: int | None = None
-    batch_size: int = 8  # per worker
-    warmup_steps: int | None = None  # None: 5 % of steps
-    lr: float = 5e-4
-    layer_decay: float = 0.85
-    weight_decay: float = 0.1
-    betas: tuple = (0.9, 0.999)
-    schedule: str = "auto"  # auto (pose: step, others: linear) | linear | step
-    heatmap_sigma: float = 2.0
-    ohkm_topk: int | None = None  # pose: online hard keypoint mining (Sapiens: 128 for 308 keypoints)
-    background_weight: float | None = None  # seg: cross-entropy weight of class 0 (None: the vocabulary's)
-    backgrounds: str = ""  # curation run whose person-free photos become random backgrounds
-    background_prob: float = 0.5
-    augment: bool = True
-    loader: str = "torch"  # torch (exact resume) | ray (Ray Data streams the samples; needs --workers)
-    grad_checkpointing: bool = False
+    task: str = setting("depth", "pose | seg | depth | normal", choices=("pose", "seg", "depth", "normal"))
+    data: str = setting("", "depth / normal: render run or its shards folder; pose / seg: COCO JSON or a render run")
+    images: str = setting("", "pose / seg: folder of the JSON's file_names (default: the JSON's folder)")
+    encoder: str = setting("", "pretrained weights; empty = random initialisation (smoke tests only)")
+    model: str = setting("sapiens-0.3b")
+    image_size: tuple = setting((1024, 768), "H, W", kinds=("int", "list", "str"))  # 1024, [1024, 768], "1024x768"
+    vocab: str = setting("", "pose: coco17 | coco_wholebody133 | sapiens308 | a JSON; seg: sapiens28 | lip20")
+    head_width: int | None = setting(None, "null = Sapiens' layout (768, depth 384)", kinds=("int",), nullable=True,
+                                     low=1)
+    head_deconvs: int | None = setting(None, kinds=("int",), nullable=True, low=0)
+    head_convs: int | None = setting(None, kinds=("int",), nullable=True, low=0)
+    batch_size: int = setting(8, "per worker", low=1)
+    warmup_steps: int | None = setting(None, "null: 5 % of steps", kinds=("int",), nullable=True, low=0)
+    lr: float = setting(5e-4, low=0)
+    layer_decay: float = setting(0.85, low=0, high=1)
+    weight_decay: float = setting(0.1, low=0)
+    betas: tuple = setting((0.9, 0.999), kinds=("list",), items="number")
+    schedule: str = setting("auto", "auto (pose: step, others: linear) | linear | step",
+                            choices=("auto", "linear", "step"))
+    heatmap_sigma: float = setting(2.0, low=0)
+    ohkm_topk: int | None = setting(None, "pose: online hard keypoint mining (Sapiens: 128 for 308 keypoints)",
+                                    kinds=("int",), nullable=True, low=1)
+    background_weight: float | None = setting(None, "seg: cross-entropy weight of class 0 (null: the vocabulary's)")
+    backgrounds: str = setting("", "curation run whose person-free photos become random backgrounds")
+    background_prob: float = setting(0.5, low=0, high=1)
+    augment: bool = setting(True)
+    loader: str = setting("torch", "torch (exact resume) | ray (Ray Data streams the samples; needs --workers)")
+    grad_checkpointing: bool = setting(False)
 
     def __post_init__(self):
         super().__post_init__()

@@ -15,6 +15,7 @@ from typing import Iterator
 import torch
 
 import catalog
+from catalog.config import setting
 
 from . import checkpoint as ckpt
 from . import engine
@@ -30,21 +31,21 @@ log = logging.getLogger(__name__)
 @dataclass
 class PretrainConfig(RunConfig):
     """Every knob of a pretraining run (the engine's in RunConfig); defaults follow the Sapiens paper."""
-    data: str = ""  # folder of curated shards (RUN/shards)
-    model: str = "sapiens-0.3b"
-    image_size: int = 1024
-    batch_size: int = 32  # per worker; the lr scales with batch_size * workers
-    warmup_steps: int | None = None  # None: 5 % of steps
-    base_lr: float = 1.5e-4  # lr = base_lr * global batch / 256
-    min_lr_ratio: float = 0.0  # cosine floor, as a fraction of the peak lr
-    weight_decay: float = 0.05
-    betas: tuple = (0.9, 0.95)
-    mask_ratio: float = 0.75
-    norm_pix_loss: bool = True
-    crop_scale: tuple = (0.2, 1.0)
-    loader_workers: int = 4  # DataLoader processes per training process (torch loader)
-    grad_checkpointing: bool = False
-    compile: bool = False  # torch.compile each transformer block (fuses norms, GELU, residuals)
+    data: str = setting("", "folder of curated shards (RUN/shards)")
+    model: str = setting("sapiens-0.3b")
+    image_size: int = setting(1024, low=16)
+    batch_size: int = setting(32, "per worker; the lr scales with batch_size * workers", low=1)
+    warmup_steps: int | None = setting(None, "null: 5 % of steps", kinds=("int",), nullable=True, low=0)
+    base_lr: float = setting(1.5e-4, "lr = base_lr * global batch / 256", low=0)
+    min_lr_ratio: float = setting(0.0, "cosine floor, as a fraction of the peak lr", low=0, high=1)
+    weight_decay: float = setting(0.05, low=0)
+    betas: tuple = setting((0.9, 0.95), kinds=("list",), items="number")
+    mask_ratio: float = setting(0.75, low=0, high=0.99)
+    norm_pix_loss: bool = setting(True)
+    crop_scale: tuple = setting((0.2, 1.0), kinds=("list",), items="number")
+    loader_workers: int = setting(4)  # doc and check: RunConfig's
+    grad_checkpointing: bool = setting(False)
+    compile: bool = setting(False, "torch.compile each transformer block (fuses norms, GELU, residuals)")
 
     def __post_init__(self):
         super().__post_init__()

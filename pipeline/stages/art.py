@@ -22,6 +22,7 @@ import numpy as np
 from catalog.rules import RULES
 
 from ..images import load_rgb
+from ..settings import DEFAULTS
 from .base import Stage
 from .batching import infer_each
 from .card import locate_weights
@@ -56,7 +57,7 @@ class ArtStage(Stage):
     stateful = True
     rules = RULES["art"]
     error_column = "art_error"
-    default_batch_size = 16
+    default_batch_size = DEFAULTS.art.batch_size
 
     def __init__(self, cfg: dict | None = None):
         super().__init__(cfg)
@@ -68,7 +69,7 @@ class ArtStage(Stage):
         return None
 
     def setup(self) -> None:
-        name = str(self.cfg.get("model", "ViT-B-32"))
+        name = str(self.cfg.get("model", DEFAULTS.art.model))
         card, path = locate_weights(self, f"a local OpenCLIP checkpoint for art.model={name}")
         if card is not None:
             self._setup_card(card)

@@ -26,7 +26,7 @@ class Resources:
     @classmethod
     def from_cfg(cls, cfg: dict | None) -> "Resources":
         cfg = cfg or {}
-        return cls(float(cfg.get("num_cpus", 1)), float(cfg.get("num_gpus", 0)), cfg.get("memory_gb"))
+        return cls(float(cfg.get("num_cpus", cls.num_cpus)), float(cfg.get("num_gpus", cls.num_gpus)), cfg.get("memory_gb"))
 
 
 class Stage:

@@ -11,6 +11,7 @@ import hashlib
 import pyarrow as pa
 
 from ..images import ImageError, probe
+from ..settings import DEFAULTS
 from .base import Stage
 
 # kind -> what it means. Input: the source never had bytes for this sample (reported under the
@@ -84,10 +85,10 @@ class DecodeStage(Stage):
     reads = ("image", "read_error")
     writes = ("file_bytes", "sha256", "format", "mode", "width", "height", "exif_orientation",
               "n_frames", "decode_error", "_thumb")
-    default_batch_size = 64
+    default_batch_size = DEFAULTS.decode.batch_size
 
     def measure(self, batch):
-        max_pixels = self.cfg.get("max_pixels")
+        max_pixels = self.cfg.get("max_pixels", DEFAULTS.decode.max_pixels)  # null in the config: no limit
         out = {c: [] for c in self.writes}
         for data, read_error in zip(batch["image"], batch["read_error"]):
             info, error = {}, read_error

@@ -17,6 +17,8 @@ import logging
 
 import numpy as np
 
+from .. import rapidocr_compat as rc
+
 log = logging.getLogger(__name__)
 
 TEXT_BOX_THRESH = 0.5  # rapidocr's Det.box_thresh: the boxes the text stage counts
@@ -57,18 +59,15 @@ class OCR:
     def detect(self, bgr: np.ndarray) -> tuple[list[np.ndarray], list[float], list[np.ndarray]]:
         """PP-OCR detection as rapidocr runs it -> (4x2 boxes in `bgr` pixels, det scores, crops for
         recognition). The scores stay aligned with the boxes (rapidocr's own sort reorders boxes only)."""
-        from rapidocr.utils.process_img import map_boxes_to_original
-
         self.det_calls += 1
         ocr = self.engine
         ori = ocr.load_img(bgr)
         img, op = ocr.preprocess_img(ori)
         if ocr.cfg.Global.use_vertical_padding:
-            from rapidocr.utils.process_img import apply_vertical_padding
-            img, op = apply_vertical_padding(img, op, ocr.width_height_ratio, ocr.min_height)
+            img, op = rc.apply_vertical_padding(img, op, ocr.width_height_ratio, ocr.min_height)
         else:
             op["padding_1"] = {"top": 0, "left": 0}
-        det = ocr._load_det_model()
+        det = rc.det_model(ocr)
         pre = det.get_preprocess()(img)
         if pre is None:
             return [], [], []
@@ -81,26 +80,22 @@ class OCR:
         boxes = boxes[order]
         scores = [float(scores[k]) for k in order]
         crops = ocr.crop_text_regions(img, boxes)
-        mapped = map_boxes_to_original(boxes, op, *ori.shape[:2])
+        mapped = rc.map_boxes_to_original(boxes, op, *ori.shape[:2])
         return [np.asarray(b, np.float32).reshape(4, 2) for b in mapped], scores, crops
 
     def recognize(self, crops: list[np.ndarray]) -> tuple[list[str], list[float]]:
         """One recognition call over crops of any images (rapidocr batches them by width)."""
-        from rapidocr.ch_ppocr_rec import TextRecInput
-
         self.rec_calls += 1
         self.rec_crops += len(crops)
         if not crops:
             return [], []
-        res = self.engine._load_rec_model()(TextRecInput(img=crops, return_word_box=False))
+        res = rc.rec_model(self.engine)(rc.rec_input(crops))
         return [str(t) for t in res.txts], [float(x) for x in res.scores]
 
 
 def crop_box(bgr: np.ndarray, box: np.ndarray) -> np.ndarray:
     """The perspective-rectified crop of a 4-point box, as rapidocr crops for recognition."""
-    from rapidocr.utils.process_img import get_rotate_crop_image
-
-    return get_rotate_crop_image(bgr, np.asarray(box, np.float32).reshape(4, 2))
+    return rc.rotate_crop(bgr, np.asarray(box, np.float32).reshape(4, 2))
 
 
 def to_column(boxes: list[np.ndarray], scale: float) -> list[list[float]]:

@@ -38,6 +38,7 @@ import pyarrow as pa
 from catalog.rules import BOX_RULES, PERSON_BOX, PERSON_SCORE, RULES, box_side
 
 from ..images import load_rgb
+from ..settings import DEFAULTS
 from .base import Stage
 from .person_model import (BACKENDS, MAX_DET, NMS_IOU, cache_dir, export_onnx, file_sha256,  # noqa: F401 (API)
                            import_ultralytics_offline, onnx_path)
@@ -111,7 +112,7 @@ def best_passing_score(boxes, scores, min_box_px: float, box_rule: str = "longer
 
 
 def thresholds(cfg: dict) -> tuple[float, float, str]:
-    rule = str(cfg.get("box_rule", "longer_side"))
+    rule = str(cfg.get("box_rule", DEFAULTS.person.box_rule))
     if rule not in BOX_RULES:
         raise ValueError(f"person.box_rule={rule!r}: expected one of {', '.join(BOX_RULES)}")
     return float(PERSON_SCORE.threshold(cfg)), float(PERSON_BOX.threshold(cfg)), rule
@@ -140,7 +141,7 @@ class PersonStage(Stage):
     writes = ("person_boxes", "person_scores", "person_keypoints", "n_persons", "person_score_max",
               "person_box_max_px", "person_n_pass", "person_error")
     stateful = True
-    default_batch_size = 16
+    default_batch_size = DEFAULTS.person.batch_size
     rules = RULES["person"]  # applied per box by reject(), not per image
 
     def __init__(self, cfg: dict | None = None):
@@ -178,11 +179,11 @@ class PersonStage(Stage):
 
     @property
     def imgsz(self) -> int:
-        return int(self.cfg.get("imgsz", 640))
+        return int(self.cfg.get("imgsz", DEFAULTS.person.imgsz))
 
     @property
     def backend_name(self) -> str:
-        return str(self.cfg.get("backend", "auto"))
+        return str(self.cfg.get("backend", DEFAULTS.person.backend))
 
     @property
     def threads(self) -> int:
@@ -283,7 +284,7 @@ class PersonStage(Stage):
                 np.divide(x, 255.0, out=x)  # as ultralytics: float, then / 255
                 preds = self._forward(x)
                 dets = nms.non_max_suppression(
-                    torch.from_numpy(preds), float(self.cfg.get("min_store_score", 0.25)), NMS_IOU,
+                    torch.from_numpy(preds), float(self.cfg.get("min_store_score", DEFAULTS.person.min_store_score)), NMS_IOU,
                     classes=[self.person_class], max_det=MAX_DET,
                     nc=0 if self.task == "detect" else self.n_classes)
                 for j, d in zip(part, dets):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from catalog.rules import RULES
 
+from ..settings import DEFAULTS
 from .base import Stage
 
 COLUMNS = ("short_side", "aspect", "upscaled", "resolution_scale")
@@ -43,7 +44,7 @@ class SizeStage(Stage):
 
     @property
     def use_original(self) -> bool:
-        return bool(self.cfg.get("use_original", True))
+        return bool(self.cfg.get("use_original", DEFAULTS.size.use_original))
 
     def _columns(self, w, h, ow, oh) -> dict[str, list]:
         ow, oh = ow or [None] * len(w), oh or [None] * len(w)

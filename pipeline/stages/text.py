@@ -39,6 +39,7 @@ import numpy as np
 from catalog.rules import RULES, TEXT_AREA
 
 from ..images import load_rgb
+from ..settings import DEFAULTS
 from .base import Stage
 from .ocr import OCR, TEXT_BOX_THRESH, to_column
 
@@ -81,7 +82,7 @@ class TextStage(Stage):
     stateful = True
     rules = RULES["text"]
     error_column = "text_error"
-    default_batch_size = 8
+    default_batch_size = DEFAULTS.text.batch_size
 
     def __init__(self, cfg: dict | None = None):
         super().__init__(cfg)
@@ -91,14 +92,14 @@ class TextStage(Stage):
 
     @property
     def max_side(self) -> int:
-        return int(self.cfg.get("max_side", 960))
+        return int(self.cfg.get("max_side", DEFAULTS.text.max_side))
 
     def setup(self) -> None:
         self.ocr = OCR(self.max_side, round(self.resources.num_cpus), "text")
 
     @property
     def recognize(self) -> str:
-        r = str(self.cfg.get("recognize", "needed"))
+        r = str(self.cfg.get("recognize", DEFAULTS.text.recognize))
         if r not in ("needed", "all"):
             raise ValueError(f"text.recognize={r!r}: expected 'needed' or 'all'")
         return r
@@ -116,8 +117,8 @@ class TextStage(Stage):
     def measure(self, batch: dict[str, list]) -> dict[str, list]:
         if self.ocr is None:
             self.setup()
-        min_rec = float(self.cfg.get("min_rec_score", 0.7))
-        min_chars = int(self.cfg.get("min_chars", 3))
+        min_rec = float(self.cfg.get("min_rec_score", DEFAULTS.text.min_rec_score))
+        min_chars = int(self.cfg.get("min_chars", DEFAULTS.text.min_chars))
         limit = float(TEXT_AREA.threshold(self.cfg))
         needed = self.recognize == "needed"
         n = len(batch["image"])

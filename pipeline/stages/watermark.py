@@ -35,7 +35,7 @@ INPUT_PX = 256
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 WATERMARK_INDEX = 0
-METHODS = ("auto", "ocr", "laion", "card")
+from ..settings import DEFAULTS, WATERMARK_METHODS as METHODS  # noqa: E402 (declared with the config)
 
 
 def build_model():
@@ -85,7 +85,7 @@ class WatermarkStage(Stage):
     stateful = True
     rules = RULES["watermark"]
     error_column = "watermark_error"
-    default_batch_size = 16
+    default_batch_size = DEFAULTS.watermark.batch_size
 
     def __init__(self, cfg: dict | None = None):
         super().__init__(cfg)

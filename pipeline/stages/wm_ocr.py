@@ -15,6 +15,7 @@ import logging
 import numpy as np
 
 from ..images import load_rgb
+from ..settings import DEFAULTS
 from . import wm_evidence
 from .ocr import OCR, crop_box, from_column
 
@@ -28,10 +29,10 @@ SHARED = ("text_det_boxes", "text_det_scores", "text_det_strings", "text_det_rec
 
 class OcrWatermark:
     def __init__(self, cfg: dict, threads: int):
-        self.max_side = int(cfg.get("max_side", 960))
-        self.min_det_score = float(cfg.get("min_det_score", 0.3))
-        self.min_rec_score = float(cfg.get("min_rec_score", 0.5))
-        self.max_boxes = int(cfg.get("max_boxes", 8))
+        self.max_side = int(cfg.get("max_side", DEFAULTS.watermark.max_side))
+        self.min_det_score = float(cfg.get("min_det_score", DEFAULTS.watermark.min_det_score))
+        self.min_rec_score = float(cfg.get("min_rec_score", DEFAULTS.watermark.min_rec_score))
+        self.max_boxes = int(cfg.get("max_boxes", DEFAULTS.watermark.max_boxes))
         self.ocr = OCR(self.max_side, threads, "watermark")
         self.own_detections = 0  # images this stage detected itself (the text stage had not)
 

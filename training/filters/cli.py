@@ -4,17 +4,17 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..cli import add_config_args, user_errors
+from ..cli import add_config_args, add_run_flags, add_setting_flags, flags_from, user_errors
+
+FILTER_FLAGS = ("filter", "images", "renders", "output", "encoder", "model", "input_px", "batch_size", "steps", "lr",
+                "resume")
 
 
 def config_from_args(args):
     """training/train_filter.yaml, then --config, then --set, then the flags given (training/config.py)."""
     from ..config import load_config
 
-    flags = {"filter": args.filter, "images": args.images, "renders": args.renders, "output": args.output,
-             "encoder": args.encoder, "model": args.model, "input_px": args.input_px, "batch_size": args.batch_size,
-             "steps": args.steps, "lr": args.lr, "resume": args.resume,
-             "holdout": args.holdout.split(",") if args.holdout else None}
+    flags = {**flags_from(args, FILTER_FLAGS), "holdout": args.holdout.split(",") if args.holdout else None}
     return load_config("train-filter", args.config, args.set, flags)
 
 
@@ -49,14 +49,11 @@ def register(sub) -> None:
     p.add_argument("--encoder", help="MAE encoder export (humanset pretrain's OUT/encoder.pth); without it the ViT "
                                      "starts from random weights (logged as a warning)")
     p.add_argument("--renders", help="art: a `humanset render` run whose frames are the '3d render' class")
-    p.add_argument("--model", help="encoder preset when the encoder has no .json beside it (default tiny)")
-    p.add_argument("--input-px", type=int, help="square model input, multiple of 16 (default 224)")
+    add_setting_flags(p, "train-filter", {"model": "encoder preset when the encoder has no .json beside it",
+                                          "input_px": "square model input, multiple of 16"})
     p.add_argument("--holdout", help="comma-separated generator families held out for validation "
                                      "(default watermark: text_corner,frame; art: painterly)")
-    p.add_argument("--batch-size", type=int, help="images per step (default 32)")
-    p.add_argument("--steps", type=int, help="optimiser steps (default 500)")
-    p.add_argument("--lr", type=float, help="peak learning rate of the head (default 5e-4)")
-    p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
-                   help="continue from CKPT, or without a value from the newest checkpoint in --output")
+    add_setting_flags(p, "train-filter", {"batch_size": "images per step", "lr": "peak learning rate of the head"})
+    add_run_flags(p, "train-filter")
     add_config_args(p, "train_filter.yaml", "--set target_precision=0.98 --set max_images=5000")
     p.set_defaults(func=cmd_train_filter)

@@ -33,6 +33,7 @@ from torch import nn
 
 import catalog
 from catalog import cards
+from catalog.config import setting
 
 from .. import checkpoint as ckpt
 from .. import engine
@@ -63,29 +64,31 @@ def normalize(images_uint8: torch.Tensor, device=None) -> torch.Tensor:
 # --- configuration --------------------------------------------------------------------------------
 @dataclass
 class FilterConfig(RunConfig):
-    filter: str = "watermark"  # watermark | art
-    images: str = ""  # clean photos: a curation run (its kept samples), a shards folder, tars or image files
-    renders: str = ""  # art: a `humanset render` run whose frames are the "3d render" class
-    encoder: str = ""  # MAE encoder export (OUT/encoder.pth) or checkpoint; empty = random init (loud)
-    model: str = "tiny"  # preset when the encoder file does not say its shape (or there is none)
-    input_px: int = cards.DEFAULT_INPUT_PX  # square model input; the stage squashes every image to it
-    gen_px: int = 0  # generator canvas (longer side); 0 = 2 x input_px
-    holdout: list | None = None  # families held out for validation; None = samples.DEFAULT_HOLDOUT
-    opacity: tuple = (0.1, 0.6)
-    max_images: int = 1000  # clean photos read (spread over the shards), at most
-    html_pages: int = 32  # art: HTML pages headless Chromium renders once per run (cached); 0 = no html family
-    val_samples: int = 256  # per validation set (seen families, held-out families)
-    target_precision: float = 0.95
-    batch_size: int = 32  # per worker
-    steps: int = 500
-    warmup_steps: int | None = None  # None: 5 % of steps
-    lr: float = 5e-4
-    layer_decay: float = 0.75
-    weight_decay: float = 0.05
-    betas: tuple = (0.9, 0.999)
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 2
-    loader: str = "torch"  # the samples are generated in DataLoader workers (exact resume)
+    filter: str = setting("watermark", "watermark | art", choices=("watermark", "art"))
+    images: str = setting("", "clean photos: a curation run (its kept samples), a shards folder, tars or image files")
+    renders: str = setting("", "art: a `humanset render` run whose frames are the \"3d render\" class")
+    encoder: str = setting("", "MAE encoder export (OUT/encoder.pth) or checkpoint; empty = random init (loud)")
+    model: str = setting("tiny", "preset when the encoder file does not say its shape (or there is none)")
+    input_px: int = setting(cards.DEFAULT_INPUT_PX, "square model input; the stage squashes every image to it", low=16)
+    gen_px: int = setting(0, "generator canvas (longer side); 0 = 2 x input_px", low=0)
+    holdout: list | None = setting(None, "families held out for validation; null = training/filters/samples.py "
+                                         "DEFAULT_HOLDOUT", kinds=("list",), nullable=True, items="str")
+    opacity: tuple = setting((0.1, 0.6), kinds=("list",), items="number")
+    max_images: int = setting(1000, "clean photos read (spread over the shards), at most", low=1)
+    html_pages: int = setting(32, "art: web pages headless Chromium renders once per run (cached); 0 = no html family",
+                              low=0)
+    val_samples: int = setting(256, "per validation set (seen families, held-out families)", low=1)
+    target_precision: float = setting(0.95, low=0, high=1)
+    batch_size: int = setting(32, "per worker", low=1)
+    steps: int = setting(500)  # doc and check: RunConfig's
+    warmup_steps: int | None = setting(None, "null: 5 % of steps", kinds=("int",), nullable=True, low=0)
+    lr: float = setting(5e-4, low=0)
+    layer_decay: float = setting(0.75, low=0, high=1)
+    weight_decay: float = setting(0.05, low=0)
+    betas: tuple = setting((0.9, 0.999), kinds=("list",), items="number")
+    checkpoint_every: int = setting(100)
+    keep_checkpoints: int = setting(2)
+    loader: str = setting("torch", "the samples are generated in DataLoader workers (exact resume)", choices=("torch",))
 
     def __post_init__(self):
         super().__post_init__()
@@ -116,9 +119,6 @@ class FilterConfig(RunConfig):
 
     def settings(self) -> GeneratorSettings:
         return GeneratorSettings(opacity=self.opacity, gen_px=self.generator_px)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def config_from(values: dict) -> FilterConfig:
