@@ -38,7 +38,7 @@ import catalog.storage as cstore
 from . import dedup as D
 from .dedup_dist_tasks import (attach, cc_labels, cc_round, count_rows, group, near_range, phash_range,
                                scatter_units, sha_range, write_units)
-from .dedup_parts import TASK_BASE_BYTES, range_bits, top_blocks
+from .dedup_parts import TASK_BASE_BYTES, top_blocks
 
 log = logging.getLogger("humanset.dedup")
 
@@ -61,11 +61,18 @@ def wanted(setting, n_rows: int, task_memory: int) -> bool:
     return bool(setting)
 
 
-def plan(n: int, task_memory: int) -> tuple[int, int]:
-    """(P, rows per batch): the fewest power-of-two ranges whose tasks fit task_memory."""
+def _pow2(x: float) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(x, 1))))
+
+
+def plan(n: int, task_memory: int, m: int = 6) -> tuple[int, int, int]:
+    """(P, rows per batch, near range bits) for n samples: the fewest power-of-two ranges whose
+    tasks fit task_memory; the near search gets at least P ranges (at most 2^narrowest block)."""
     room = max(1 << 20, task_memory - TASK_BASE_BYTES)
-    need = max(1, math.ceil(SKEW * n * max(SHA_BYTES, GROUP_BYTES) / room))
-    return 1 << max(0, math.ceil(math.log2(need))), max(1, room // SAMPLE_BYTES)
+    P = _pow2(SKEW * n * max(SHA_BYTES, GROUP_BYTES) / room)
+    R = max(P, _pow2(SKEW * n * NEAR_BYTES / room))
+    narrowest = min(w for _, w in D.blocks(m))
+    return P, max(1, room // SAMPLE_BYTES), min(narrowest, int(math.log2(R)))
 
 
 def batches(counts: list[int], rows: int) -> list[tuple[int, int]]:
@@ -86,7 +93,7 @@ class Tasks:
 
     def __init__(self, use_ray: bool):
         self.use_ray, self.count, self.peak = use_ray, 0, 0.0
-        self.resumed = 0
+        self.resumed, self.by_kind, self.nodes = 0, {}, set()
         if use_ray:
             import ray
             self.ray = ray
@@ -108,6 +115,8 @@ class Tasks:
         self.count += len(out)
         for st in out:
             self.peak = max(self.peak, st.get("peak_rss_mb", 0))
+            self.by_kind[label] = max(self.by_kind.get(label, 0), st.get("peak_rss_mb", 0))
+            self.nodes.add(st.get("node"))
             self.resumed += bool(st.get("resumed"))
         log.debug("dedup: %d %s tasks", len(out), label)
         return out
@@ -145,12 +154,12 @@ def run_dedup_distributed(run, unit_ids: list[str], cfg: dict, use_ray: bool | N
     k = d.get("max_distance", 4)
     exact = bool(d.get("exact", True))
     bucket_cap = int(d.get("bucket_cap") or D.DEFAULT_BUCKET_CAP)
-    P, rows = plan(n, task_memory)
-    P = int(d.get("partitions") or P)
+    m = int(d.get("blocks") or D.choose_blocks(max(n, 2), max(int(k or 0), 1)))
+    P, rows, rbits = plan(n, task_memory, m)
+    P = int(d.get("partitions") or P)  # partitions, batch_rows, near_range_bits: tests and benches only
     bt = batches(counts, int(d.get("batch_rows") or rows))
     starts = [a for a, _ in bt]
-    m = int(d.get("blocks") or D.choose_blocks(max(n, 2), max(int(k or 0), 1)))
-    rbits = range_bits(n, m, task_memory) if d.get("near_range_bits") is None else int(d["near_range_bits"])
+    rbits = rbits if d.get("near_range_bits") is None else int(d["near_range_bits"])
     fp = fingerprint(unit_ids, counts, {"k": k, "exact": exact, "cap": bucket_cap, "P": P, "bt": bt, "m": m,
                                         "rbits": rbits, "enabled": enabled})
     root = cstore.join(D.dedup_dir(run), "dist", fp)
@@ -204,7 +213,7 @@ def run_dedup_distributed(run, unit_ids: list[str], cfg: dict, use_ray: bool | N
     for key in ("duplicates", "exact_duplicates", "near_duplicates"):
         stats[key] = sum(s[key] for s in out)
     stats.update(partitions=P, batches=B, tasks=ex.count, resumed_tasks=ex.resumed,
-                 max_task_rss_mb=ex.peak, seconds=round(time.perf_counter() - t_start, 3))
+                 max_task_rss_mb=ex.peak, task_rss_mb=ex.by_kind, nodes=len(ex.nodes - {None}), seconds=round(time.perf_counter() - t_start, 3))
     if stats.get("hot_buckets_skipped"):
         log.warning("dedup: %d hash buckets larger than dedup.bucket_cap=%d (%d hashes) were not searched "
                     "for near duplicates in some tables; raise dedup.bucket_cap to search them",

@@ -75,10 +75,19 @@ def _once(root: str, name: str, body) -> dict:
         return {**cstore.read_json_at(marker), "resumed": True}
     reset_peak()
     st = body() or {}
-    st.update(peak_rss_mb=peak_rss_mb(),
+    st.update(peak_rss_mb=peak_rss_mb(), node=_node(),
               ru_maxrss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
     cstore.write_json_at(marker, st)
     return st
+
+
+def _node() -> str | None:
+    """The Ray node this task ran on (None outside Ray)."""
+    import sys
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_node_id()
 
 
 def _write_parts(root: str, name, table: pa.Table, part: np.ndarray, P: int) -> None:
