@@ -72,7 +72,8 @@ def plan(n: int, task_memory: int, m: int = 6) -> tuple[int, int, int]:
     P = _pow2(SKEW * n * max(SHA_BYTES, GROUP_BYTES) / room)
     R = max(P, _pow2(SKEW * n * NEAR_BYTES / room))
     narrowest = min(w for _, w in D.blocks(m))
-    return P, max(1, room // SAMPLE_BYTES), min(narrowest, int(math.log2(R)))
+    rows = min(room // SAMPLE_BYTES, math.ceil(max(n, 1) / P))  # a batch: at most a range's share
+    return P, max(1, rows), min(narrowest, int(math.log2(R)))
 
 
 def batches(counts: list[int], rows: int) -> list[tuple[int, int]]:

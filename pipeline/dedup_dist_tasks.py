@@ -10,6 +10,7 @@ area, sid, sha), ver/q{part}-b{batch} (number, dup_of, dup_kind, size, rank).
 """
 from __future__ import annotations
 
+import gc
 import resource
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -73,6 +74,8 @@ def _once(root: str, name: str, body) -> dict:
     marker = cstore.join(root, "mk", f"{name}.json")
     if cstore.exists_at(marker):
         return {**cstore.read_json_at(marker), "resumed": True}
+    gc.collect()  # what an earlier task on this worker left: not this task's memory
+    pa.default_memory_pool().release_unused()
     reset_peak()
     st = body() or {}
     st.update(peak_rss_mb=peak_rss_mb(), node=_node(),

@@ -153,7 +153,7 @@ def test_other_settings_do_not_reuse_files(tmp_path):
 def test_plan_and_auto():
     P, rows, rbits = plan(4_000_000, 2 << 30)
     P16, rows16, rbits16 = plan(64_000_000, 2 << 30)
-    assert P16 == 16 * P and rows16 == rows and rbits16 == rbits + 4  # ranges grow with n, a task's share does not
+    assert P16 == 16 * P and rows16 == rows == 4_000_000 // P and rbits16 == rbits + 4  # ranges grow with n, a task's share does not
     assert plan(10**12, 2 << 30, 6)[2] == 10  # never more near ranges than the narrowest block's bits
     assert batches([5, 5, 5, 20, 1], 10) == [(0, 2), (2, 3), (3, 4), (4, 5)]
     assert batches([], 10) == [(0, 0)]
