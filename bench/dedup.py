@@ -162,7 +162,8 @@ def run_ray(run: Path, units: list[str], k: int, blocks: int | None, components_
 def run_distributed(run: Path, units: list[str], k: int, blocks: int | None, task_memory: int
                     ) -> tuple[pa.Table, dict]:
     """run_dedup with dedup.partitioned: true (pipeline/dedup_dist.py), verdicts per unit."""
-    from pipeline.dedup import read_verdicts, run_dedup
+    from pipeline.dedup import read_verdicts
+    from pipeline.dedup_dist import run_dedup
     stats = run_dedup(run, units, {"dedup": {"max_distance": k, "blocks": blocks, "partitioned": True,
                                              "task_memory": task_memory}})
     return pa.concat_tables([read_verdicts(run, u) for u in units]), stats
@@ -213,6 +214,7 @@ def main() -> None:
             "benchmark": "dedup", "n": n,
             "mode": "distributed" if args.distributed else "ray run_dedup" if args.ray else "cluster in process",
             "max_task_rss_mb": stats.get("max_task_rss_mb"), "task_rss_mb": stats.get("task_rss_mb"),
+            "task_seconds": stats.get("task_seconds"),
             "tasks": stats.get("tasks"),
             "partitions": stats.get("partitions"), "ranges": stats.get("ranges"), "batches": stats.get("batches"),
             "k": args.k, "seconds": round(seconds, 2), "us_per_hash": round(seconds / n * 1e6, 3),

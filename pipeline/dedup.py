@@ -916,11 +916,6 @@ def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
     bucket_cap = int(d.get("bucket_cap") or DEFAULT_BUCKET_CAP)
     budget = d.get("components_memory")
     budget = DEFAULT_COMPONENTS_MEMORY if budget is None else int(budget)
-    if d.get("partitioned", False):  # partitioned by hash, end to end (pipeline/dedup_dist.py)
-        from .dedup_dist import run_dedup_distributed
-        st = run_dedup_distributed(run, unit_ids, cfg)
-        if st is not None:  # None: auto, and small enough for this process
-            return st
     with ThreadPoolExecutor(IO_THREADS) as pool:
         parts = list(pool.map(_measured, [cstore.join(run, "work", "measure", f"{u}.parquet") for u in unit_ids]))
     table = pa.concat_tables(parts) if parts else _measured_empty()

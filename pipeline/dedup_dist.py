@@ -32,6 +32,7 @@ import json
 import logging
 import math
 import time
+from pathlib import Path
 
 import catalog.storage as cstore
 
@@ -94,7 +95,7 @@ class Tasks:
 
     def __init__(self, use_ray: bool):
         self.use_ray, self.count, self.peak = use_ray, 0, 0.0
-        self.resumed, self.by_kind, self.nodes = 0, {}, set()
+        self.resumed, self.by_kind, self.nodes, self.seconds = 0, {}, set(), {}
         if use_ray:
             import ray
             self.ray = ray
@@ -118,6 +119,7 @@ class Tasks:
             self.peak = max(self.peak, st.get("peak_rss_mb", 0))
             self.by_kind[label] = max(self.by_kind.get(label, 0), st.get("peak_rss_mb", 0))
             self.nodes.add(st.get("node"))
+            self.seconds[label] = round(self.seconds.get(label, 0) + st.get("task_seconds", 0), 3)
             self.resumed += bool(st.get("resumed"))
         log.debug("dedup: %d %s tasks", len(out), label)
         return out
@@ -128,6 +130,19 @@ def fingerprint(unit_ids: list[str], counts: list[int], settings: dict) -> str:
     for u, c in zip(unit_ids, counts):
         h.update(f"{u}\0{c}\n".encode())
     return h.hexdigest()[:16]
+
+
+def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
+    """Phase 2 as the engine runs it: partitioned by hash when dedup.partitioned says so (true, or
+    auto and the run too large for one process), else pipeline/dedup.run_dedup in this process."""
+    d = cfg.get("dedup", {}) or {}
+    if d.get("partitioned", False):
+        if unit_ids is None:
+            unit_ids = D._unit_ids(str(run) if cstore.is_uri(str(run)) else Path(run))
+        st = run_dedup_distributed(run, unit_ids, cfg)
+        if st is not None:  # None: auto, and small enough for one process
+            return st
+    return D.run_dedup(run, unit_ids, cfg)
 
 
 def run_dedup_distributed(run, unit_ids: list[str], cfg: dict, use_ray: bool | None = None,
@@ -145,6 +160,8 @@ def run_dedup_distributed(run, unit_ids: list[str], cfg: dict, use_ray: bool | N
         except ImportError:
             use_ray = False
     ex = Tasks(use_ray)
+    if counts is None and len(unit_ids) <= COUNT_CHUNK:  # a few footers: read here
+        counts = count_rows(str(run), unit_ids)["counts"]
     if counts is None:
         chunks = [(str(run), unit_ids[s:s + COUNT_CHUNK]) for s in range(0, len(unit_ids), COUNT_CHUNK)]
         counts = [c for part in ex.map(count_rows, chunks, TASK_BASE_BYTES, "count") for c in part["counts"]]
@@ -214,7 +231,7 @@ def run_dedup_distributed(run, unit_ids: list[str], cfg: dict, use_ray: bool | N
     for key in ("duplicates", "exact_duplicates", "near_duplicates"):
         stats[key] = sum(s[key] for s in out)
     stats.update(partitions=P, batches=B, tasks=ex.count, resumed_tasks=ex.resumed,
-                 max_task_rss_mb=ex.peak, task_rss_mb=ex.by_kind, nodes=len(ex.nodes - {None}), seconds=round(time.perf_counter() - t_start, 3))
+                 max_task_rss_mb=ex.peak, task_rss_mb=ex.by_kind, task_seconds=ex.seconds, nodes=len(ex.nodes - {None}), seconds=round(time.perf_counter() - t_start, 3))
     if stats.get("hot_buckets_skipped"):
         log.warning("dedup: %d hash buckets larger than dedup.bucket_cap=%d (%d hashes) were not searched "
                     "for near duplicates in some tables; raise dedup.bucket_cap to search them",

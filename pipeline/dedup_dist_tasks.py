@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import resource
+import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
@@ -77,8 +78,9 @@ def _once(root: str, name: str, body) -> dict:
     gc.collect()  # what an earlier task on this worker left: not this task's memory
     pa.default_memory_pool().release_unused()
     reset_peak()
+    t0 = time.perf_counter()
     st = body() or {}
-    st.update(peak_rss_mb=peak_rss_mb(), node=_node(),
+    st.update(task_seconds=round(time.perf_counter() - t0, 3), peak_rss_mb=peak_rss_mb(), node=_node(),
               ru_maxrss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
     cstore.write_json_at(marker, st)
     return st

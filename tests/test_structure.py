@@ -39,7 +39,6 @@ CIRCLES_ALLOWED = {
                "catalog.storage_s3"}): PENDING,  # the base classes still live beside the factory
     frozenset({"pipeline.sources", "pipeline.reading", "pipeline.unit_listing"}): PENDING,  # sources re-exports
     frozenset({"render.export", "render.export_coco"}): PENDING,
-    frozenset({"pipeline.dedup", "pipeline.dedup_parts"}): PENDING,  # the table primitives leave dedup.py with #24
 }
 
 _REGISTRY_STRING = re.compile(r"^([a-z_]+(?:\.[a-z_0-9]+)+):\w+$")  # "pipeline.stages.decode:DecodeStage"

@@ -162,10 +162,11 @@ def test_plan_and_auto():
 
 
 def test_run_dedup_dispatches_and_auto_keeps_small_runs_in_process(tmp_path):
+    """dedup_dist.run_dedup is what the engine's dedup task runs."""
     ids, t = _crawl(tmp_path, 41, units=3)
-    st = dedup.run_dedup(tmp_path, ids, {"dedup": {"partitioned": "auto"}})
+    st = dedup_dist.run_dedup(tmp_path, ids, {"dedup": {"partitioned": "auto"}})
     assert st.get("components") != "distributed"
-    st = dedup.run_dedup(tmp_path, ids, {"dedup": {"partitioned": True, "task_memory": (256 << 20) + 200_000}})
+    st = dedup_dist.run_dedup(tmp_path, ids, {"dedup": {"partitioned": True, "task_memory": (256 << 20) + 200_000}})
     assert st["components"] == "distributed" and st["partitions"] >= 2
     want = dedup.cluster(t, K).cast(dedup.VERDICT_SCHEMA)
     assert _verdicts(tmp_path, ids).select(want.column_names).equals(want)

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import dedup
+from pipeline import dedup, dedup_dist
 from pipeline.dedup import cluster, components, near_pairs, run_dedup
 from pipeline.dedup_parts import TASK_BASE_BYTES, partitioned_tables, range_bits, range_of, scatter, top_blocks
 
@@ -149,7 +149,7 @@ def test_run_dedup_partitioned_on_ray_equals_cluster(tmp_path, ray_local):
         pq.write_table(t.slice(i * (n // 2), n - n // 2 if i else n // 2), tmp_path / "work/measure" / f"{u}.parquet")
     cfg = {"dedup": {"max_distance": K, "blocks": 5, "partitioned": True,
                      "task_memory": TASK_BASE_BYTES + 100_000}}  # ~4k hashes at 48 bytes: 2+ ranges
-    st = run_dedup(tmp_path, units, cfg)
+    st = dedup_dist.run_dedup(tmp_path, units, cfg)
     assert st["ranges"] >= 2
     assert st["max_task_rss_mb"] > 0
     got = pa.concat_tables([dedup.read_verdicts(tmp_path, u) for u in units]).sort_by("sample_id")
