@@ -70,6 +70,8 @@ def test_task_rss_bounded_as_n_grows_16x_on_three_nodes(tmp_path):
     lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     assert p.returncode == 0 and lines, (p.stdout[-3000:], p.stderr[-5000:])
     r = json.loads(lines[0][len("RESULT "):])
+    print(json.dumps({name: {k: v[k] for k in ("partitions", "tasks", "max_task_rss_mb", "task_rss_mb", "seconds")}
+                      for name, v in r.items()}))
     small, big, fixed = r["small"], r["big"], r["big_fixed"]
     assert small["equal"] and small["recall"] == big["recall"] == fixed["recall"] == 1.0
     assert small["partitions"] == 1 and big["partitions"] == 16, (small, big)  # P chosen from n and task memory
