@@ -10,6 +10,12 @@ in their original's cluster; the target is 1.0).
     python bench/dedup.py --n 1000000 4000000 16000000          # pipeline.dedup.cluster, in process
     python bench/dedup.py --n 4000000 --ray --num-cpus 8         # run_dedup: measure files, Ray tasks
     python bench/dedup.py --n 4000000 --ray --components-memory 0   # ... components on Ray too
+    python bench/dedup.py --distributed --n 1000000 4000000 16000000   # partitioned by hash, end to end
+
+--distributed runs pipeline/dedup_dist over per-unit measure files (--unit-rows each) on a local Ray
+with dedup.task_memory = --task-memory, so the partitions grow with n and a task's share does not;
+it reports the largest peak RSS any task returned (max_task_rss_mb), the number of tasks, and the
+memory the tasks declared (max_declared_mb) next to the driver's.
 """
 from __future__ import annotations
 
@@ -153,6 +159,16 @@ def run_ray(run: Path, units: list[str], k: int, blocks: int | None, components_
     return pa.concat_tables([read_verdicts(run, u) for u in units]), stats
 
 
+def run_distributed(run: Path, units: list[str], k: int, blocks: int | None, task_memory: int
+                    ) -> tuple[pa.Table, dict]:
+    """run_dedup with dedup.partitioned: true (pipeline/dedup_dist.py), verdicts per unit."""
+    from pipeline.dedup import read_verdicts
+    from pipeline.dedup_dist import run_dedup
+    stats = run_dedup(run, units, {"dedup": {"max_distance": k, "blocks": blocks, "partitioned": True,
+                                             "task_memory": task_memory}})
+    return pa.concat_tables([read_verdicts(run, u) for u in units]), stats
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, nargs="+", default=[100_000, 300_000], help="hashes per run")
@@ -164,9 +180,17 @@ def main() -> None:
     ap.add_argument("--num-cpus", type=int, default=os.cpu_count(), help="Ray CPUs with --ray")
     ap.add_argument("--components-memory", type=int,
                     help="with --ray: dedup.components_memory in bytes (0: components on Ray)")
+    ap.add_argument("--distributed", action="store_true",
+                    help="dedup partitioned by hash end to end (pipeline/dedup_dist.py) over per-unit files")
+    ap.add_argument("--task-memory", type=int, default=(256 + 768) << 20,
+                    help="with --distributed: dedup.task_memory in bytes (sets the partitions)")
     ap.add_argument("--workdir", help="with --ray: where the run folder goes (default: a temp dir)")
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="humanset-bench-dedup-"))
+    if args.distributed:
+        args.ray = True
+        if args.unit_rows == ap.get_default("unit_rows"):
+            args.unit_rows = 10_000
     for n in args.n:
         table, planted, originals = synthetic(n, args.seed)
         if args.ray:
@@ -174,7 +198,9 @@ def main() -> None:
             del table  # run_dedup reads the measure files
         with PeakRSS() as mem:
             t0 = time.perf_counter()
-            if args.ray:
+            if args.distributed:
+                out, stats = run_distributed(run, units, args.k, args.blocks, args.task_memory)
+            elif args.ray:
                 out, stats = run_ray(run, units, args.k, args.blocks, args.components_memory)
             else:
                 out, stats = run_inprocess(table, args.k, args.blocks)
@@ -185,7 +211,12 @@ def main() -> None:
         found = pc.equal(canon.take(pa.array(planted)), canon.take(pa.array(originals)))
         recall = pc.sum(found).as_py() / max(1, len(planted))
         print(json.dumps({
-            "benchmark": "dedup", "mode": "ray run_dedup" if args.ray else "cluster in process", "n": n,
+            "benchmark": "dedup", "n": n,
+            "mode": "distributed" if args.distributed else "ray run_dedup" if args.ray else "cluster in process",
+            "max_task_rss_mb": stats.get("max_task_rss_mb"), "task_rss_mb": stats.get("task_rss_mb"),
+            "task_seconds": stats.get("task_seconds"),
+            "tasks": stats.get("tasks"),
+            "partitions": stats.get("partitions"), "ranges": stats.get("ranges"), "batches": stats.get("batches"),
             "k": args.k, "seconds": round(seconds, 2), "us_per_hash": round(seconds / n * 1e6, 3),
             "peak_rss_above_start_mb": round((mem.peak - mem.base) / 2**20, 1),
             "bytes_per_hash": round((mem.peak - mem.base) / n, 1),

@@ -927,14 +927,6 @@ def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
     if table.num_rows and enabled and table.column("phash").null_count < table.num_rows:
         def near(hashes, kk):
             m = int(d.get("blocks") or choose_blocks(len(hashes), kk))
-            if _partitioned(d.get("partitioned", False), len(hashes)):
-                from .dedup_parts import DEFAULT_TASK_MEMORY, partitioned_tables
-                per, files = partitioned_tables(hashes, kk, m, pairs_dir(run), _fingerprint(hashes), bucket_cap,
-                                                int(d.get("task_memory") or DEFAULT_TASK_MEMORY),
-                                                progress=lambda i, n, s: _log_table(i, n, s, logging.DEBUG))
-                st = {**_sum_stats(m, kk, per), "ranges": per[0]["ranges"] if per else 1,
-                      "max_task_rss_mb": max((s.get("peak_rss_mb", 0) for s in per), default=0)}
-                return _near_links(files, hashes, st, budget)
             st = _sum_stats(m, kk, _run_tables(hashes, kk, m, bucket_cap, pairs_dir(run)))
             files = [table_file(pairs_dir(run), m, kk, t) for t in range(len(tables(m, kk)))]
             return _near_links(files, hashes, st, budget)
@@ -966,13 +958,6 @@ def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
                  seconds=round(time.perf_counter() - t_start, 3))
     cstore.write_json_at(cstore.join(dedup_dir(run), "_done.json"), stats)
     return stats
-
-
-def _partitioned(setting, n: int) -> bool:
-    """dedup.partitioned: true, false, or auto (partitioned from RAY_MIN_HASHES distinct hashes up)."""
-    if setting == "auto":
-        return n >= RAY_MIN_HASHES
-    return bool(setting)
 
 
 def _measured_empty() -> pa.Table:

@@ -45,6 +45,7 @@ from catalog.storage import is_uri, run_root
 
 from . import console
 from . import dedup as dedup_mod
+from . import dedup_dist
 from .adapter import apply_stage, run_on_unit, run_stage  # noqa: F401 (engine's API)
 from .columns import unit_meta, with_meta  # noqa: F401 (engine's API)
 from .config import load_config, section
@@ -114,7 +115,7 @@ def _run_dedup(run: Path, cfg: dict) -> dict:
     back. The task reads the unit ids from RUN/units.jsonl itself and resumes from the files a
     crashed attempt left (per table, then the verdicts), so it is retried like a unit."""
     import ray
-    task = ray.remote(num_cpus=1, max_retries=_retries(cfg))(dedup_mod.run_dedup)
+    task = ray.remote(num_cpus=1, max_retries=_retries(cfg))(dedup_dist.run_dedup)  # partitioned or not
     try:
         return ray.get(task.remote(str(run), None, cfg))
     except Exception as e:

@@ -36,7 +36,6 @@ OVERSIZED_ALLOWED = {
 CIRCLES_ALLOWED = {
     frozenset({"catalog.storage", "catalog.storage_lock", "catalog.storage_mem", "catalog.storage_paths",
                "catalog.storage_s3"}): PENDING,  # the base classes still live beside the factory
-    frozenset({"pipeline.dedup", "pipeline.dedup_parts"}): PENDING,  # the table primitives leave dedup.py with #24
 }
 
 _REGISTRY_STRING = re.compile(r"^([a-z_]+(?:\.[a-z_0-9]+)+):\w+$")  # "pipeline.stages.decode:DecodeStage"

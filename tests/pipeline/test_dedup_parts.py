@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import dedup
+from pipeline import dedup, dedup_dist
 from pipeline.dedup import cluster, components, near_pairs, run_dedup
 from pipeline.dedup_parts import TASK_BASE_BYTES, partitioned_tables, range_bits, range_of, scatter, top_blocks
 
@@ -149,12 +149,13 @@ def test_run_dedup_partitioned_on_ray_equals_cluster(tmp_path, ray_local):
         pq.write_table(t.slice(i * (n // 2), n - n // 2 if i else n // 2), tmp_path / "work/measure" / f"{u}.parquet")
     cfg = {"dedup": {"max_distance": K, "blocks": 5, "partitioned": True,
                      "task_memory": TASK_BASE_BYTES + 100_000}}  # ~4k hashes at 48 bytes: 2+ ranges
-    st = run_dedup(tmp_path, units, cfg)
-    assert st["ranges"] == 1 << range_bits(st["distinct_hashes"], 5, cfg["dedup"]["task_memory"]) >= 2
+    st = dedup_dist.run_dedup(tmp_path, units, cfg)
+    assert st["ranges"] >= 2
     assert st["max_task_rss_mb"] > 0
     got = pa.concat_tables([dedup.read_verdicts(tmp_path, u) for u in units]).sort_by("sample_id")
     assert got.equals(cluster(t.drop_columns(["_alive"]), K).cast(dedup.VERDICT_SCHEMA))
-    assert len(list(dedup.pairs_dir(tmp_path).glob(f"m5-k4-t*-r*of{st['ranges']}.parquet"))) == 5 * st["ranges"]
+    assert st["components"] == "distributed"  # partitioned end to end (pipeline/dedup_dist.py)
+    assert len(list((tmp_path / "work/dedup/dist").glob("*/mk/near-t*-r*.json"))) == 5 * st["ranges"]
 
 
 def test_curate_with_partitioned_dedup_writes_the_same_verdicts(tmp_path):
@@ -190,4 +191,4 @@ def test_curate_with_partitioned_dedup_writes_the_same_verdicts(tmp_path):
     assert names and names == sorted(p.name for p in (runs["parts"] / "work/dedup").glob("*.parquet"))
     for name in names:
         assert pq.read_table(runs["parts"] / "work/dedup" / name).equals(pq.read_table(runs["whole"] / "work/dedup" / name))
-    assert list((runs["parts"] / "work/dedup/pairs").glob(f"*-r*of{done['parts']['ranges']}.parquet"))
+    assert done["parts"]["components"] == "distributed" and done["parts"]["tasks"] > done["parts"]["ranges"]

@@ -1,0 +1,265 @@
+"""Dedup partitioned by hash, end to end: no task holds more than O(n / P) samples.
+
+The same clusters and verdicts as run_dedup in one process (pipeline/dedup.py), as Ray tasks that
+each read and write files under RUN/work/dedup/dist/{fingerprint}/ (so a crash resumes per task and
+per round, and tasks of other settings never mix). Samples are int64 numbers, unit index << 32 | row
+(the row among the unit's alive measured rows), so they map back to their unit without a table.
+
+1. count: parquet footers give the rows per unit; units are cut into batches of rows that fit a task.
+2. scatter (per batch): its units' measure files -> (number, pHash) cut into P ranges by a mix of the
+   pHash, and (number, sha256) into P ranges by a mix of the digest.
+3. sha (per range): same-sha256 groups -> edges (first number, number).
+   phash (per range): same-pHash groups -> edges (representative = smallest number, number), and the
+   range's distinct (pHash, representative) cut for the near search by each table's first block
+   (pipeline/dedup_parts.range_of), R near ranges.
+4. near (per table and near range): reads only its range's files, runs the table
+   (`_sorted_table_pairs`) and turns each pair of hashes into an edge between their representatives.
+5. components: the large-star / small-star rounds of pipeline/dedup (Kiveris et al.) over (key,
+   value) int64 records, P tasks per round, each round's records in files.
+6. labels (per partition): vertex -> component (its smallest number), shuffled to the unit batches;
+   attach (per batch): (component, number, area, sample_id, sha256) of the labelled samples,
+   shuffled by component; group (per partition): canonical order (largest area, then smallest
+   sample_id), so dup_of, dup_kind, dup_cluster_size, dup_rank per member, shuffled back by batch;
+   write (per batch): one verdict file per unit, VERDICTS, the unit's alive rows in order.
+
+Every task declares memory= from bytes per sample, hash or edge record measured by bench/dedup.py
+(docs/dedup.md); the coordinator holds object references, unit ids and counts.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import catalog.storage as cstore
+
+from . import dedup as D
+from .dedup_dist_tasks import (attach, cc_labels, cc_round, count_rows, group, near_range, phash_range,
+                               scatter_units, sha_range, write_units)
+from .dedup_parts import TASK_BASE_BYTES, top_blocks
+
+log = logging.getLogger("humanset.dedup")
+
+# bytes a task holds per item at its peak (measured by bench/dedup.py --distributed, docs/dedup.md)
+SAMPLE_BYTES = 600  # scatter, attach, write: a batch's measure rows (strings included) and their cuts
+SHA_BYTES = 400  # sha: (number, digest string) rows, their sort and the group compare
+PHASH_BYTES = 120  # phash: (number, pHash), the lexsort, the near-search cuts
+NEAR_BYTES = 64  # near: (pHash, representative), sorted copy, layout, candidates, scan temporaries
+EDGE_BYTES = 80  # a components round: (key, value) records, their lexsort, the emitted records
+GROUP_BYTES = 400  # group: (component, number, area, sample_id, sha256) rows and their sort
+SKEW = 2  # a task of a range declares twice the range's expected share
+COUNT_CHUNK = 2000  # units whose footers one count task reads
+IN_PROCESS_BYTES = 520  # run_dedup in one process, per sample (docs/dedup.md): decides `auto`
+
+
+def wanted(setting, n_rows: int, task_memory: int) -> bool:
+    """dedup.partitioned: true, false, or auto (when one process would need more than task_memory)."""
+    if setting == "auto":
+        return n_rows * IN_PROCESS_BYTES > task_memory
+    return bool(setting)
+
+
+def _pow2(x: float) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(x, 1))))
+
+
+def plan(n: int, task_memory: int, m: int = 6) -> tuple[int, int, int]:
+    """(P, rows per batch, near range bits) for n samples: the fewest power-of-two ranges whose
+    tasks fit task_memory; the near search gets at least P ranges (at most 2^narrowest block)."""
+    room = max(1 << 20, task_memory - TASK_BASE_BYTES)
+    P = _pow2(SKEW * n * max(SHA_BYTES, GROUP_BYTES) / room)
+    R = max(P, _pow2(SKEW * n * NEAR_BYTES / room))
+    narrowest = min(w for _, w in D.blocks(m))
+    rows = min(room // SAMPLE_BYTES, math.ceil(max(n, 1) / P))  # a batch: at most a range's share
+    return P, max(1, rows), min(narrowest, int(math.log2(R)))
+
+
+def batches(counts: list[int], rows: int) -> list[tuple[int, int]]:
+    """Unit index ranges [a, b) of at most `rows` rows (a unit larger than that is a batch alone)."""
+    out, a, have = [], 0, 0
+    for i, c in enumerate(counts):
+        if have and have + c > rows:
+            out.append((a, i))
+            a, have = i, 0
+        have += c
+    if a < len(counts) or not out:
+        out.append((a, len(counts)))
+    return out
+
+
+class Tasks:
+    """Runs task functions as Ray tasks (memory= declared) when Ray is up, else one by one here."""
+
+    def __init__(self, use_ray: bool):
+        self.use_ray, self.count, self.peak = use_ray, 0, 0.0
+        self.resumed, self.by_kind, self.nodes, self.seconds = 0, {}, set(), {}
+        if use_ray:
+            import ray
+            self.ray = ray
+            self.node_memory = max((n["Resources"].get("memory", 0) for n in ray.nodes() if n.get("Alive")),
+                                   default=0)
+
+    def map(self, fn, args: list[tuple], memory, label: str) -> list[dict]:
+        mems = [int(memory(a) if callable(memory) else memory) for a in args]
+        if self.use_ray:
+            big = max(mems, default=0)
+            if self.node_memory and big > self.node_memory:
+                raise RuntimeError(f"dedup: a {label} task needs {big / 2**30:.1f} GiB, more than any node has "
+                                   f"({self.node_memory / 2**30:.1f} GiB); lower dedup.task_memory")
+            remote = self.ray.remote(num_cpus=1)(fn)
+            refs = [remote.options(memory=mm).remote(*a) for a, mm in zip(args, mems)]
+            out = self.ray.get(refs)
+        else:
+            out = [fn(*a) for a in args]
+        self.count += len(out)
+        for st in out:
+            self.peak = max(self.peak, st.get("peak_rss_mb", 0))
+            self.by_kind[label] = max(self.by_kind.get(label, 0), st.get("peak_rss_mb", 0))
+            self.nodes.add(st.get("node"))
+            self.seconds[label] = round(self.seconds.get(label, 0) + st.get("task_seconds", 0), 3)
+            self.resumed += bool(st.get("resumed"))
+        log.debug("dedup: %d %s tasks", len(out), label)
+        return out
+
+
+def fingerprint(unit_ids: list[str], counts: list[int], settings: dict) -> str:
+    h = hashlib.sha1(json.dumps(settings, sort_keys=True).encode())
+    for u, c in zip(unit_ids, counts):
+        h.update(f"{u}\0{c}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
+    """Phase 2 as the engine runs it: partitioned by hash when dedup.partitioned says so (true, or
+    auto and the run too large for one process), else pipeline/dedup.run_dedup in this process."""
+    d = cfg.get("dedup", {}) or {}
+    if d.get("partitioned", False):
+        if unit_ids is None:
+            unit_ids = D._unit_ids(str(run) if cstore.is_uri(str(run)) else Path(run))
+        st = run_dedup_distributed(run, unit_ids, cfg)
+        if st is not None:  # None: auto, and small enough for one process
+            return st
+    return D.run_dedup(run, unit_ids, cfg)
+
+
+def run_dedup_distributed(run, unit_ids: list[str], cfg: dict, use_ray: bool | None = None,
+                          counts: list[int] | None = None) -> dict | None:
+    """run_dedup partitioned by hash. Returns its counts, or None when dedup.partitioned is auto and
+    the run is small enough for one process (the caller then runs it there)."""
+    t_start = time.perf_counter()
+    d = cfg.get("dedup", {}) or {}
+    from .dedup_parts import DEFAULT_TASK_MEMORY
+    task_memory = int(d.get("task_memory") or DEFAULT_TASK_MEMORY)
+    if use_ray is None:
+        try:
+            import ray
+            use_ray = ray.is_initialized()
+        except ImportError:
+            use_ray = False
+    ex = Tasks(use_ray)
+    if counts is None and len(unit_ids) <= COUNT_CHUNK:  # a few footers: read here
+        counts = count_rows(str(run), unit_ids)["counts"]
+    if counts is None:
+        chunks = [(str(run), unit_ids[s:s + COUNT_CHUNK]) for s in range(0, len(unit_ids), COUNT_CHUNK)]
+        counts = [c for part in ex.map(count_rows, chunks, TASK_BASE_BYTES, "count") for c in part["counts"]]
+    n = int(sum(counts))
+    if not wanted(d.get("partitioned", False), n, task_memory):
+        return None
+    enabled = "dedup" in cfg.get("stages", ["dedup"])
+    k = d.get("max_distance", 4)
+    exact = bool(d.get("exact", True))
+    bucket_cap = int(d.get("bucket_cap") or D.DEFAULT_BUCKET_CAP)
+    m = int(d.get("blocks") or D.choose_blocks(max(n, 2), max(int(k or 0), 1)))
+    P, rows, rbits = plan(n, task_memory, m)
+    P = int(d.get("partitions") or P)  # partitions, batch_rows, near_range_bits: tests and benches only
+    bt = batches(counts, int(d.get("batch_rows") or rows))
+    starts = [a for a, _ in bt]
+    rbits = rbits if d.get("near_range_bits") is None else int(d["near_range_bits"])
+    fp = fingerprint(unit_ids, counts, {"k": k, "exact": exact, "cap": bucket_cap, "P": P, "bt": bt, "m": m,
+                                        "rbits": rbits, "enabled": enabled})
+    root = cstore.join(D.dedup_dir(run), "dist", fp)
+    run_s = str(run)
+    log.info("dedup: %d samples in %d units, partitioned: %d batches, %d ranges, %d near ranges x %d tables (%s)",
+             n, len(unit_ids), len(bt), P, 1 << rbits, len(D.tables(m, k)) if k and k > 0 else 0, root)
+    brow = [sum(counts[a:b]) for a, b in bt]
+    B = len(bt)
+
+    def batch_mem(a):
+        return TASK_BASE_BYTES + SAMPLE_BYTES * brow[a[2]]
+    batch_args = [(run_s, root, i, unit_ids[a:b], a, P, starts) for i, (a, b) in enumerate(bt)]
+    sc = ex.map(scatter_units, batch_args, batch_mem, "scatter")
+    phashes = sum(s["phashes"] for s in sc)
+    stats = {"candidates": n}
+    on = enabled and phashes > 0
+    sources = []
+    rounds = 0
+    if on:
+        share = SKEW * n / P
+        if exact:
+            ex.map(sha_range, [(root, j, B, P) for j in range(P)], TASK_BASE_BYTES + SHA_BYTES * share, "sha")
+            sources += [f"sha{j}" for j in range(P)]
+        use_phash = k is not None and k >= 0
+        stats["distinct_hashes"] = 0
+        if use_phash:
+            near = k > 0
+            tops = top_blocks(m, k) if near else []
+            ph = ex.map(phash_range, [(root, j, B, P, m, tops, rbits if near else 0) for j in range(P)],
+                        TASK_BASE_BYTES + PHASH_BYTES * share, "phash")
+            sources += [f"ph{j}" for j in range(P)]
+            distinct = sum(s["distinct"] for s in ph)
+            stats["distinct_hashes"] = distinct
+            if near and distinct > 1:
+                R = 1 << rbits
+                todo = [(root, t, r, P, m, k, rbits, tops.index(D.tables(m, k)[t][0]), bucket_cap, P)
+                        for t in range(len(D.tables(m, k))) for r in range(R)]
+                per = ex.map(near_range, todo, TASK_BASE_BYTES + NEAR_BYTES * SKEW * max(distinct, 1) / R, "near")
+                sources += [f"nr{t:03d}-{r:04d}" for t in range(len(D.tables(m, k))) for r in range(R)]
+                stats.update(D._sum_stats(m, k, per), ranges=R)
+        rounds, last, edges = components(ex, root, sources, P)
+        stats.update(components="distributed", component_rounds=rounds, component_partitions=P)
+        lab = ex.map(cc_labels, [(root, last, j, P, starts) for j in range(P)],
+                     TASK_BASE_BYTES + EDGE_BYTES * SKEW * max(edges, 1) / P, "labels")
+        labelled = sum(s["labelled"] for s in lab)
+        ex.map(attach, [(*a, B) for a in batch_args], batch_mem, "attach")
+        ex.map(group, [(root, q, B, starts) for q in range(P)],
+               TASK_BASE_BYTES + GROUP_BYTES * SKEW * max(labelled, 1) / P, "group")
+    out = ex.map(write_units, [(run_s, root, i, unit_ids[a:b], a, P, on) for i, (a, b) in enumerate(bt)],
+                 batch_mem, "write")
+    for key in ("duplicates", "exact_duplicates", "near_duplicates"):
+        stats[key] = sum(s[key] for s in out)
+    stats.update(partitions=P, batches=B, tasks=ex.count, resumed_tasks=ex.resumed,
+                 max_task_rss_mb=ex.peak, task_rss_mb=ex.by_kind, task_seconds=ex.seconds, nodes=len(ex.nodes - {None}), seconds=round(time.perf_counter() - t_start, 3))
+    if stats.get("hot_buckets_skipped"):
+        log.warning("dedup: %d hash buckets larger than dedup.bucket_cap=%d (%d hashes) were not searched "
+                    "for near duplicates in some tables; raise dedup.bucket_cap to search them",
+                    stats["hot_buckets_skipped"], bucket_cap, stats["hot_hashes_skipped"])
+    cstore.write_json_at(cstore.join(D.dedup_dir(run), "_done.json"), stats)
+    return stats
+
+
+def components(ex: Tasks, root: str, sources: list[str], P: int) -> tuple[int, int, int]:
+    """Large-star / small-star rounds until a large-star and the small-star after it change no edge.
+
+    Round i's task j reads the records partitioned to j by round i - 1 (round 0: the edge files of
+    the sha, phash and near tasks) and writes its output to round i's files, so a resumed run
+    re-enters the loop and every finished round answers from its files. Returns (rounds, last
+    round, edge records left)."""
+    op, i, large_changes, edges = "large", 0, None, 0
+    srcs = sources
+    while True:
+        i += 1
+        st = ex.map(cc_round, [(root, i, op, j, srcs, P) for j in range(P)],
+                    lambda a, e=edges: TASK_BASE_BYTES + EDGE_BYTES * SKEW * max(e or 1, 1) / P, "components")
+        srcs = [f"p{j}" for j in range(P)]
+        changes = sum(s["changes"] for s in st)
+        edges = sum(s["edges"] for s in st) * 2
+        log.info("dedup: components round %d (%s-star): %d edges, %d changed", i, op, edges // 2, changes)
+        if op == "large":
+            large_changes, op = changes, "small"
+        elif large_changes == 0 and changes == 0:
+            return i, i, edges
+        else:
+            op = "large"
