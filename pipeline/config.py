@@ -25,6 +25,7 @@ CHECKS: dict[str, Check] = {
     "dedup.components_memory": Check(("int",), low=0),
     "dedup.partitioned": Check(("bool",), words=("auto",)),
     "dedup.task_memory": Check(("int",), low=1 << 20),
+    "dedup.max_fallbacks": Check(("int",), low=0),
     "decode.max_pixels": Check(("int",), nullable=True, low=1),
     "person.weights": Check(("str",), nullable=True),
     "person.min_store_score": Check(("number",), low=0, high=1),
