@@ -171,3 +171,37 @@ def resolve(members: list[dict], outcome: dict[str, int]) -> list[dict]:
             out.append({**m, "dup_of": None if mine else kept["sample_id"],
                         "dup_kind": None if mine else ("exact" if m["sha256"] == kept["sha256"] else "near")})
     return out
+
+
+def recut(members: list[dict], max_fallbacks: int) -> tuple[dict[str, dict], dict]:
+    """`humanset select`'s walk over each cluster (members: key, rank, sample_id, sha256, scored =
+    its stored scores decide it under the new thresholds, passes, kept = the run kept it): the first
+    member in canonical order, up to rank max_fallbacks, that is scored and passes is kept. The walk
+    stops at a member never scored (a re-cut runs no model: the cluster is lost and counted as
+    `unscored`). Returns sample_id -> dup_of / dup_kind / dup_scored, and the counts (`promoted`:
+    clusters that now keep another member than the run did)."""
+    out: dict[str, dict] = {}
+    counts = {"promoted": 0, "unscored": 0, "lost": 0}
+    for ms in _clusters(members).values():
+        order = [ms[r] for r in sorted(ms)]
+        kept, visited = None, set()
+        for m in order:
+            if m["rank"] > max_fallbacks:
+                break
+            if not m["scored"]:
+                counts["unscored"] += 1
+                break
+            visited.add(m["sample_id"])
+            if m["passes"]:
+                kept = m
+                break
+        before = next((m["sample_id"] for m in order if m["kept"]), None)
+        counts["promoted"] += kept is not None and kept["sample_id"] != before
+        counts["lost"] += kept is None
+        anchor = kept or order[0]  # no member kept: dup_of names the canonical, as without fallbacks
+        for m in order:
+            mine = m is anchor
+            out[m["sample_id"]] = {"dup_of": None if mine else anchor["sample_id"],
+                                   "dup_kind": None if mine else ("exact" if m["sha256"] == anchor["sha256"] else "near"),
+                                   "dup_scored": m["sample_id"] in visited}
+    return out, counts

@@ -186,7 +186,7 @@ def run_rounds(run, cfg: dict, score_stages, progress: bool, early, window: int,
         exchange(run, "m", window, retries, 0)
         for r in range(1, n_fb + 1):  # round r-1's outcomes are mapped by the exchange planning round r
             got = exchange(run, f"r{r}", window, retries, r - 1 if r > 1 else None)
-            stats["rounds"][r] = got.get("rows", 0)
+            stats["rounds"][str(r)] = got.get("rows", 0)
             if not got.get("rows"):
                 break
             todo_r = NameSet((store, f"{fb.FALLBACK_DIR}/todo/r{r}"), ".parquet")
@@ -196,7 +196,7 @@ def run_rounds(run, cfg: dict, score_stages, progress: bool, early, window: int,
             with console.progress(n_r, f"fallback {r}", enabled=progress) as bar:
                 for units in _windows(run, keep, window):
                     score_pass(units, score_stages, fb.round_cfg(cfg, r), bar, None, fb.scored_dir(r))
-        last = max([r for r, n in stats["rounds"].items() if n] or [0])
+        last = max([int(r) for r, n in stats["rounds"].items() if n] or [0])
         stats["kept_fallbacks"] = exchange(run, "kept", window, retries, last or None).get("rows", 0)
     todo = lambda uid: uid not in done  # noqa: E731
     with console.progress(sum(len(u) for u in _windows(run, todo, window)), "write", enabled=progress) as bar:
