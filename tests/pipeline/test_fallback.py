@@ -131,3 +131,20 @@ def test_select_never_promotes_an_unscored_member(runs, tmp_path):
     assert {k for k, v in r.items() if v["keep"]} == {"astro_clean", "coffee"}
     assert m["fallbacks"]["unscored"] == 1 and m["fallbacks"]["promoted"] == 0
     assert r["cat_clean"]["reject_reason"] == "dedup:near_duplicate" and not r["cat_clean"]["dup_scored"]
+
+
+def test_resume_mid_fallback_round_equals_the_clean_run(crawl, runs, tmp_path):
+    """What a crash in round 2's scoring leaves (round 2 planned, its unit unscored, no kept
+    members, no unit written): the rerun finishes the rounds and writes the clean run's catalog."""
+    import shutil
+    clean, _ = runs[2]
+    run = tmp_path / "run"
+    shutil.copytree(clean, run)
+    assert (run / "work/fallback/_r2.json").exists() and list((run / "work/scored/r2").glob("*.parquet"))
+    for rel in ("work/scored/r2", "work/fallback/kept", "work/fallback/t/kept", "stats", "catalog", "shards"):
+        shutil.rmtree(run / rel)
+    (run / "work/fallback/_kept.json").unlink()
+    m = curate([str(crawl)], str(run), _cfg(2), progress=False)
+    assert m["status"] == "complete" and m["fallbacks"]["rounds"] == {"1": 2, "2": 1}
+    q = "SELECT * EXCLUDE (source_uri) FROM samples ORDER BY sample_id"
+    assert catalog.connect(run).sql(q).to_arrow_table().equals(catalog.connect(clean).sql(q).to_arrow_table())
