@@ -44,8 +44,7 @@ from catalog import compact as compact_mod
 from catalog.storage import is_uri, run_root
 
 from . import console
-from . import dedup as dedup_mod
-from . import fallback, fallback_rounds
+from . import dedup as dedup_mod, fallback, fallback_rounds
 from .adapter import apply_stage, run_on_unit, run_stage  # noqa: F401 (engine's API)
 from .columns import unit_meta, with_meta  # noqa: F401 (engine's API)
 from .config import load_config

@@ -63,30 +63,26 @@ def kept_path(unit_id: str) -> str:
 # --------------------------------------------------------------------------------------------
 # Worker side: the reads and the terminal write of a round (unit_io dispatches here)
 
-def write_scored(run, table: pa.Table, cfg: dict) -> pa.Table:
-    """A scoring round's terminal: the unit's scored rows (no bytes, its counters in the metadata)."""
-    from .unit_io import run_store, summary
-    meta = unit_meta(table)
-    uid = meta["unit"]["unit_id"]
+def write_scored(store, table: pa.Table, cfg: dict) -> str:
+    """A scoring round's terminal: the unit's scored rows (no bytes, its counters in the metadata)
+    into the run's `store`. Returns the unit id."""
+    uid = unit_meta(table)["unit"]["unit_id"]
     keep = [c for c in table.column_names if c not in ("image", "_thumb")]
-    run_store(run).write_parquet(scored_path(uid, int(round_of(cfg))), table.select(keep))
-    return summary(uid, table.num_rows)
+    store.write_parquet(scored_path(uid, int(round_of(cfg))), table.select(keep))
+    return uid
 
 
-def _read(run, rel: str, columns=None) -> pa.Table:
+def _read(store, rel: str, columns=None) -> pa.Table:
     import pyarrow.parquet as pq
-
-    from .unit_io import run_store
-    store = run_store(run)
     return pq.read_table(store.fs_path(rel), filesystem=store.fs, columns=columns)
 
 
-def read_round(run, unit, cfg: dict) -> pa.Table:
+def read_round(store, unit, cfg: dict) -> pa.Table:
     """Input of round r >= 1: the unit's round-0 rows named in its todo file, alive and unscored."""
     r = int(round_of(cfg))
-    t = _read(run, scored_path(unit.unit_id, 0))
+    t = _read(store, scored_path(unit.unit_id, 0))
     meta = unit_meta(t)
-    todo = _read(run, todo_path(unit.unit_id, r)).column("sample_id")
+    todo = _read(store, todo_path(unit.unit_id, r)).column("sample_id")
     t = t.filter(pc.is_in(t.column("sample_id"), value_set=todo))
     t = set_column(t, "_alive", pa.array([True] * t.num_rows, pa.bool_()))
     t = set_column(t, "dup_scored", pa.array([True] * t.num_rows, pa.bool_()))
@@ -110,17 +106,15 @@ def _overlay(base: pa.Table, rows: pa.Table) -> pa.Table:
     return out.replace_schema_metadata(base.schema.metadata)
 
 
-def read_final(run, unit, cfg: dict) -> pa.Table:
+def read_final(store, unit, cfg: dict) -> pa.Table:
     """Input of the write pass: round 0's rows, each round's rows over them, the kept members' dup_of."""
-    from .unit_io import run_store
-    store = run_store(run)
-    t = _read(run, scored_path(unit.unit_id, 0))
+    t = _read(store, scored_path(unit.unit_id, 0))
     meta = unit_meta(t)
     for r in range(1, max_fallbacks(cfg, [True]) + 1):
         if store.exists(scored_path(unit.unit_id, r)):
-            t = _overlay(t, _read(run, scored_path(unit.unit_id, r)))
+            t = _overlay(t, _read(store, scored_path(unit.unit_id, r)))
     if store.exists(kept_path(unit.unit_id)):
-        k = _read(run, kept_path(unit.unit_id))
+        k = _read(store, kept_path(unit.unit_id))
         pos = pc.index_in(t.column("sample_id"), value_set=k.column("sample_id"))
         hit = pc.is_valid(pos)
         for col in ("dup_of", "dup_kind"):

@@ -30,6 +30,7 @@ from catalog.storage import storage_for
 from catalog.schema import MEASURE
 
 from . import dedup as dedup_mod
+from . import fallback
 from .adapter import run_on_unit
 from .columns import flag, set_column, typed, unit_meta, with_meta
 from .fetch import ByteSource
@@ -246,11 +247,10 @@ def read_for_score(run: Path, unit: Unit, limits: dict, score_all: bool, cfg: di
     """Phase 3 input: the unit's measurements and verdicts, without image bytes (each stage reads
     back the bytes of the rows it scores, checked against their measured sha256). With fallbacks,
     a later round's or the write pass's input (pipeline/fallback.py)."""
-    from . import fallback
     if fallback.round_of(cfg) == fallback.WRITE:
-        return fallback.read_final(run, unit, cfg)
+        return fallback.read_final(run_store(run), unit, cfg)
     if fallback.round_of(cfg):
-        return fallback.read_round(run, unit, cfg)
+        return fallback.read_round(run_store(run), unit, cfg)
     t0 = time.perf_counter()
     reset_peak_rss()
     measured, counters = read_measure(run, unit.unit_id)
@@ -334,10 +334,9 @@ def _write_kept(run: Path, u: Unit, table: pa.Table, meta: dict, cfg: dict) -> t
 def finish_unit(run: Path, table: pa.Table, cfg: dict) -> pa.Table:
     """Decide, write the unit's curated shards and catalog part, then its stats marker (last). A
     scoring round with fallbacks keeps the unit's scored rows instead (pipeline/fallback.py)."""
-    from . import fallback
     from .decide import decide
     if fallback.round_of(cfg) not in (None, fallback.WRITE):
-        return fallback.write_scored(run, table, cfg)
+        return summary(fallback.write_scored(run_store(run), table, cfg), table.num_rows)
     meta = unit_meta(table)
     u = Unit.from_dict(meta["unit"])
     meta.setdefault("limits", limits_of(cfg))
