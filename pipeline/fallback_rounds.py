@@ -20,6 +20,7 @@ whose round file exists, like any phase.
 from __future__ import annotations
 
 import logging
+import os
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -171,6 +172,11 @@ def run_rounds(run, cfg: dict, score_stages, progress: bool, early, window: int,
     pass of phase 3 over a window. Returns the rounds' counts (rows scored per round, kept)."""
     store = run_store(run)
     n_fb = fb.max_fallbacks(cfg, score_stages)
+    if store.posix:  # temporaries a crashed round left (the engine's clean_tmp lists fixed folders only)
+        import catalog
+        catalog.clean_tmp(run, [fb.scored_dir(r) for r in range(1, n_fb + 1)])
+        if os.path.isdir(os.path.join(run, fb.FALLBACK_DIR)):
+            catalog.clean_tmp(os.path.join(run, fb.FALLBACK_DIR))
     done = NameSet((store, "stats"), ".json")
     scored0 = NameSet((store, fb.SCORED_DIR), ".parquet")
     todo0 = lambda uid: uid not in done and uid not in scored0  # noqa: E731
