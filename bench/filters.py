@@ -17,6 +17,8 @@
               time on all cores leaves (Ray scheduling, queueing, dedup, driver); `phases_s` the
               run's measure, dedup and score+write phases, and `model_setup` when each model stage's
               actors started and were ready (engine.start_actors_early loads them during measure).
+              `scored_twice_fraction`: images a fallback round scored (dedup.max_fallbacks: a model
+              stage rejected the members before them in their cluster) / images; `fallback` its rounds.
   ratio_*:    cascade images/s / each plain loop's images/s (all over all inputs).
   text_area:  text_area_frac of shipped photos and generated captions, exact (text.recognize=all):
               the measurements behind text.max_area_frac in pipeline/default.yaml; and whether
@@ -264,6 +266,7 @@ def bench_cascade(crawl: Path, out: Path, cfg: dict) -> dict:
             spans.setdefault(k, set()).add(tuple(span))
     busy = sum(work.values())
     return {"images_per_s": round(n / dt, 2), "seconds": round(dt, 2), "funnel": manifest.get("funnel"),
+            **fallback_work(out, manifest, n),
             "kept": manifest.get("counts", {}).get("kept"), "skipped_stages": manifest.get("skipped_stages"),
             "breakdown": {
                 "ray_startup_s": round(startup, 2), "cluster_cpus": cpus, "wall_s": round(dt, 2),
@@ -278,6 +281,24 @@ def bench_cascade(crawl: Path, out: Path, cfg: dict) -> dict:
                         "starting and the first model ready, the longest set-up, and ready_after_dedup_s: "
                         "how long after dedup (when phase 3 may start) the stage's first actor was ready "
                         "(<= 0: its set-up was off the critical path)"}}
+
+
+def fallback_work(run: Path, manifest: dict, n: int) -> dict:
+    """The extra model work of dedup.max_fallbacks: images scored in a fallback round (because a model
+    stage rejected every member before them in their cluster), as a fraction of the crawl's images
+    (`scored_twice_fraction`: each is a cluster the model stages scored a second or third time) and
+    of the images the first round scored."""
+    import catalog
+    rounds = (manifest.get("fallbacks") or {}).get("rounds") or {}
+    extra = sum(int(v) for v in rounds.values())
+    clusters, scored = catalog.connect(run).execute(
+        "SELECT count(DISTINCT coalesce(dup_of, sample_id)) FILTER (WHERE dup_cluster_size > 1), "
+        "count(*) FILTER (WHERE dup_scored) FROM samples").fetchone()
+    return {"fallback": {"max_fallbacks": (manifest["config"].get("dedup") or {}).get("max_fallbacks"),
+                         "rounds": rounds, "kept_fallbacks": (manifest.get("fallbacks") or {}).get("kept_fallbacks", 0),
+                         "duplicate_clusters": clusters, "scored_first_round": scored - extra,
+                         "extra_over_first_round": round(extra / max(1, scored - extra), 4)},
+            "scored_twice_fraction": round(extra / max(1, n), 4)}
 
 
 def timeline(tl: dict, spans: dict[str, set]) -> dict:

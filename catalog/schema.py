@@ -61,9 +61,14 @@ SAMPLE_SIZE = [
 ]
 SAMPLE_DEDUP = [
     f("phash", pa.uint64(), "64-bit perceptual hash (imagehash.phash)"),
-    f("dup_of", pa.string(), "sample_id of the canonical sample of this one's duplicate cluster"),
+    f("dup_of", pa.string(), "sample_id of the member its duplicate cluster keeps (the first member in "
+      "canonical order that passes; the canonical when none does); null for that member itself"),
     f("dup_kind", pa.string(), "'exact' (same sha256) or 'near' (pHash Hamming distance <= k)"),
     f("dup_cluster_size", pa.int32(), "samples in this one's duplicate cluster (1 = unique)"),
+    f("dup_rank", pa.int32(), "position in its cluster's canonical order (largest area, then smallest "
+      "sample_id): 0 = the canonical or a unique sample"),
+    f("dup_scored", pa.bool_(), "went on to the model stages as its cluster's candidate: unique, canonical, or a "
+      "fallback scored because every member before it was rejected by a model stage (dedup.max_fallbacks)"),
 ]
 SAMPLE_PERSON = [
     f("person_boxes", pa.list_(BOX), "every detected person box, xyxy, original pixels"),
@@ -183,7 +188,8 @@ MEASURE = _schema("measure", [fl for fl in SAMPLES if fl.name not in _SCORED] + 
     f("_offset", pa.int64(), "byte offset of a tar sample's image member in its shard"),
     f("_size", pa.int64(), "byte size of that member"),
 ])
-VERDICTS = _schema("verdicts", [SAMPLES.field(n) for n in ("sample_id", "dup_of", "dup_kind", "dup_cluster_size")])
+VERDICTS = _schema("verdicts", [SAMPLES.field(n) for n in ("sample_id", "dup_of", "dup_kind", "dup_cluster_size",
+                                                                "dup_rank")])
 NEAR_PAIRS = _schema("near_pairs", [
     f("a", pa.uint64(), "pHash of one sample of a near pair"),
     f("b", pa.uint64(), "pHash of the other"),

@@ -92,12 +92,12 @@ def _score_block(batch: pa.Table, run: str, limits: dict, score_all: bool, cfg: 
     """Phase 3's read of one unit, whose rows go on to the stages; or, with `fused` (no stage in
     phase 3), read and write of each unit of the bundle: their summaries."""
     if fused:
-        return _each_unit(batch, run, lambda unit: finish_unit(run, read_for_score(run, unit, limits, score_all),
+        return _each_unit(batch, run, lambda unit: finish_unit(run, read_for_score(run, unit, limits, score_all, cfg),
                                                                cfg))
     out: list = []
     unit = _units_of(batch, run)[0]  # unbundled: one unit a block
     with _faults_reported(run, unit.unit_id, out):
-        table = read_for_score(run, unit, limits, score_all)
+        table = read_for_score(run, unit, limits, score_all, cfg)
         if table.num_rows:
             return table
         # an empty unit is finished here (Ray Data drops empty blocks): its summary passes the stages

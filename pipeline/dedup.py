@@ -552,6 +552,7 @@ def verdicts(root: np.ndarray, sample_id: pa.Array, area: np.ndarray, sha256) ->
     size = np.bincount(root, minlength=n)[root].astype(np.int32)
     multi = np.flatnonzero(size > 1)
     canon = np.arange(n, dtype=np.int64)  # only entries of multi are read back
+    rank = np.zeros(n, dtype=np.int32)  # position in the component's canonical order
     if len(multi):
         sid = _strings(sample_id)
         t = pa.table({"root": root[multi], "area": area[multi], "sid": sid.take(pa.array(multi)),
@@ -562,7 +563,9 @@ def verdicts(root: np.ndarray, sample_id: pa.Array, area: np.ndarray, sha256) ->
         node = t.column("node").to_numpy()
         head = np.ones(len(r), dtype=bool)
         head[1:] = r[1:] != r[:-1]
-        canon[node] = node[np.flatnonzero(head)][np.cumsum(head) - 1]
+        first = np.flatnonzero(head)[np.cumsum(head) - 1]
+        canon[node] = node[first]
+        rank[node] = np.arange(len(r)) - first
     dup = np.zeros(n, dtype=bool)
     dup[multi] = canon[multi] != multi
     take = np.where(dup, canon, -1)
@@ -577,7 +580,7 @@ def verdicts(root: np.ndarray, sample_id: pa.Array, area: np.ndarray, sha256) ->
     dup_kind = pa.DictionaryArray.from_arrays(pa.array(kind, mask=~dup), pa.array(["exact", "near"]))
     return pa.table({"sample_id": sid_all.cast(pa.string()), "dup_of": dup_of,
                      "dup_kind": dup_kind.cast(pa.string()),
-                     "dup_cluster_size": pa.array(size, pa.int32())})
+                     "dup_cluster_size": pa.array(size, pa.int32()), "dup_rank": pa.array(rank, pa.int32())})
 
 
 def _area(table: pa.Table) -> np.ndarray:
@@ -589,7 +592,7 @@ def _area(table: pa.Table) -> np.ndarray:
 def cluster(samples: pa.Table, max_distance: int = 4, exact: bool = True) -> pa.Table:
     """samples: sample_id, sha256, phash (uint64, may be null), width, height.
 
-    Returns sample_id, dup_of, dup_kind, dup_cluster_size for every input row, ordered by sample_id.
+    Returns sample_id, dup_of, dup_kind, dup_cluster_size, dup_rank for every input row, ordered by sample_id.
     The near search runs in this process; run_dedup runs the same tables as Ray tasks.
     """
     return cluster_stats(samples, max_distance, exact)[0]
@@ -942,7 +945,7 @@ def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
         n = table.num_rows
         result = pa.table({"sample_id": table.column("sample_id").cast(pa.string()),
                            "dup_of": pa.nulls(n, pa.string()), "dup_kind": pa.nulls(n, pa.string()),
-                           "dup_cluster_size": pa.nulls(n, pa.int32())})
+                           "dup_cluster_size": pa.nulls(n, pa.int32()), "dup_rank": pa.nulls(n, pa.int32())})
     starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]) if sizes else np.zeros(1, np.int64)
 
     def write(i: int) -> None:

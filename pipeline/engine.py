@@ -44,8 +44,7 @@ from catalog import compact as compact_mod
 from catalog.storage import is_uri, run_root
 
 from . import console
-from . import dedup as dedup_mod
-from . import dedup_dist
+from . import dedup as dedup_mod, dedup_dist, fallback, fallback_rounds
 from .adapter import apply_stage, run_on_unit, run_stage  # noqa: F401 (engine's API)
 from .columns import unit_meta, with_meta  # noqa: F401 (engine's API)
 from .config import load_config, section
@@ -68,7 +67,7 @@ log = logging.getLogger("humanset.curate")
 _limits = limits_of  # the engine's name for it (tests, isolation)
 _now = now
 RUN_WRITERS = ["", "stats", "catalog/samples", "catalog/compact/samples", "catalog/compact/shards", "shards",
-               "work/measure", "work/dedup", "work/dedup/pairs"]  # where
+               "work/measure", "work/dedup", "work/dedup/pairs", "work/scored"]  # where
 # our writers write in a RUN (clean_tmp looks only there)
 DEFAULT_WINDOW_UNITS = DEFAULTS.engine.window_units  # engine.window_units: units one Ray Data pipeline is given at a time
 
@@ -98,13 +97,13 @@ def _measure(run: Path, units: list[Unit], cfg: dict, score_all: bool, bar, prog
 
 
 def _score_and_write(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score_all: bool,
-                     bar, progress: bool, early: "_EarlyScore | None" = None):
+                     bar, progress: bool, early: "_EarlyScore | None" = None, marker: str = "stats"):
     if early is not None:
         done = _drain(early.open(), len(units), "score+write", True, bar)
     else:
         ds = _score_ds(run, units, stages, cfg, score_all)
         done = _drain(ds.iter_batches(batch_format="pyarrow", batch_size=None), len(units), "score+write", True, bar)
-    failed = _failed(units, done, (run_store(run), "stats"), ".json")
+    failed = _failed(units, done, (run_store(run), marker), ".json" if marker == "stats" else ".parquet")
     if failed:
         _isolate(run, failed, "score", cfg, score_all, progress)
 
@@ -267,11 +266,14 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
         t_start = time.time()
         timeline = manifest["timeline"] = {"start": round(t_start, 3)}
         todo = lambda uid: uid not in done  # noqa: E731
+        n_fallbacks = fallback.max_fallbacks(cfg_active, score_stages)  # phase 3 in rounds (pipeline/fallback.py)
+        cfg_score = fallback.round_cfg(cfg_active, 0) if n_fallbacks else cfg_active
         # model actors load while phases 1 and 2 run (engine.start_actors_early), for the first window
         early = None
         if _start_actors_early(cfg, score_stages, n_measure):
-            first = next(_windows(run, todo, window))
-            early = _EarlyScore(run, first, score_stages, cfg_active, score_all)
+            scored = NameSet((store, fallback.SCORED_DIR), ".parquet") if n_fallbacks else ()
+            first = next(_windows(run, lambda uid: uid not in done and uid not in scored, window))
+            early = _EarlyScore(run, first, score_stages, cfg_score, score_all)
         try:
             if n_measure:  # with early actors, measure leaves their CPUs to them
                 t0 = time.perf_counter()
@@ -289,11 +291,17 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
                          seconds["dedup"])
             timeline["deduped"] = round(time.time(), 3)
             t0 = time.perf_counter()
-            with console.progress(n_todo, "score+write", enabled=progress) as bar:
-                for i, units in enumerate(_windows(run, todo, window)):
-                    _score_and_write(run, units, score_stages, cfg_active, score_all, bar, progress,
-                                     early if i == 0 else None)
-                    early = None
+            if n_fallbacks:
+                manifest["fallbacks"] = fallback_rounds.run_rounds(
+                    run, cfg_active, score_stages, progress, early, window, _retries(cfg),
+                    lambda *a: _score_and_write(run, *a[:3], score_all, a[3], progress, *a[4:]))
+                early = None
+            else:
+                with console.progress(n_todo, "score+write", enabled=progress) as bar:
+                    for i, units in enumerate(_windows(run, todo, window)):
+                        _score_and_write(run, units, score_stages, cfg_active, score_all, bar, progress,
+                                         early if i == 0 else None)
+                        early = None
         except BaseException:
             if early is not None:
                 early.abort()

@@ -123,7 +123,7 @@ def isolate_unit(run: str, unit: dict, phase: str, cfg: dict, score_all: bool, l
         from catalog.schema import MEASURE
         unit_io.write_measure(run_p, u.unit_id, pa.concat_tables(parts) if parts else MEASURE.empty_table(), meta)
     else:
-        table = unit_io.read_for_score(run_p, u, limits, score_all)
+        table = unit_io.read_for_score(run_p, u, limits, score_all, cfg)
         meta = unit_meta(table)
         if names and table.num_rows:
             table, crashes = run_rows_isolated(table, names, cfg, score_all)

@@ -19,6 +19,7 @@ from catalog.sources import read_source
 
 from . import console
 from . import dedup as dedup_mod
+from . import fallback
 from .config import apply_sets
 from .decide import decide
 from .engine import _versions, funnel_from_counts, write_curated
@@ -72,12 +73,13 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
         raise SelectError(f"{out}: already holds a run; choose a new --output")
     stages = [s for s in build_stages(cfg) if s.name in manifest["stages"]]
     dedup = _redo_dedup(run_p, stages, cfg) if any(k.startswith(("dedup.", "size.")) for k in changed) else None
+    choice, fb_counts = _fallback_choice(run_p, dedup, stages, cfg)
 
-    # two passes over the parts, one unit at a time (memory flat in the number of parts): the first
-    # refuses thresholds the stored scores cannot decide, before anything is written
+    # then two passes over the parts, one unit at a time: the first refuses thresholds the stored
+    # scores cannot decide, before anything is written
     unscored: dict[str, int] = {}
     for _, part in _parts(run_p, progress=False):
-        for name, n in _unscored(decide(_with_dedup(part, dedup), stages), stages).items():
+        for name, n in _unscored(decide(_resolved(part, dedup, choice), stages), stages).items():
             unscored[name] = unscored.get(name, 0) + n
     for name, missing in unscored.items():
         raise SelectError(f"{missing} samples now reach the {name} stage but were never scored by it "
@@ -88,7 +90,7 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
     all_reasons: dict[str, int] = {}
     n_rows = n_kept = 0
     for unit, part in _parts(run_p, progress):
-        part = decide(_with_dedup(part, dedup), stages)
+        part = decide(_resolved(part, dedup, choice), stages)
         keep = part.filter(part.column("keep"))
         images = _images(run_p, keep, _unit_members(run_p, unit))
         written = write_curated(out.child("shards"), unit, keep, images, cfg) if keep.num_rows else []
@@ -110,7 +112,7 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
               "config": cfg, "selected_from": run_p.uri, "changed": changed, "started": now(),
               "finished": now(), "status": "complete", "versions": _versions(),
               "funnel": funnel_from_counts(first, n_rows, manifest["stages"]),
-              "counts": {"inputs": n_rows, "kept": n_kept},
+              "counts": {"inputs": n_rows, "kept": n_kept}, "fallbacks": fb_counts,
               "reject_reasons": dict(sorted(all_reasons.items(), key=lambda kv: (-kv[1], kv[0])))}
     out.write_json("manifest.json", result)
     return result
@@ -152,7 +154,7 @@ def _unit_error(run, unit: str) -> dict:
 
 def _redo_dedup(run, stages, cfg: dict) -> dict[str, tuple]:
     """Recluster among samples passing decode and size under the new thresholds: sample_id ->
-    (dup_of, dup_kind, dup_cluster_size) of every candidate. The candidates' hashes are read part by
+    (dup_of, dup_kind, dup_cluster_size, dup_rank) of every candidate. The candidates' hashes are read part by
     part; the clustering itself is global."""
     early = [s for s in stages if s.name in ("decode", "size")]
     cols = ["sample_id", "sha256", "phash", "width", "height"]
@@ -164,7 +166,53 @@ def _redo_dedup(run, stages, cfg: dict) -> dict[str, tuple]:
     d = cfg.get("dedup", {})
     result = dedup_mod.cluster(cand, d.get("max_distance", DEFAULTS.dedup.max_distance), d.get("exact", DEFAULTS.dedup.exact))
     return dict(zip(result.column("sample_id").to_pylist(),
-                    zip(*(result.column(c).to_pylist() for c in ("dup_of", "dup_kind", "dup_cluster_size")))))
+                    zip(*(result.column(c).to_pylist() for c in ("dup_of", "dup_kind", "dup_cluster_size",
+                                                                 "dup_rank")))))
+
+
+def _fallback_choice(run, dedup: dict | None, stages, cfg: dict) -> tuple[dict, dict]:
+    """Each cluster's member under the new thresholds (pipeline/fallback.recut): one pass over the
+    parts collects the members of multi-member clusters (about 100 bytes each: select holds the
+    run's duplicates, as its reclustering holds its candidates)."""
+    score = [s.name for s in stages if s.phase == "score"]
+    members = []
+    for _, part in _parts(run, progress=False):
+        part = _with_dedup(part, dedup)
+        multi = pc.fill_null(pc.greater(part.column("dup_cluster_size"), 1), False)
+        if not pc.any(multi).as_py():
+            continue
+        part = part.filter(multi)
+        was_kept = part.column("keep").to_pylist()
+        own = decide(part.set_column(part.schema.get_field_index("dup_kind"), "dup_kind",
+                                     pa.nulls(part.num_rows, pa.string())), stages)  # its own reasons only
+        for r, kept in zip(own.select(["sample_id", "dup_of", "dup_rank", "sha256", "scored_stages",
+                                       "reject_reasons", "decode_error"]).to_pylist(), was_kept):
+            done = set(r["scored_stages"] or [])
+            first = (r["reject_reasons"] or [None])[0]
+            scored = (first.split(":")[0] not in score or first.split(":")[0] in done) if first else \
+                all(s in done for s in score)  # its stored scores decide it
+            members.append({"key": r["dup_of"] or r["sample_id"], "rank": r["dup_rank"] or 0,
+                            "sample_id": r["sample_id"], "sha256": r["sha256"], "scored": scored,
+                            "passes": first is None, "kept": bool(kept)})
+    d = cfg.get("dedup") or {}
+    choice, counts = fallback.recut(members, int(d.get("max_fallbacks", 2) or 0) if score else 0)
+    if counts["promoted"] or counts["unscored"]:
+        log.info("select: %d clusters keep another member than the run did; %d stop at a member the run "
+                 "never scored (rerun `humanset curate` to score it)", counts["promoted"], counts["unscored"])
+    return choice, counts
+
+
+def _resolved(table: pa.Table, dedup: dict | None, choice: dict) -> pa.Table:
+    """The unit's dup columns after a reclustering and the re-cut's choice of kept members."""
+    table = _with_dedup(table, dedup)
+    if not choice:
+        return table
+    got = [choice.get(sid) for sid in table.column("sample_id").to_pylist()]
+    for col in ("dup_of", "dup_kind", "dup_scored"):
+        old = table.column(col).to_pylist()
+        table = table.set_column(table.schema.get_field_index(col), col, pa.array(
+            [g[col] if g else o for g, o in zip(got, old)], SAMPLES.field(col).type))
+    return table
 
 
 def _with_dedup(table: pa.Table, dedup: dict | None) -> pa.Table:
@@ -172,7 +220,7 @@ def _with_dedup(table: pa.Table, dedup: dict | None) -> pa.Table:
     if dedup is None:
         return table
     got = [dedup.get(sid) for sid in table.column("sample_id").to_pylist()]
-    for k, col in enumerate(("dup_of", "dup_kind", "dup_cluster_size")):
+    for k, col in enumerate(("dup_of", "dup_kind", "dup_cluster_size", "dup_rank")):
         idx = table.schema.get_field_index(col)
         table = table.set_column(idx, col, pa.array([g[k] if g else None for g in got], SAMPLES.field(col).type))
     return table

@@ -85,11 +85,15 @@ class DedupSettings:
                     "union-find; more pairs: components computed iteratively on Ray, the\n"
                     "driver then holds no pair (README: dedup)", low=0)
     partitioned: bool | str = setting(
-        False, "near search as (table, key-range) Ray tasks, each holding O(n / ranges)\n"
-               "hashes and declaring memory=; auto: from 100k distinct hashes (docs/dedup.md)",
+        "auto", "dedup partitioned by hash end to end (pipeline/dedup_dist.py): Ray tasks\n"
+                "that each hold O(n / P) samples and declare memory=; auto: when one\n"
+                "process would need more than task_memory (~520 B a sample); docs/dedup.md",
         kinds=("bool",), words=("auto",))
-    task_memory: int = setting(2147483648, "bytes a (table, range) task may use: sets the number of key ranges",
+    task_memory: int = setting(2147483648, "bytes a dedup task may use: sets the partitions P and the key ranges",
                                low=1 << 20)
+    max_fallbacks: int = setting(2, "a model stage rejected the cluster's canonical: score the next member in\n"
+                                    "canonical order, up to this many more; 0 = only the canonical (docs/dedup.md)",
+                                 low=0)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from catalog.storage import storage_for
 from catalog.schema import MEASURE
 
 from . import dedup as dedup_mod
+from . import fallback
 from .adapter import run_on_unit
 from .columns import flag, set_column, typed, unit_meta, with_meta
 from .fetch import ByteSource
@@ -229,20 +230,28 @@ def measured_table(run: Path, unit_id: str, t: pa.Table | None = None) -> pa.Tab
     if t is None:
         t = read_measure(run, unit_id)[0]
     verdicts = dedup_mod.read_verdicts(run, unit_id)
+    cols = ("dup_of", "dup_kind", "dup_cluster_size", "dup_rank")
     if verdicts.num_rows:
         pos = pc.index_in(t.column("sample_id"), value_set=verdicts.column("sample_id"))
-        for col in ("dup_of", "dup_kind", "dup_cluster_size"):
+        for col in cols:
             t = set_column(t, col, verdicts.column(col).take(pos))
     else:
-        for col in ("dup_of", "dup_kind", "dup_cluster_size"):
+        for col in cols:
             t = set_column(t, col, pa.nulls(t.num_rows, SAMPLES.field(col).type))
     alive = pc.and_(pc.fill_null(t.column("_alive"), False), pc.is_null(t.column("dup_kind")))
+    # a dedup candidate goes on to the model stages when it is unique or its cluster's canonical
+    t = set_column(t, "dup_scored", pc.if_else(pc.is_valid(t.column("dup_rank")), alive, pa.scalar(None, pa.bool_())))
     return set_column(t, "_alive", alive)
 
 
-def read_for_score(run: Path, unit: Unit, limits: dict, score_all: bool) -> pa.Table:
+def read_for_score(run: Path, unit: Unit, limits: dict, score_all: bool, cfg: dict | None = None) -> pa.Table:
     """Phase 3 input: the unit's measurements and verdicts, without image bytes (each stage reads
-    back the bytes of the rows it scores, checked against their measured sha256)."""
+    back the bytes of the rows it scores, checked against their measured sha256). With fallbacks,
+    a later round's or the write pass's input (pipeline/fallback.py)."""
+    if fallback.round_of(cfg) == fallback.WRITE:
+        return fallback.read_final(run_store(run), unit, cfg)
+    if fallback.round_of(cfg):
+        return fallback.read_round(run_store(run), unit, cfg)
     t0 = time.perf_counter()
     reset_peak_rss()
     measured, counters = read_measure(run, unit.unit_id)
@@ -324,8 +333,11 @@ def _write_kept(run: Path, u: Unit, table: pa.Table, meta: dict, cfg: dict) -> t
 
 
 def finish_unit(run: Path, table: pa.Table, cfg: dict) -> pa.Table:
-    """Decide, write the unit's curated shards and catalog part, then its stats marker (last)."""
+    """Decide, write the unit's curated shards and catalog part, then its stats marker (last). A
+    scoring round with fallbacks keeps the unit's scored rows instead (pipeline/fallback.py)."""
     from .decide import decide
+    if fallback.round_of(cfg) not in (None, fallback.WRITE):
+        return summary(fallback.write_scored(run_store(run), table, cfg), table.num_rows)
     meta = unit_meta(table)
     u = Unit.from_dict(meta["unit"])
     meta.setdefault("limits", limits_of(cfg))

@@ -54,4 +54,7 @@ class DedupStage(Stage):
 
     def reject(self, table: pa.Table):
         kinds = table.column("dup_kind").to_pylist()
-        return [f"{k}_duplicate" if k else None for k in kinds]
+        scored = (table.column("dup_scored").to_pylist() if "dup_scored" in table.column_names
+                  else [None] * len(kinds))
+        # a member the model stages scored (a fallback) carries its own reason, not the duplicate's
+        return [f"{k}_duplicate" if k and not s else None for k, s in zip(kinds, scored)]

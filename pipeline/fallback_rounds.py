@@ -1,0 +1,211 @@
+"""The fallback rounds of phase 3 (dedup.max_fallbacks; pipeline/fallback.py has the worker side).
+
+Order: round 0 scores every unit (RUN/work/scored/); then, for r = 1..max_fallbacks, an exchange
+plans round r and round r scores the units it named; a last exchange finds each cluster's kept
+member; the write pass writes every unit. Each exchange is a shuffle by cluster in three steps of
+Ray tasks, all on files:
+  map (one task per window of units): each unit's member records (multi-member clusters: cluster
+    key = the canonical's sample_id, rank, sha256, unit, the window it belongs to) and the outcome of
+    each scored member, written into one file per hash partition of the key:
+    RUN/work/fallback/x/p{p}/{step}-w{w}.parquet;
+  reduce (one task per partition): its clusters' records -> the members to score next (or the new
+    dup_of of the members of clusters that keep a fallback), written per destination window:
+    RUN/work/fallback/t/{step}/w{w}/p{p}.parquet;
+  route (one task per window): one file per unit (RUN/work/fallback/todo/r{r}/, .../kept/).
+The driver holds a window of unit ids and counts; a partition holds its clusters' records only
+(about 100 bytes per duplicate / partitions). Each step is marked done (RUN/work/fallback/_{step}.json)
+after its last task; a crash resumes at the first unmarked step, and a round's scoring skips the units
+whose round file exists, like any phase.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from . import console
+from . import fallback as fb
+from .run_state import NameSet, _windows
+from .unit_io import run_store
+
+log = logging.getLogger("humanset.curate")
+
+_REC = pa.schema([("key", pa.string()), ("rank", pa.int32()), ("sample_id", pa.string()), ("sha256", pa.string()),
+                  ("unit", pa.string()), ("win", pa.int64()), ("outcome", pa.int8())])
+
+
+def _part(key: str, parts: int) -> int:
+    return int(key[:12], 16) % parts if parts > 1 else 0  # sample ids are blake2b hex digests
+
+
+def _read(store, rel: str, columns=None) -> pa.Table:
+    return pq.read_table(store.fs_path(rel), filesystem=store.fs, columns=columns)
+
+
+def _write_parts(store, recs: list[dict], parts: int, name: str) -> None:
+    by: dict[int, list[dict]] = {}
+    for rec in recs:
+        by.setdefault(_part(rec["key"], parts), []).append(rec)
+    for p, rows in by.items():
+        store.write_parquet(f"{fb.FALLBACK_DIR}/x/p{p:05d}/{name}.parquet", pa.Table.from_pylist(rows, schema=_REC))
+
+
+def map_window(run: str, r: int, w: int, unit_ids: list[str], parts: int) -> int:
+    """Ray task. r = 0: every multi-member cluster's members among the window's units (with round
+    0's outcome on the canonical); r >= 1: the outcomes of round r's rows."""
+    store = run_store(run)
+    cols = ["sample_id", "dup_of", "dup_rank", "dup_cluster_size", "sha256", "_alive", "decode_error"]
+    recs: list[dict] = []
+    for uid in unit_ids:
+        rel = fb.scored_path(uid, r)
+        if r and not store.exists(rel):
+            continue
+        t = _read(store, rel, cols)
+        t = t.filter(pc.fill_null(pc.greater(t.column("dup_cluster_size"), 1), False))
+        if not t.num_rows:
+            continue
+        ranks = t.column("dup_rank").to_pylist()
+        out = fb.outcomes(t, [True if r else rk == 0 for rk in ranks])
+        for sid, of, rk, sha, o in zip(t.column("sample_id").to_pylist(), t.column("dup_of").to_pylist(), ranks,
+                                       t.column("sha256").to_pylist(), out):
+            recs.append({"key": of if rk else sid, "rank": rk, "sample_id": sid, "sha256": sha, "unit": uid,
+                         "win": w, "outcome": o})
+    _write_parts(store, recs, parts, f"{'m' if r == 0 else f'r{r}'}-w{w:06d}")
+    return len(recs)
+
+
+def reduce_part(run: str, step: str, p: int) -> int:
+    """Ray task: partition p's clusters -> round `step`'s members to score, or ('kept') the new
+    dup_of / dup_kind of the members of clusters that keep a fallback; written per window."""
+    store = run_store(run)
+    members: list[dict] = []
+    outcome: dict[str, int] = {}
+    later = []
+    for e in store.list(f"{fb.FALLBACK_DIR}/x/p{p:05d}", suffix=".parquet"):
+        name = e.path.rsplit("/", 1)[-1]
+        if name.startswith("."):
+            continue
+        rows = _read(store, e.path).to_pylist()
+        (members if name.startswith("m-") else later).extend(rows)
+    for m in members:
+        outcome[m["sample_id"]] = m["outcome"]
+    for m in later:  # a round's outcome replaces round 0's UNSCORED
+        outcome[m["sample_id"]] = m["outcome"]
+    got = fb.resolve(members, outcome) if step == "kept" else fb.next_todo(members, outcome, int(step[1:]))
+    by: dict[int, list[dict]] = {}
+    for g in got:
+        by.setdefault(g["win"], []).append({"sample_id": g["sample_id"], "unit": g["unit"],
+                                            "dup_of": g.get("dup_of"), "dup_kind": g.get("dup_kind")})
+    for w, rows in by.items():
+        store.write_parquet(f"{fb.FALLBACK_DIR}/t/{step}/w{w:06d}/p{p:05d}.parquet", pa.Table.from_pylist(
+            rows, schema=pa.schema([("sample_id", pa.string()), ("unit", pa.string()), ("dup_of", pa.string()),
+                                    ("dup_kind", pa.string())])))
+    return len(got)
+
+
+def route_window(run: str, step: str, w: int) -> int:
+    """Ray task: window w's records of `step`, one file per unit (todo of round r, or kept)."""
+    store = run_store(run)
+    parts = [_read(store, e.path) for e in store.list(f"{fb.FALLBACK_DIR}/t/{step}/w{w:06d}", suffix=".parquet")
+             if not e.path.rsplit("/", 1)[-1].startswith(".")]
+    if not parts:
+        return 0
+    t = pa.concat_tables(parts).sort_by([("unit", "ascending"), ("sample_id", "ascending")])
+    units = t.column("unit").to_pylist()
+    start = 0
+    for i in range(1, len(units) + 1):
+        if i == len(units) or units[i] != units[start]:
+            part = t.slice(start, i - start)
+            rel = fb.kept_path(units[start]) if step == "kept" else fb.todo_path(units[start], int(step[1:]))
+            store.write_parquet(rel, part.select(["sample_id", "dup_of", "dup_kind"] if step == "kept"
+                                                 else ["sample_id"]))
+            start = i
+    return len(units)
+
+
+def _all(ray, task, args: list[tuple], limit: int) -> int:
+    """Run task(*a) for every a, at most `limit` in flight; the sum of their results."""
+    pending, total = [], 0
+    for a in args:
+        pending.append(task.remote(*a))
+        while len(pending) >= limit:
+            ready, pending = ray.wait(pending, num_returns=1)
+            total += ray.get(ready[0])
+    return total + sum(ray.get(pending))
+
+
+def exchange(run, step: str, window: int, retries: int, map_round: int | None) -> dict:
+    """One exchange (module docstring): map round `map_round`'s files (0: the members; None: no map),
+    reduce for `step` ('m' has no reduce), route. Returns its counts, from its marker when it ran."""
+    import ray
+    store = run_store(run)
+    marker = f"{fb.FALLBACK_DIR}/_{step}.json"
+    if store.exists(marker):
+        return store.read_json(marker)
+    opts = dict(num_cpus=1, max_retries=retries)
+    limit = max(1, int(4 * ray.cluster_resources().get("CPU", 1)))
+    windows = None if step == "m" else store.read_json(f"{fb.FALLBACK_DIR}/_m.json")["windows"]
+    if map_round is not None:
+        have = NameSet((store, fb.scored_dir(map_round)), ".parquet") if map_round else None
+        keep = (lambda uid: uid in have) if map_round else (lambda uid: True)
+        args = [(str(run), map_round, n, [u.unit_id for u in units]) for n, units in
+                enumerate(_windows(run, keep, window))]
+        if step == "m":  # as many partitions as windows of units: a partition holds ~1 / windows of the records
+            windows = max(1, len(args))
+        _all(ray, ray.remote(**opts)(map_window), [a + (windows,) for a in args], limit)
+    counts = {"windows": windows}
+    if step != "m":
+        counts["rows"] = _all(ray, ray.remote(**opts)(reduce_part), [(str(run), step, p) for p in range(windows)],
+                              limit)
+        counts["units"] = _all(ray, ray.remote(**opts)(route_window), [(str(run), step, w) for w in range(windows)],
+                               limit)
+    store.write_json(marker, counts)
+    return counts
+
+
+def run_rounds(run, cfg: dict, score_stages, progress: bool, early, window: int, retries: int,
+               score_pass) -> dict:
+    """Phase 3 with fallbacks. score_pass(units, stages, cfg, bar, early, marker folder) runs one
+    pass of phase 3 over a window. Returns the rounds' counts (rows scored per round, kept)."""
+    store = run_store(run)
+    n_fb = fb.max_fallbacks(cfg, score_stages)
+    if store.posix:  # temporaries a crashed round left (the engine's clean_tmp lists fixed folders only)
+        import catalog
+        catalog.clean_tmp(run, [fb.scored_dir(r) for r in range(1, n_fb + 1)])
+        if os.path.isdir(os.path.join(run, fb.FALLBACK_DIR)):
+            catalog.clean_tmp(os.path.join(run, fb.FALLBACK_DIR))
+    done = NameSet((store, "stats"), ".json")
+    scored0 = NameSet((store, fb.SCORED_DIR), ".parquet")
+    todo0 = lambda uid: uid not in done and uid not in scored0  # noqa: E731
+    n0 = sum(1 for units in _windows(run, todo0, window) for _ in units)
+    with console.progress(n0, "score", enabled=progress) as bar:
+        for units in _windows(run, todo0, window):
+            score_pass(units, score_stages, fb.round_cfg(cfg, 0), bar, early, fb.SCORED_DIR)
+            early = None
+    if early is not None:
+        early.abort()
+    stats = {"rounds": {}}
+    if any(True for _ in _windows(run, lambda uid: uid not in done, 1)):
+        exchange(run, "m", window, retries, 0)
+        for r in range(1, n_fb + 1):  # round r-1's outcomes are mapped by the exchange planning round r
+            got = exchange(run, f"r{r}", window, retries, r - 1 if r > 1 else None)
+            stats["rounds"][str(r)] = got.get("rows", 0)
+            if not got.get("rows"):
+                break
+            todo_r = NameSet((store, f"{fb.FALLBACK_DIR}/todo/r{r}"), ".parquet")
+            have_r = NameSet((store, fb.scored_dir(r)), ".parquet")
+            keep = lambda uid: uid in todo_r and uid not in have_r  # noqa: E731
+            n_r = sum(len(units) for units in _windows(run, keep, window))
+            with console.progress(n_r, f"fallback {r}", enabled=progress) as bar:
+                for units in _windows(run, keep, window):
+                    score_pass(units, score_stages, fb.round_cfg(cfg, r), bar, None, fb.scored_dir(r))
+        last = max([int(r) for r, n in stats["rounds"].items() if n] or [0])
+        stats["kept_fallbacks"] = exchange(run, "kept", window, retries, last or None).get("rows", 0)
+    todo = lambda uid: uid not in done  # noqa: E731
+    with console.progress(sum(len(u) for u in _windows(run, todo, window)), "write", enabled=progress) as bar:
+        for units in _windows(run, todo, window):
+            score_pass(units, [], fb.round_cfg(cfg, fb.WRITE), bar, None, "stats")
+    return stats

@@ -1,0 +1,150 @@
+"""dedup.max_fallbacks: a cluster keeps its first member in canonical order that the model stages
+pass. Real data: skimage's shipped photos, Impact captions the real PP-OCR models (rapidocr) read."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+import catalog
+from pipeline.config import default_config
+from pipeline.engine import curate
+from pipeline.recut import select
+from test_stage_text import SKIMAGE, meme
+
+
+def _copy(tmp: Path, photo: str, side: int, caption=None) -> bytes:
+    im = Image.open(SKIMAGE / photo).convert("RGB").resize((side, side), Image.LANCZOS)
+    path = tmp / f"_{photo}-{side}.png"
+    im.save(path)
+    return meme(path, *caption, rel=0.07) if caption else path.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def crawl(tmp_path_factory):
+    """Two clusters of near copies (larger = canonical first) and a unique clean photo:
+    astronaut: a 900-px captioned copy and a 512-px clean one;
+    chelsea: 900- and 700-px captioned copies and a 512-px clean one."""
+    tmp = tmp_path_factory.mktemp("fallback")
+    folder = tmp / "crawl"
+    folder.mkdir()
+    files = {"astro_cap900": _copy(tmp, "astronaut.png", 900, ("HELLO WORLD", "NICE DAY")),
+             "astro_clean": _copy(tmp, "astronaut.png", 512),
+             "cat_cap900": _copy(tmp, "chelsea.png", 900, ("WHEN THE CODE", "COMPILES")),
+             "cat_cap700": _copy(tmp, "chelsea.png", 700, ("BUY NOW", "FREE SHIPPING")),
+             "cat_clean": _copy(tmp, "chelsea.png", 512),
+             "coffee": _copy(tmp, "coffee.png", 400)}
+    for name, data in files.items():
+        (folder / f"{name}.png").write_bytes(data)
+    return folder
+
+
+def _cfg(fallbacks: int) -> dict:
+    cfg = default_config()
+    cfg["stages"] = ["decode", "size", "dedup", "text"]
+    cfg["dedup"]["max_distance"] = 6
+    cfg["dedup"]["max_fallbacks"] = fallbacks
+    cfg["engine"]["start_actors_early"] = False
+    return cfg
+
+
+def _rows(run) -> dict[str, dict]:
+    rows = catalog.connect(run).sql("SELECT * FROM samples").to_arrow_table().to_pylist()
+    return {Path(r["source_uri"]).stem: r for r in rows}
+
+
+@pytest.fixture(scope="module")
+def runs(crawl, ray_local, tmp_path_factory):
+    out = {}
+    for n in (2, 1, 0):
+        run = tmp_path_factory.mktemp(f"fb{n}") / "run"
+        out[n] = (run, curate([str(crawl)], str(run), _cfg(n), progress=False))
+    return out
+
+
+def test_the_clean_copy_is_kept_when_the_captioned_canonical_fails(runs):
+    run, manifest = runs[2]
+    r = _rows(run)
+    assert r["astro_cap900"]["dup_cluster_size"] == 2 and r["cat_cap900"]["dup_cluster_size"] == 3
+    kept = {k for k, v in r.items() if v["keep"]}
+    assert kept == {"astro_clean", "cat_clean", "coffee"}
+    # every scored member carries its own model reason; dup_of names the kept member
+    for name, rank in (("astro_cap900", 0), ("cat_cap900", 0), ("cat_cap700", 1)):
+        assert r[name]["dup_scored"] and r[name]["dup_rank"] == rank
+        assert r[name]["reject_reason"].startswith("text:text_area>"), r[name]["reject_reasons"]
+        assert not any(x.startswith("dedup:") for x in r[name]["reject_reasons"])
+    assert r["astro_cap900"]["dup_of"] == r["astro_clean"]["sample_id"]
+    assert r["cat_cap900"]["dup_of"] == r["cat_cap700"]["dup_of"] == r["cat_clean"]["sample_id"]
+    assert (r["astro_clean"]["dup_rank"], r["cat_clean"]["dup_rank"]) == (1, 2)
+    assert r["astro_clean"]["dup_of"] is None and r["astro_clean"]["dup_scored"]
+    assert r["coffee"]["dup_rank"] == 0 and r["coffee"]["dup_cluster_size"] == 1
+    assert manifest["fallbacks"]["rounds"] == {"1": 2, "2": 1}  # rows scored per fallback round (JSON keys)
+    assert manifest["counts"] == {"inputs": 6, "kept": 3}
+    idx = catalog.read_index(run / "shards").to_pylist()
+    assert {x["sample_id"] for x in idx} == {r[k]["sample_id"] for k in kept}
+
+
+def test_one_fallback_loses_the_cluster_whose_first_two_fail(runs):
+    r = _rows(runs[1][0])
+    assert {k for k, v in r.items() if v["keep"]} == {"astro_clean", "coffee"}
+    # cat: canonical and first fallback scored and rejected; the clean copy was never scored
+    assert r["cat_cap700"]["dup_scored"] and r["cat_cap700"]["reject_reason"].startswith("text:")
+    assert not r["cat_clean"]["dup_scored"] and r["cat_clean"]["reject_reason"] == "dedup:near_duplicate"
+    assert r["cat_clean"]["text_area_frac"] is None
+    # no member kept: dup_of keeps naming the canonical, as without fallbacks
+    assert r["cat_clean"]["dup_of"] == r["cat_cap700"]["dup_of"] == r["cat_cap900"]["sample_id"]
+
+
+def test_no_fallbacks_keeps_neither_as_before(runs):
+    run, manifest = runs[0]
+    r = _rows(run)
+    assert {k for k, v in r.items() if v["keep"]} == {"coffee"}
+    assert r["astro_cap900"]["reject_reason"].startswith("text:")
+    assert r["astro_clean"]["reject_reason"] == "dedup:near_duplicate"
+    assert r["astro_clean"]["dup_of"] == r["astro_cap900"]["sample_id"] and not r["astro_clean"]["dup_scored"]
+    assert "fallbacks" not in manifest
+    assert not (run / "work" / "scored").exists()
+
+
+def test_select_recut_promotes_the_canonical_and_records_it(runs, tmp_path):
+    run, _ = runs[2]
+    m = select(str(run), str(tmp_path / "loose"), ["text.max_area_frac=0.5"], progress=False)
+    r = _rows(tmp_path / "loose")
+    assert {k for k, v in r.items() if v["keep"]} == {"astro_cap900", "cat_cap900", "coffee"}
+    assert r["astro_clean"]["reject_reason"] == "dedup:near_duplicate"
+    assert r["astro_clean"]["dup_of"] == r["astro_cap900"]["sample_id"] and r["astro_cap900"]["dup_of"] is None
+    assert r["cat_cap700"]["dup_of"] == r["cat_cap900"]["sample_id"]
+    assert m["fallbacks"]["promoted"] == 2
+    # back to the run's thresholds: the run's choice again
+    back = select(str(tmp_path / "loose"), str(tmp_path / "back"), ["text.max_area_frac=0.03"], progress=False)
+    assert {k for k, v in _rows(tmp_path / "back").items() if v["keep"]} == {"astro_clean", "cat_clean", "coffee"}
+    assert back["fallbacks"]["promoted"] == 2
+
+
+def test_select_never_promotes_an_unscored_member(runs, tmp_path):
+    """A re-cut of the one-fallback run with two fallbacks cannot score the clean cat (no model runs):
+    the cluster stays lost, counted, and the docs say to rerun curate."""
+    m = select(str(runs[1][0]), str(tmp_path / "same"), ["dedup.max_fallbacks=2"], progress=False)
+    r = _rows(tmp_path / "same")
+    assert {k for k, v in r.items() if v["keep"]} == {"astro_clean", "coffee"}
+    assert m["fallbacks"]["unscored"] == 1 and m["fallbacks"]["promoted"] == 0
+    assert r["cat_clean"]["reject_reason"] == "dedup:near_duplicate" and not r["cat_clean"]["dup_scored"]
+
+
+def test_resume_mid_fallback_round_equals_the_clean_run(crawl, runs, tmp_path):
+    """What a crash in round 2's scoring leaves (round 2 planned, its unit unscored, no kept
+    members, no unit written): the rerun finishes the rounds and writes the clean run's catalog."""
+    import shutil
+    clean, _ = runs[2]
+    run = tmp_path / "run"
+    shutil.copytree(clean, run)
+    assert (run / "work/fallback/_r2.json").exists() and list((run / "work/scored/r2").glob("*.parquet"))
+    for rel in ("work/scored/r2", "work/fallback/kept", "work/fallback/t/kept", "stats", "catalog", "shards"):
+        shutil.rmtree(run / rel)
+    (run / "work/fallback/_kept.json").unlink()
+    m = curate([str(crawl)], str(run), _cfg(2), progress=False)
+    assert m["status"] == "complete" and m["fallbacks"]["rounds"] == {"1": 2, "2": 1}
+    q = "SELECT * EXCLUDE (source_uri) FROM samples ORDER BY sample_id"
+    assert catalog.connect(run).sql(q).to_arrow_table().equals(catalog.connect(clean).sql(q).to_arrow_table())
