@@ -52,7 +52,8 @@ class TaskModel(nn.Module):
         self.encoder, self.head, self.task = encoder, head, task
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.head(tokens_to_map(self.encoder(images), self.encoder.grid_hw))
+        features = tokens_to_map(self.encoder(images), self.encoder.grid_hw)
+        return self.head(features, images) if self.head.skip is not None else self.head(features)
 
 
 def build_model(cfg: "FinetuneConfig") -> TaskModel:
@@ -60,7 +61,7 @@ def build_model(cfg: "FinetuneConfig") -> TaskModel:
     encoder = VisionTransformer.from_preset(cfg.model, tuple(cfg.image_size), learn_pos_embed=True,
                                             grad_checkpointing=cfg.grad_checkpointing).init_weights()
     head = build_head(cfg.task, encoder.width, out_channels(cfg.task, vocab), cfg.head_width, cfg.head_deconvs,
-                      cfg.head_convs)
+                      cfg.head_convs, cfg.head_image_skip)
     return TaskModel(encoder, head, cfg.task)
 
 
@@ -77,6 +78,7 @@ class FinetuneConfig(RunConfig):
     head_width: int | None = None  # None = Sapiens' layout (768, depth 384)
     head_deconvs: int | None = None
     head_convs: int | None = None
+    head_image_skip: bool = False  # the image, 3x3-convolved, joins the upsampled tokens (small frames; heads.py)
     batch_size: int = 8  # per worker
     warmup_steps: int | None = None  # None: 5 % of steps
     lr: float = 5e-4
