@@ -54,7 +54,8 @@ class TaskModel(nn.Module):
         self.encoder, self.head, self.task = encoder, head, task
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.head(tokens_to_map(self.encoder(images), self.encoder.grid_hw))
+        features = tokens_to_map(self.encoder(images), self.encoder.grid_hw)
+        return self.head(features, images) if self.head.skip is not None else self.head(features)
 
 
 def build_model(cfg: "FinetuneConfig") -> TaskModel:
@@ -62,7 +63,7 @@ def build_model(cfg: "FinetuneConfig") -> TaskModel:
     encoder = VisionTransformer.from_preset(cfg.model, tuple(cfg.image_size), learn_pos_embed=True,
                                             grad_checkpointing=cfg.grad_checkpointing).init_weights()
     head = build_head(cfg.task, encoder.width, out_channels(cfg.task, vocab), cfg.head_width, cfg.head_deconvs,
-                      cfg.head_convs)
+                      cfg.head_convs, cfg.head_image_skip)
     return TaskModel(encoder, head, cfg.task)
 
 
@@ -80,6 +81,7 @@ class FinetuneConfig(RunConfig):
                                      low=1)
     head_deconvs: int | None = setting(None, kinds=("int",), nullable=True, low=0)
     head_convs: int | None = setting(None, kinds=("int",), nullable=True, low=0)
+    head_image_skip: bool = setting(False, "the image, 3x3-convolved, joins the upsampled tokens (small frames; heads.py)")
     batch_size: int = setting(8, "per worker", low=1)
     warmup_steps: int | None = setting(None, "null: 5 % of steps", kinds=("int",), nullable=True, low=0)
     lr: float = setting(5e-4, low=0)

@@ -99,6 +99,24 @@ def test_heads_have_the_sapiens_resolutions():
     assert shapes == {"pose": (17, 16, 12), "seg": (28, 32, 24), "depth": (1, 64, 48), "normal": (3, 32, 24)}
 
 
+def test_image_skip_keeps_resolutions_sees_the_image_and_resumes_exactly(data, tmp_path):
+    x = torch.randn(2, 3, 64, 48)
+    for task, shape in {"pose": (17, 16, 12), "seg": (28, 32, 24), "depth": (1, 64, 48), "normal": (3, 32, 24)}.items():
+        model = build_model(FinetuneConfig(task=task, model="micro", image_size=(64, 48), head_width=8,
+                                           head_image_skip=True))
+        assert tuple(model(x).shape[1:]) == shape
+        features = torch.randn(2, model.encoder.width, 4, 3)
+        with torch.no_grad():  # same tokens, other pixels: only the skip can tell them apart
+            assert not torch.allclose(model.head(features, x), model.head(features, x.flip(-1)))
+    cfg = small("normal", data, tmp_path / "full", steps=6, checkpoint_every=3, augment=True, head_image_skip=True)
+    finetune(cfg)
+    full = logged(tmp_path / "full")
+    finetune(small("normal", data, tmp_path / "resumed", steps=6, augment=True, head_image_skip=True,
+                   resume=str(tmp_path / "full" / "checkpoints" / "step-00000003.pt")))
+    assert [r["loss"] for r in logged(tmp_path / "resumed")] == pytest.approx([r["loss"] for r in full[3:]], rel=1e-5)
+    assert evaluate(str(tmp_path / "full" / "checkpoints" / "step-00000006.pt"), data=str(data["normal"]))["n"] == 8
+
+
 def test_cli_finetune_evaluate_predict(data, tmp_path, capsys):
     out = tmp_path / "run"
     rc = humanset(["finetune", "--task", "seg", "--data", str(data["seg"]), "--output", str(out), "--model", "micro",
