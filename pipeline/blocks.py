@@ -26,8 +26,8 @@ from .sources import Unit, load_unit
 from .stages import Stage, build_stages
 from .unit_io import finish_unit, limits_of, listing_path, max_batch_bytes, measure_unit, read_for_score, summary
 
-DEFAULT_BUNDLE_BYTES = DEFAULTS.engine.bundle_bytes  # engine.bundle_bytes: units smaller than this together share a task
-DEFAULT_BUNDLE_UNITS = DEFAULTS.engine.bundle_units  # engine.bundle_units: at most this many units in one task
+DEFAULT_BUNDLE_BYTES = DEFAULTS.engine.bundle_bytes  # its setting's default (pipeline/settings.py)
+DEFAULT_BUNDLE_UNITS = DEFAULTS.engine.bundle_units  # its setting's default (pipeline/settings.py)
 ESTIMATED_FILE_BYTES = 256 << 10  # a loose file's bytes for bundling (a folder's listing does not stat)
 
 

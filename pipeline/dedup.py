@@ -59,7 +59,7 @@ log = logging.getLogger("humanset.dedup")
 
 BITS = 64
 WINDOW = 256  # buckets up to this size: compared as matrices of same-size buckets; larger: blocked scan
-DEFAULT_BUCKET_CAP = DEFAULTS.dedup.bucket_cap  # buckets larger than this are skipped (and counted): O(size^2) each
+DEFAULT_BUCKET_CAP = DEFAULTS.dedup.bucket_cap  # its setting's default (pipeline/settings.py)
 MAX_TABLES = 500  # choose_blocks never picks more tables than this (unless k needs it)
 MAX_DISTANCE = 32  # beyond half the bits a "near" pHash pair is no longer a duplicate
 RAY_MIN_HASHES = 100_000  # fewer distinct hashes: the tables run in this process (a task costs more)
@@ -624,7 +624,7 @@ def cluster_stats(samples: pa.Table, max_distance: int = 4, exact: bool = True, 
 # samples takes like any other link, so the clusters equal those of the union-find over all pairs.
 
 PAIR_BYTES = 48  # memory per near pair in the in-process union-find at its peak (measured 21-42)
-DEFAULT_COMPONENTS_MEMORY = DEFAULTS.dedup.components_memory  # dedup.components_memory: more pairs than this holds -> on Ray
+DEFAULT_COMPONENTS_MEMORY = DEFAULTS.dedup.components_memory  # its setting's default (pipeline/settings.py)
 MAX_PARTS = 256  # partitions of the edges on Ray (each a reduce task per round)
 _LOW = np.uint64(0xFFFFFFFF)
 _HI = np.uint64(32)

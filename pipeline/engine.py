@@ -69,7 +69,7 @@ _now = now
 RUN_WRITERS = ["", "stats", "catalog/samples", "catalog/compact/samples", "catalog/compact/shards", "shards",
                "work/measure", "work/dedup", "work/dedup/pairs", "work/scored"]  # where
 # our writers write in a RUN (clean_tmp looks only there)
-DEFAULT_WINDOW_UNITS = DEFAULTS.engine.window_units  # engine.window_units: units one Ray Data pipeline is given at a time
+DEFAULT_WINDOW_UNITS = DEFAULTS.engine.window_units  # its setting's default (pipeline/settings.py)
 
 
 # --------------------------------------------------------------------------------------------

@@ -164,7 +164,8 @@ def _redo_dedup(run, stages, cfg: dict) -> dict[str, tuple]:
         cands.append(part.filter(part.column("keep")).select(cols))
     cand = pa.concat_tables(cands) if cands else catalog.conform([], SAMPLES).select(cols)
     d = cfg.get("dedup", {})
-    result = dedup_mod.cluster(cand, d.get("max_distance", DEFAULTS.dedup.max_distance), d.get("exact", DEFAULTS.dedup.exact))
+    result = dedup_mod.cluster(cand, d.get("max_distance", DEFAULTS.dedup.max_distance),
+                               d.get("exact", DEFAULTS.dedup.exact))
     return dict(zip(result.column("sample_id").to_pylist(),
                     zip(*(result.column(c).to_pylist() for c in ("dup_of", "dup_kind", "dup_cluster_size",
                                                                  "dup_rank")))))

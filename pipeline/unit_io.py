@@ -46,7 +46,7 @@ MEMBER_SPAN = ("_offset", "_size")  # a tar sample's image member: phase 3 reads
 READ_SCHEMA = pa.schema(_READ_FIELDS)
 SUMMARY_SCHEMA = pa.schema([("unit_id", pa.string()), ("inputs", pa.int64()), ("kept", pa.int64()),
                             ("isolated", pa.bool_()), ("fault", pa.string())])
-DEFAULT_MAX_BATCH_BYTES = DEFAULTS.engine.max_batch_bytes  # engine.max_batch_bytes: image bytes a worker holds at once
+DEFAULT_MAX_BATCH_BYTES = DEFAULTS.engine.max_batch_bytes  # its setting's default (pipeline/settings.py)
 
 
 def now() -> str:

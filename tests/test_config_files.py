@@ -135,3 +135,20 @@ def test_code_reads_the_config_value_and_the_dataclass_default_when_it_is_missin
     assert section({"engine": {"max_retries": 5}}, "engine")["early_min_units"] == DEFAULTS.engine.early_min_units
     assert section({}, "dedup")["bucket_cap"] == DEFAULTS.dedup.bucket_cap == 20000
     assert _retries({"engine": {"max_retries": 0}}) == 0 and _retries({}) == DEFAULTS.engine.max_retries
+
+
+@pytest.mark.parametrize("command, flag, key", [
+    ("pretrain", "--steps", "steps"), ("pretrain", "--batch-size", "batch_size"), ("finetune", "--lr", "lr"),
+    ("finetune", "--batch-size", "batch_size"), ("train-filter", "--steps", "steps"),
+    ("train-filter", "--input-px", "input_px")])
+def test_training_help_says_the_dataclass_default(command, flag, key):
+    import argparse
+
+    from humanset.cli import build_parser
+    from training import config as training
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    (action,) = [a for a in sub._actions if flag in a.option_strings]
+    default = loader.defaults_of(training.config_class(command))[key]
+    assert action.help.endswith(f"(default {loader.yaml_scalar(default)})"), action.help

@@ -284,7 +284,8 @@ class PersonStage(Stage):
                 np.divide(x, 255.0, out=x)  # as ultralytics: float, then / 255
                 preds = self._forward(x)
                 dets = nms.non_max_suppression(
-                    torch.from_numpy(preds), float(self.cfg.get("min_store_score", DEFAULTS.person.min_store_score)), NMS_IOU,
+                    torch.from_numpy(preds),
+                    float(self.cfg.get("min_store_score", DEFAULTS.person.min_store_score)), NMS_IOU,
                     classes=[self.person_class], max_det=MAX_DET,
                     nc=0 if self.task == "detect" else self.n_classes)
                 for j, d in zip(part, dets):
