@@ -69,7 +69,7 @@ def _pow2(x: float) -> int:
 def plan(n: int, task_memory: int, m: int = 6) -> tuple[int, int, int]:
     """(P, rows per batch, near range bits) for n samples: the fewest power-of-two ranges whose
     tasks fit task_memory; the near search gets at least P ranges (at most 2^narrowest block)."""
-    room = max(1 << 20, task_memory - TASK_BASE_BYTES)
+    room = max(4096, task_memory - TASK_BASE_BYTES)
     P = _pow2(SKEW * n * max(SHA_BYTES, GROUP_BYTES) / room)
     R = max(P, _pow2(SKEW * n * NEAR_BYTES / room))
     narrowest = min(w for _, w in D.blocks(m))
