@@ -69,7 +69,7 @@ def _pow2(x: float) -> int:
 def plan(n: int, task_memory: int, m: int = 6) -> tuple[int, int, int]:
     """(P, rows per batch, near range bits) for n samples: the fewest power-of-two ranges whose
     tasks fit task_memory; the near search gets at least P ranges (at most 2^narrowest block)."""
-    room = max(1 << 20, task_memory - TASK_BASE_BYTES)
+    room = max(4096, task_memory - TASK_BASE_BYTES)
     P = _pow2(SKEW * n * max(SHA_BYTES, GROUP_BYTES) / room)
     R = max(P, _pow2(SKEW * n * NEAR_BYTES / room))
     narrowest = min(w for _, w in D.blocks(m))
@@ -103,6 +103,7 @@ class Tasks:
                                    default=0)
 
     def map(self, fn, args: list[tuple], memory, label: str) -> list[dict]:
+        t0 = time.perf_counter()
         mems = [int(memory(a) if callable(memory) else memory) for a in args]
         if self.use_ray:
             big = max(mems, default=0)
@@ -121,7 +122,10 @@ class Tasks:
             self.nodes.add(st.get("node"))
             self.seconds[label] = round(self.seconds.get(label, 0) + st.get("task_seconds", 0), 3)
             self.resumed += bool(st.get("resumed"))
-        log.debug("dedup: %d %s tasks", len(out), label)
+        log.log(logging.DEBUG if label == "components" else logging.INFO, "dedup: %d %s tasks done in %.1f s%s",
+                len(out), label, time.perf_counter() - t0,
+                f", {sum(bool(s.get('resumed')) for s in out)} from a former attempt" if any(
+                    s.get("resumed") for s in out) else "")
         return out
 
 

@@ -166,7 +166,7 @@ def test_run_dedup_dispatches_and_auto_keeps_small_runs_in_process(tmp_path):
     ids, t = _crawl(tmp_path, 41, units=3)
     st = dedup_dist.run_dedup(tmp_path, ids, {"dedup": {"partitioned": "auto"}})
     assert st.get("components") != "distributed"
-    st = dedup_dist.run_dedup(tmp_path, ids, {"dedup": {"partitioned": True, "task_memory": (256 << 20) + 200_000}})
+    st = dedup_dist.run_dedup(tmp_path, ids, {"dedup": {"partitioned": True, "task_memory": (256 << 20) + 1_000_000}})
     assert st["components"] == "distributed" and st["partitions"] >= 2
     want = dedup.cluster(t, K).cast(dedup.VERDICT_SCHEMA)
     assert _verdicts(tmp_path, ids).select(want.column_names).equals(want)

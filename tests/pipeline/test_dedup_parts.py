@@ -148,7 +148,7 @@ def test_run_dedup_partitioned_on_ray_equals_cluster(tmp_path, ray_local):
     for i, u in enumerate(units):
         pq.write_table(t.slice(i * (n // 2), n - n // 2 if i else n // 2), tmp_path / "work/measure" / f"{u}.parquet")
     cfg = {"dedup": {"max_distance": K, "blocks": 5, "partitioned": True,
-                     "task_memory": TASK_BASE_BYTES + 100_000}}  # ~4k hashes at 48 bytes: 2+ ranges
+                     "task_memory": TASK_BASE_BYTES + 1_000_000}}  # ~3.6k samples at 400 bytes x2: 4 partitions
     st = dedup_dist.run_dedup(tmp_path, units, cfg)
     assert st["ranges"] >= 2
     assert st["max_task_rss_mb"] > 0
@@ -173,7 +173,7 @@ def test_curate_with_partitioned_dedup_writes_the_same_verdicts(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
     env.pop("RAY_ADDRESS", None)
     runs = {}
-    for name, sets in (("whole", []), ("parts", ["dedup.partitioned=true", f"dedup.task_memory={TASK_BASE_BYTES + 200}"])):
+    for name, sets in (("whole", []), ("parts", ["dedup.partitioned=true", f"dedup.task_memory={TASK_BASE_BYTES + 20_000}"])):
         out = tmp_path / name
         cmd = [sys.executable, "-m", "humanset.cli", "curate", "--input", str(crawl), "--output", str(out),
                "--set", "stages=[decode, size, dedup]", "--set", "ray.num_cpus=2"]
