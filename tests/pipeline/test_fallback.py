@@ -148,3 +148,36 @@ def test_resume_mid_fallback_round_equals_the_clean_run(crawl, runs, tmp_path):
     assert m["status"] == "complete" and m["fallbacks"]["rounds"] == {"1": 2, "2": 1}
     q = "SELECT * EXCLUDE (source_uri) FROM samples ORDER BY sample_id"
     assert catalog.connect(run).sql(q).to_arrow_table().equals(catalog.connect(clean).sql(q).to_arrow_table())
+
+
+def _m(key, rank, sid, sha="x", **kw):
+    return {"key": key, "rank": rank, "sample_id": sid, "sha256": sha, "unit": "u", "win": 0, **kw}
+
+
+def test_cluster_logic_scores_the_next_rank_only_after_a_model_rejection():
+    from pipeline import fallback as fb
+    members = [_m("a", 0, "a"), _m("a", 1, "a1", "y"), _m("a", 2, "a2"), _m("b", 0, "b"), _m("b", 1, "b1"),
+               _m("c", 0, "c"), _m("c", 1, "c1")]
+    out = {"a": fb.REJECTED, "b": fb.PASSED, "c": fb.OTHER}  # c: changed bytes, not a model verdict
+    assert [m["sample_id"] for m in fb.next_todo(members, out, 1)] == ["a1"]
+    out["a1"] = fb.REJECTED
+    assert [m["sample_id"] for m in fb.next_todo(members, out, 2)] == ["a2"]
+    out["a2"] = fb.PASSED
+    got = {g["sample_id"]: (g["dup_of"], g["dup_kind"]) for g in fb.resolve(members, out)}
+    assert got == {"a": ("a2", "exact"), "a1": ("a2", "near"), "a2": (None, None)}  # b keeps its canonical
+
+
+def test_recut_walk_stops_at_an_unscored_member_and_at_max_fallbacks():
+    from pipeline import fallback as fb
+    ms = [_m("k", 0, "k", scored=True, passes=False, kept=False),
+          _m("k", 1, "k1", scored=True, passes=True, kept=True),
+          _m("k", 2, "k2", scored=False, passes=True, kept=False)]
+    choice, n = fb.recut(ms, 2)
+    assert choice["k1"] == {"dup_of": None, "dup_kind": None, "dup_scored": True} and n["promoted"] == 0
+    assert choice["k2"]["dup_of"] == "k1" and not choice["k2"]["dup_scored"]
+    ms[1]["passes"] = False  # stricter: k1 fails now, k2 was never scored -> lost, counted
+    choice, n = fb.recut(ms, 2)
+    assert n == {"promoted": 0, "unscored": 1, "lost": 1} and choice["k1"]["dup_of"] == "k"
+    ms[0]["passes"] = True  # looser: the canonical is promoted over the run's k1
+    choice, n = fb.recut(ms, 0)
+    assert n["promoted"] == 1 and choice["k"]["dup_of"] is None and choice["k1"]["dup_of"] == "k"
