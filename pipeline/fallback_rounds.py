@@ -197,7 +197,7 @@ def run_rounds(run, cfg: dict, score_stages, progress: bool, early, window: int,
                 break
             todo_r = NameSet((store, f"{fb.FALLBACK_DIR}/todo/r{r}"), ".parquet")
             have_r = NameSet((store, fb.scored_dir(r)), ".parquet")
-            keep = lambda uid: uid in todo_r and uid not in have_r  # noqa: E731
+            keep = lambda uid, t=todo_r, h=have_r: uid in t and uid not in h  # noqa: E731
             n_r = sum(len(units) for units in _windows(run, keep, window))
             with console.progress(n_r, f"fallback {r}", enabled=progress) as bar:
                 for units in _windows(run, keep, window):

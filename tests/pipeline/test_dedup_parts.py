@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import dedup, dedup_dist
-from pipeline.dedup import cluster, components, near_pairs, run_dedup
+from pipeline.dedup import cluster, components, near_pairs
 from pipeline.dedup_parts import TASK_BASE_BYTES, partitioned_tables, range_bits, range_of, scatter, top_blocks
 
 K = 4

@@ -2,7 +2,6 @@
 pass. Real data: skimage's shipped photos, Impact captions the real PP-OCR models (rapidocr) read."""
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
