@@ -130,7 +130,7 @@ def typed_scan(glob: str, schema: pa.Schema) -> str:
     return (f"read_parquet({_lit(glob)}, bound_schema = {_bound(schema)}, hive_partitioning = false)")
 
 
-def _run(run_dir):
+def run_location(run_dir):
     """A local run as a Path, a run on an object store (s3://...) as its URI string: DuckDB reads
     the latter through the storage layer registered as an fsspec file system (duckdb_connect_for)."""
     from .storage import is_uri, run_root
@@ -154,7 +154,7 @@ def run_exists(run) -> bool:
 def parts_sql(run_dir, view: str) -> str:
     """A typed `read_parquet(...)` over one view's files of a run this humanset wrote (the engine's
     final counts): every part holds the current declared columns, and no footer is read up front."""
-    return typed_scan(_glob(_run(run_dir), view), DECLARED[view])
+    return typed_scan(_glob(run_location(run_dir), view), DECLARED[view])
 
 
 def _parts(run, view: str):
@@ -250,7 +250,7 @@ def connect(run_dir, database: str = ":memory:", prefix: str = "",
     Views exist only for tables the run has. `prefix` names them `{prefix}samples`, ... so that
     several runs can be registered on one connection.
     """
-    run = _run(run_dir)
+    run = run_location(run_dir)
     if not run_exists(run):
         raise FileNotFoundError(f"{run}: no such run directory")
     con = duckdb.connect(database)
@@ -266,7 +266,7 @@ def register(con: duckdb.DuckDBPyConnection, run_dir, prefix: str = "", by_gener
              load: tuple[str, ...] = ()) -> list[str]:
     """Create the run's views on `con`; those named in `load` become temporary tables (load_table).
     A run on an object store: its store is registered on `con` (an fsspec file system) first."""
-    run = _run(run_dir)
+    run = run_location(run_dir)
     if _remote(run):
         from .storage import duckdb_connect_for
         duckdb_connect_for(run, con)
@@ -298,7 +298,7 @@ def estimated_rows(run_dir, view: str) -> int:
     import pyarrow.parquet as pq
 
     from .storage import locate
-    run = _run(run_dir)
+    run = run_location(run_dir)
     n, rows = 0, None
     for path in _parts(run, view):
         n += 1
@@ -330,7 +330,7 @@ def load_table(con: duckdb.DuckDBPyConnection, run_dir, view: str, name: str, ch
     (`humanset stats`, `report`) reads it once, in chunks: its memory is the rows', not the parts'.
     A chunk with parts of an older generation is read by name (`union_by_name` over that chunk only),
     the columns it lacks NULL."""
-    run = _run(run_dir)
+    run = run_location(run_dir)
     found, sniffed = sniff(run, view)
     declared = DECLARED[view] if sniffed is None else _declared_for(view, sniffed)
     cols = ", ".join(f"{_ident(f.name)} {duck_type(f.type)}" for f in declared)

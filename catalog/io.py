@@ -151,7 +151,7 @@ def read_json(path):
 
 
 # exactly what tmp_name() makes: .{name}.tmp-{pid}-{8 hex}
-_TMP_RE = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]{8}$")
+TMP_RE = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]{8}$")
 
 
 def clean_tmp(folder: str | os.PathLike, where: list[str] | None = None) -> int:
@@ -166,7 +166,7 @@ def clean_tmp(folder: str | os.PathLike, where: list[str] | None = None) -> int:
         found = (p for sub in where if (root / sub).is_dir() for p in (root / sub).glob(".*.tmp-*"))
     n = 0
     for p in list(found):
-        if not _TMP_RE.match(p.name) or p.is_symlink():
+        if not TMP_RE.match(p.name) or p.is_symlink():
             continue
         if p.is_file():
             p.unlink(missing_ok=True)

@@ -20,7 +20,7 @@ from .io import write_bytes
 from .rules import PERSON_BOX, PERSON_SCORE, box_side
 from .shards import read_member
 from .sources import is_uri, read_source
-from .report_charts import FAIL_COLOR, KEEP_COLOR, _figure, _png, bar_chart, funnel_chart, histogram_chart  # noqa: F401
+from .report_charts import FAIL_COLOR, KEEP_COLOR, new_figure, png_base64, bar_chart, funnel_chart, histogram_chart  # noqa: F401
 
 THUMB_PX = 200
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
@@ -208,8 +208,8 @@ def render_report(run_dir, *, thumbs: int = 12, seed: int = 0, max_reasons: int 
     """The report of `run_dir` as one HTML string."""
     from .duck import retry_by_generation
 
-    from .duck import _run
-    return retry_by_generation(lambda by_generation: _render(_run(run_dir), thumbs, seed, max_reasons, max_sources,
+    from .duck import run_location
+    return retry_by_generation(lambda by_generation: _render(run_location(run_dir), thumbs, seed, max_reasons, max_sources,
                                                              by_generation))
 
 

@@ -22,13 +22,13 @@ def _literal_text(chart):
     return wrapped
 
 
-def _figure(w=7.0, h=3.2):
+def new_figure(w=7.0, h=3.2):
     from matplotlib.figure import Figure
 
     return Figure(figsize=(w, h), dpi=100, layout="constrained")
 
 
-def _png(fig) -> str:
+def png_base64(fig) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return base64.b64encode(buf.getvalue()).decode()
@@ -37,7 +37,7 @@ def _png(fig) -> str:
 @_literal_text
 def funnel_chart(funnel: list[dict]) -> str:
     rows = [f for f in funnel if not f.get("skipped")]
-    fig = _figure(7, 0.45 * len(rows) + 1)
+    fig = new_figure(7, 0.45 * len(rows) + 1)
     ax = fig.subplots()
     names = [f["stage"] for f in rows][::-1]
     counts = [f["count"] for f in rows][::-1]
@@ -49,13 +49,13 @@ def funnel_chart(funnel: list[dict]) -> str:
     ax.set_xlim(0, max(counts + [1]) * 1.3)
     ax.set_xlabel("samples left after the stage")
     ax.set_title("Funnel")
-    return _png(fig)
+    return png_base64(fig)
 
 
 @_literal_text
 def bar_chart(labels: list[str], values: list[int], title: str, xlabel: str, color="#d73027",
               horizontal=True) -> str:
-    fig = _figure(7, 0.35 * len(labels) + 1.2 if horizontal else 3.2)
+    fig = new_figure(7, 0.35 * len(labels) + 1.2 if horizontal else 3.2)
     ax = fig.subplots()
     if horizontal:
         bars = ax.barh(labels[::-1], values[::-1], color=color)
@@ -72,13 +72,13 @@ def bar_chart(labels: list[str], values: list[int], title: str, xlabel: str, col
         ax.set_xlabel(xlabel)
         ax.set_ylabel("images")
     ax.set_title(title)
-    return _png(fig)
+    return png_base64(fig)
 
 
 @_literal_text
 def histogram_chart(hist: dict, title: str, xlabel: str, threshold=None, keep_side=None) -> str:
     """A histogram from SQL-binned counts; the active threshold is drawn and the rejected side shaded."""
-    fig = _figure(4.6, 2.8)
+    fig = new_figure(4.6, 2.8)
     ax = fig.subplots()
     edges, counts = hist["edges"], hist["counts"]
     if counts:
@@ -96,5 +96,5 @@ def histogram_chart(hist: dict, title: str, xlabel: str, threshold=None, keep_si
     ax.set_xlabel(xlabel + clipped, fontsize=8)
     ax.set_ylabel("count", fontsize=8)
     ax.tick_params(labelsize=7)
-    return _png(fig)
+    return png_base64(fig)
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .duck import _run, register, retry_by_generation, run_exists, worth_loading
+from .duck import run_location, register, retry_by_generation, run_exists, worth_loading
 from .rules import INPUT_STAGE, PERSON_BOX, PERSON_SCORE, RULES
 from .unit_stats import unit_outcomes
 from .stats_sql import (EXACT_MAX_ROWS, FAILED, N_QUANTILE_SQL, QUANTILES, REASON_KIND, RESERVOIR,  # noqa: F401
-                        _pct, _quantile_block, _quantile_dict, _quantile_sql, _rows, read_manifest, reason_kind,
+                        percent, quantile_block, quantile_dict, quantile_sql, fetch_rows, read_manifest, reason_kind,
                         threshold)
 
 PERSON_BUCKETS = ("1", "2", "3", "4", "5+")
@@ -43,7 +43,7 @@ def totals(con, p: str = "") -> dict:
     n, kept, bad = con.execute(
         f"SELECT count(*), count(*) FILTER (WHERE keep), count(*) FILTER (WHERE decode_error IS NOT NULL) "
         f"FROM {p}samples").fetchone()
-    return {"inputs": n, "kept": kept, "rejected": n - kept, "kept_pct": _pct(kept, n), "decode_errors": bad}
+    return {"inputs": n, "kept": kept, "rejected": n - kept, "kept_pct": percent(kept, n), "decode_errors": bad}
 
 
 def funnel(con, manifest: dict, p: str = "", n: int | None = None) -> list[dict]:
@@ -67,15 +67,15 @@ def funnel(con, manifest: dict, p: str = "", n: int | None = None) -> list[dict]
     stages += sorted((s for s in dropped if s not in stages), key=lambda s: -dropped[s])
     if INPUT_STAGE in stages:  # samples the source never gave bytes for (a failed download) come first
         stages = [INPUT_STAGE] + [s for s in stages if s != INPUT_STAGE]
-    out = [{"stage": "inputs", "count": n, "pct": _pct(n, n), "dropped": 0}]
+    out = [{"stage": "inputs", "count": n, "pct": percent(n, n), "dropped": 0}]
     left = n
     for s in stages:
         left -= dropped.get(s, 0)
-        row = {"stage": s, "count": left, "pct": _pct(left, n), "dropped": dropped.get(s, 0)}
+        row = {"stage": s, "count": left, "pct": percent(left, n), "dropped": dropped.get(s, 0)}
         if s in skipped:
             row["skipped"] = skipped[s]
         out.append(row)
-    out.append({"stage": "kept", "count": left, "pct": _pct(left, n), "dropped": 0})
+    out.append({"stage": "kept", "count": left, "pct": percent(left, n), "dropped": 0})
     return out
 
 
@@ -98,19 +98,19 @@ def reasons(con, p: str = "", n: int | None = None) -> list[dict]:
     for kind in set(first) | set(every):
         n_first, example = first.get(kind, (0, None))
         rows.append({"reason": kind, "stage": kind.split(":", 1)[0], "first": n_first,
-                     "pct": _pct(n_first, n), "any": every.get(kind, n_first), "example": example})
+                     "pct": percent(n_first, n), "any": every.get(kind, n_first), "example": example})
     return sorted(rows, key=lambda r: (-r["first"], -r["any"], r["reason"]))
 
 
 def decode_errors(con, p: str = "") -> list[dict]:
     """Decode errors grouped by kind (the text before the first ':'), with one full example."""
-    return _rows(con, f"""
+    return fetch_rows(con, f"""
         SELECT trim(split_part(decode_error, ':', 1)) AS kind, count(*) AS count, min(decode_error) AS example
         FROM {p}samples WHERE decode_error IS NOT NULL GROUP BY 1 ORDER BY count DESC, kind""")
 
 
 def formats(con, p: str = "") -> list[dict]:
-    return _rows(con, f"""
+    return fetch_rows(con, f"""
         SELECT coalesce(format, '(unknown)') AS format, count(*) AS count, count(*) FILTER (WHERE keep) AS kept
         FROM {p}samples WHERE decode_error IS NULL GROUP BY 1 ORDER BY count DESC""")
 
@@ -131,7 +131,7 @@ def persons_per_image(con, p: str = "") -> dict:
 
 def geometry(con, p: str = "", exact: bool = True) -> dict:
     """Quantiles of width, height, aspect, short side and file size, over decoded and kept images."""
-    return _quantile_block(con, ["width", "height", "aspect", "short_side", "file_bytes"],
+    return quantile_block(con, ["width", "height", "aspect", "short_side", "file_bytes"],
                            {"decoded": "", "kept": "keep"}, f"{p}samples WHERE decode_error IS NULL", exact)
 
 
@@ -146,7 +146,7 @@ def persons_source(p: str) -> str:
 
 def persons(con, manifest: dict, p: str = "", exact: bool = True) -> dict:
     """Per detected person: score and box-side quantiles, all detections and those in kept images."""
-    out = _quantile_block(con, ["score", "box_longer_side", "box_shorter_side"],
+    out = quantile_block(con, ["score", "box_longer_side", "box_shorter_side"],
                           {"detected": "", "in_kept_images": "keep"}, persons_source(p), exact)
     out["min_score"] = threshold(manifest, PERSON_SCORE)
     out["min_box_px"] = threshold(manifest, PERSON_BOX)
@@ -168,7 +168,7 @@ def scores(con, manifest: dict, p: str = "", exact: bool = True) -> list[dict]:
     measures.sort(key=lambda m: order[m[0]])  # stable: a stage's rules, then its other columns
     parts = []
     for _stage, col, rule, t in measures:
-        parts.append(_quantile_sql(col, exact=exact))
+        parts.append(quantile_sql(col, exact=exact))
         parts.append(f"count(*) FILTER (WHERE {rule.sql_fails(col, t)})" if _number(t) else "NULL")
     vals = con.execute(f"SELECT {', '.join(parts)} FROM {p}samples").fetchone()
     out = []
@@ -177,7 +177,7 @@ def scores(con, manifest: dict, p: str = "", exact: bool = True) -> list[dict]:
         *q, fails = vals[k * i: k * i + k]
         if not q[1]:
             continue  # the run never measured it
-        d = {"stage": stage, "column": col, **_quantile_dict(*q, exact=exact), "threshold": None}
+        d = {"stage": stage, "column": col, **quantile_dict(*q, exact=exact), "threshold": None}
         if _number(t):
             d["threshold"] = {"key": rule.config_key, "value": t, "keep": f"{rule.keep} {t}"}
             d["fail_threshold"] = fails
@@ -196,7 +196,7 @@ MAX_PER_SOURCE = 1000  # per-source rows returned (a crawl has ~10^6 units; the 
 def per_source(con, p: str = "", limit: int = MAX_PER_SOURCE) -> list[dict]:
     """One row per input unit (shard), the first `limit` by name: inputs, kept, decode errors and its
     most common reason. Each row carries `sources`, the number of units with rows."""
-    rows = _rows(con, f"""
+    rows = fetch_rows(con, f"""
         WITH c AS (SELECT shard, count(*) AS inputs, count(*) FILTER (WHERE keep) AS kept,
                           count(*) FILTER (WHERE decode_error IS NOT NULL) AS decode_errors
                    FROM {p}samples GROUP BY shard),
@@ -208,7 +208,7 @@ def per_source(con, p: str = "", limit: int = MAX_PER_SOURCE) -> list[dict]:
         SELECT first.*, top.top_reason FROM first
         LEFT JOIN top ON first.shard IS NOT DISTINCT FROM top.shard ORDER BY first.shard""")
     for r in rows:
-        r["kept_pct"] = _pct(r["kept"], r["inputs"])
+        r["kept_pct"] = percent(r["kept"], r["inputs"])
     return rows
 
 
@@ -224,7 +224,7 @@ def duplicates(con, p: str = "") -> dict:
                count(*) FILTER (WHERE dup_kind = 'exact' AND dup_of <> sample_id),
                count(*) FILTER (WHERE dup_kind = 'near' AND dup_of <> sample_id)
         FROM {p}samples""").fetchone()
-    sizes = _rows(con, f"""
+    sizes = fetch_rows(con, f"""
         SELECT dup_cluster_size AS size, count(*) // dup_cluster_size AS clusters FROM {p}samples
         WHERE dup_cluster_size > 1 GROUP BY 1 ORDER BY 1""")
     return {"duplicates": n_dup, "clusters": clusters, "largest_cluster": largest or 1,
@@ -286,7 +286,7 @@ def overlap(con, pa_: str, pb: str) -> dict:
                count(*) FILTER (WHERE b.sample_id IS NULL),
                count(*) FILTER (WHERE a.sample_id IS NULL)
         FROM {pa_}samples a FULL JOIN {pb}samples b ON a.sample_id = b.sample_id""").fetchone()
-    why = _rows(con, f"""
+    why = fetch_rows(con, f"""
         SELECT {REASON_KIND.format(col='b.reject_reason')} AS reason, count(*) AS count
         FROM {pa_}samples a JOIN {pb}samples b ON a.sample_id = b.sample_id
         WHERE a.keep AND NOT coalesce(b.keep, false) GROUP BY 1 ORDER BY count DESC LIMIT 20""")
@@ -311,7 +311,7 @@ def open_runs(*run_dirs, by_generation: bool = False, load: bool = False):
     prefixes = []
     try:
         for i, run in enumerate(run_dirs):
-            if not run_exists(_run(run)):
+            if not run_exists(run_location(run)):
                 raise FileNotFoundError(f"{run}: no such run directory")
             prefix = "" if len(run_dirs) == 1 else f"r{i}_"
             # load: a dozen scans follow, so the parts are read once, a chunk at a time (catalog.duck)

@@ -52,17 +52,17 @@ def threshold(manifest: dict, rule: Rule | None):
     return rule.threshold(section if isinstance(section, dict) else {})
 
 
-def _rows(con, sql: str, params=None) -> list[dict]:
+def fetch_rows(con, sql: str, params=None) -> list[dict]:
     cur = con.execute(sql, params or [])
     names = [d[0] for d in cur.description]
     return [dict(zip(names, r)) for r in cur.fetchall()]
 
 
-def _pct(n, total) -> float:
+def percent(n, total) -> float:
     return round(100.0 * n / total, 2) if total else 0.0
 
 
-def _quantile_sql(expr: str, where: str = "", exact: bool = True) -> str:
+def quantile_sql(expr: str, where: str = "", exact: bool = True) -> str:
     """quantiles, n, mean, min, max of expr. Exact quantiles hold every value in memory, so large
     catalogs use a reservoir sample (RESERVOIR values); min and max stay exact either way."""
     qs = ", ".join(str(q) for q in QUANTILES)
@@ -74,7 +74,7 @@ def _quantile_sql(expr: str, where: str = "", exact: bool = True) -> str:
 N_QUANTILE_SQL = 5  # values _quantile_sql yields
 
 
-def _quantile_dict(qs, n, mean, lo, hi, exact: bool = True) -> dict:
+def quantile_dict(qs, n, mean, lo, hi, exact: bool = True) -> dict:
     if not n:
         return {"n": 0}
     q = {f"p{round(q * 100):g}": round(float(v), 4) for q, v in zip(QUANTILES, qs)}
@@ -82,15 +82,15 @@ def _quantile_dict(qs, n, mean, lo, hi, exact: bool = True) -> dict:
     return {"n": n, "mean": round(float(mean), 4), "quantiles": q, **({} if exact else {"approximate": True})}
 
 
-def _quantile_block(con, cols: list[str], scopes: dict[str, str], source: str, exact: bool) -> dict:
+def quantile_block(con, cols: list[str], scopes: dict[str, str], source: str, exact: bool) -> dict:
     """{scope: {col: quantile dict}} in one scan; scopes map a name to a filter ('' = all rows)."""
-    parts = [_quantile_sql(c, where, exact) for where in scopes.values() for c in cols]
+    parts = [quantile_sql(c, where, exact) for where in scopes.values() for c in cols]
     vals = con.execute(f"SELECT {', '.join(parts)} FROM {source}").fetchone()
     out, k = {}, 0
     for scope in scopes:
         out[scope] = {}
         for c in cols:
-            out[scope][c] = _quantile_dict(*vals[k:k + N_QUANTILE_SQL], exact=exact)
+            out[scope][c] = quantile_dict(*vals[k:k + N_QUANTILE_SQL], exact=exact)
             k += N_QUANTILE_SQL
     return out
 

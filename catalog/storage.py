@@ -298,7 +298,7 @@ class LocalStorage(Storage):
                     if d.is_dir(follow_symlinks=False):
                         if raw.startswith(rel + "/") or (rel + "/").startswith(raw):
                             stack.append(d.path)
-                    elif d.is_file() and rel.startswith(raw) and not cio._TMP_RE.match(d.name):
+                    elif d.is_file() and rel.startswith(raw) and not cio.TMP_RE.match(d.name):
                         yield Entry(rel, d.stat().st_size)
 
     def _create(self, path: str, data: bytes) -> str | None:

@@ -81,7 +81,7 @@ def _each_unit(batch: pa.Table, run: str, work) -> pa.Table:
     return pa.concat_tables(out)
 
 
-def _measure_block(batch: pa.Table, run: str, limits: dict, cfg: dict, score_all: bool) -> pa.Table:
+def measure_block(batch: pa.Table, run: str, limits: dict, cfg: dict, score_all: bool) -> pa.Table:
     """Phase 1 of a bundle's units: their summaries."""
     stages = [s for s in build_stages(cfg) if s.phase == "measure" and s.name in cfg["stages"]]
     return _each_unit(batch, run, lambda unit: measure_unit(run, unit, stages, limits, score_all,
@@ -116,7 +116,7 @@ def _finish_unit_block(batch: pa.Table, run: str, cfg: dict) -> pa.Table:
 
 
 @contextmanager
-def _unit_blocks(ray, cpus: float | None = None):
+def unit_blocks(ray, cpus: float | None = None):
     """Data context of the engine's datasets: blocks never split (one block = one unit), a block
     whose task failed after its retries is dropped instead of aborting (its unit is redone).
     With `cpus`, the datasets built in it use at most that many (others are held by actors)."""
@@ -162,14 +162,14 @@ def bundles(units: list[Unit], cfg: dict, cpus: float) -> list[list[Unit]]:
     return out
 
 
-def _units_ds(units: list[Unit], cfg: dict, bundled: bool):
+def units_ds(units: list[Unit], cfg: dict, bundled: bool):
     import ray
     groups = bundles(units, cfg, ray.cluster_resources().get("CPU", 1)) if bundled else [[u] for u in units]
     return ray.data.from_items([{"units": json.dumps([u.to_dict() for u in g])} for g in groups],
                                override_num_blocks=len(groups))
 
 
-def _retries(cfg: dict) -> int:
+def retries_of(cfg: dict) -> int:
     return int(section(cfg, "engine")["max_retries"])
 
 
@@ -186,17 +186,17 @@ def _after_gate(batch: pa.Table, gate, token: str) -> pa.Table:
     return batch
 
 
-def _score_ds(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score_all: bool, gate=None):
+def score_ds(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score_all: bool, gate=None):
     """Phase 3 as one Ray Data pipeline; with a gate, its units wait for the gate to open first."""
     import ray
-    retries = _retries(cfg)
-    with _unit_blocks(ray):  # a Dataset keeps the context it was built in
+    retries = retries_of(cfg)
+    with unit_blocks(ray):  # a Dataset keeps the context it was built in
         if not stages:  # read and write in one task per bundle
-            return _units_ds(units, cfg, bundled=True).map_batches(
+            return units_ds(units, cfg, bundled=True).map_batches(
                 _score_block, fn_kwargs=dict(run=str(run), limits=limits_of(cfg), score_all=score_all, cfg=cfg,
                                              fused=True),
                 batch_size=None, batch_format="pyarrow", max_retries=retries)
-        ds = _units_ds(units, cfg, bundled=False)
+        ds = units_ds(units, cfg, bundled=False)
         if gate is not None:  # one zero-CPU task at a time waits (no CPU or worker per unit held); once
             # the gate is open a unit passes in a few milliseconds, far below its work downstream
             ds = ds.map_batches(_after_gate, fn_kwargs=dict(gate=gate[0], token=gate[1]), batch_size=None,

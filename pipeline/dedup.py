@@ -231,10 +231,10 @@ def table_pairs(hashes: np.ndarray, k: int, m: int, t: int, bucket_cap: int = DE
     candidates compared, pairs verified, pairs emitted and hot buckets scanned or skipped.
     """
     lay = Layout(m, k, t)
-    return _sorted_table_pairs(lay.sorted_values(hashes), lay, k, bucket_cap)
+    return sorted_table_pairs(lay.sorted_values(hashes), lay, k, bucket_cap)
 
 
-def _sorted_table_pairs(p: np.ndarray, lay: Layout, k: int, bucket_cap: int) -> tuple[np.ndarray, np.ndarray, dict]:
+def sorted_table_pairs(p: np.ndarray, lay: Layout, k: int, bucket_cap: int) -> tuple[np.ndarray, np.ndarray, dict]:
     """table_pairs on the table's sorted permuted values p (read, not changed)."""
     m, t = lay.m, lay.t
     first = first_table(m, k)
@@ -359,15 +359,15 @@ def near_pairs(hashes: np.ndarray, k: int, m: int | None = None, bucket_cap: int
         p = lay.sorted_values(hashes, base)
         if base is None or base[0].top_block != lay.top_block:
             base = (lay, p)
-        x, y, st = _sorted_table_pairs(p, lay, k, bucket_cap)
+        x, y, st = sorted_table_pairs(p, lay, k, bucket_cap)
         del p
         a.append(x)
         b.append(y)
         per.append(st)
-    return np.concatenate(a), np.concatenate(b), _sum_stats(m, k, per)
+    return np.concatenate(a), np.concatenate(b), sum_stats(m, k, per)
 
 
-def _sum_stats(m: int, k: int, per: list[dict]) -> dict:
+def sum_stats(m: int, k: int, per: list[dict]) -> dict:
     keys = {"candidates": "candidate_pairs", "verified": "verified_pairs", "pairs": "near_pairs",
             "hot_buckets_scanned": "hot_buckets_scanned", "hot_buckets_skipped": "hot_buckets_skipped",
             "hot_hashes_skipped": "hot_hashes_skipped"}
@@ -423,7 +423,7 @@ _MIX = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 1],
 _CHUNK = 1 << 18  # rows per step when parsing digests (about 200 bytes of temporaries each)
 
 
-def _strings(col) -> pa.ChunkedArray:
+def as_string_chunks(col) -> pa.ChunkedArray:
     """A string column as chunks (no copy of the whole column when it already is one)."""
     col = col if isinstance(col, pa.ChunkedArray) else pa.chunked_array([col])
     return col if col.type == pa.string() else col.cast(pa.string())
@@ -441,7 +441,7 @@ def sha_key(arr: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, bool]:
     out, hexes = 0, True
     for chunk in arr.chunks:
         present = chunk if not chunk.null_count else chunk.filter(chunk.is_valid())
-        mixed = _mix_hex(present) if hexes else None
+        mixed = mix_hex(present) if hexes else None
         if mixed is None:
             hexes = False
             break
@@ -454,7 +454,7 @@ def sha_key(arr: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, bool]:
     return key, valid, True
 
 
-def _mix_hex(present: pa.Array) -> np.ndarray | None:
+def mix_hex(present: pa.Array) -> np.ndarray | None:
     """64-char lower-case hex strings (no nulls) -> one uint64 each from all 256 bits; else None."""
     if not len(present):
         return np.zeros(0, dtype=np.uint64)
@@ -474,7 +474,7 @@ def _mix_hex(present: pa.Array) -> np.ndarray | None:
 
 def _sha_links(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Links (first sample of the group, sample) between samples with one sha256."""
-    arr = _strings(arr)
+    arr = as_string_chunks(arr)
     key, valid, exact = sha_key(arr)
     nodes = np.flatnonzero(valid)
     order = nodes[np.argsort(key[nodes])]
@@ -554,7 +554,7 @@ def verdicts(root: np.ndarray, sample_id: pa.Array, area: np.ndarray, sha256) ->
     canon = np.arange(n, dtype=np.int64)  # only entries of multi are read back
     rank = np.zeros(n, dtype=np.int32)  # position in the component's canonical order
     if len(multi):
-        sid = _strings(sample_id)
+        sid = as_string_chunks(sample_id)
         t = pa.table({"root": root[multi], "area": area[multi], "sid": sid.take(pa.array(multi)),
                       "node": multi})
         t = t.take(pc.sort_indices(t, sort_keys=[("root", "ascending"), ("area", "descending"),
@@ -569,12 +569,12 @@ def verdicts(root: np.ndarray, sample_id: pa.Array, area: np.ndarray, sha256) ->
     dup = np.zeros(n, dtype=bool)
     dup[multi] = canon[multi] != multi
     take = np.where(dup, canon, -1)
-    sid_all = _strings(sample_id)
+    sid_all = as_string_chunks(sample_id)
     dup_of = sid_all.take(pa.array(take, mask=~dup)).cast(pa.string())
     kind = np.ones(n, dtype=np.int32)  # 1 = near
     dups = np.flatnonzero(dup)
     if len(dups):
-        sha = _strings(sha256)
+        sha = as_string_chunks(sha256)
         same = pc.equal(sha.take(pa.array(dups)), sha.take(pa.array(canon[dups]))).fill_null(False)
         kind[dups[same.to_numpy(zero_copy_only=False)]] = 0  # 0 = exact
     dup_kind = pa.DictionaryArray.from_arrays(pa.array(kind, mask=~dup), pa.array(["exact", "near"]))
@@ -583,7 +583,7 @@ def verdicts(root: np.ndarray, sample_id: pa.Array, area: np.ndarray, sha256) ->
                      "dup_cluster_size": pa.array(size, pa.int32()), "dup_rank": pa.array(rank, pa.int32())})
 
 
-def _area(table: pa.Table) -> np.ndarray:
+def pixel_area(table: pa.Table) -> np.ndarray:
     w = table.column("width").cast(pa.int64()).fill_null(0).to_numpy()
     h = table.column("height").cast(pa.int64()).fill_null(0).to_numpy()
     return w * h
@@ -604,7 +604,7 @@ def cluster_stats(samples: pa.Table, max_distance: int = 4, exact: bool = True, 
     cap = bucket_cap or DEFAULT_BUCKET_CAP
     root, stats = components(samples.column("phash"), samples.column("sha256"), max_distance, exact,
                              lambda h, k: near_pairs(h, k, blocks, bucket_cap=cap))
-    out = verdicts(root, samples.column("sample_id"), _area(samples), samples.column("sha256"))
+    out = verdicts(root, samples.column("sample_id"), pixel_area(samples), samples.column("sha256"))
     return out.take(pc.sort_indices(out, sort_keys=[("sample_id", "ascending")])), stats
 
 
@@ -743,18 +743,18 @@ VERDICT_SCHEMA = VERDICTS
 MEASURE_COLUMNS = ["sample_id", "sha256", "phash", "width", "height", "_alive"]
 
 
-def _loc(text: str):
+def loc(text: str):
     """A local path as a Path, a URI as its string (every file of dedup goes through catalog/storage)."""
     return text if cstore.is_uri(text) else Path(text)
 
 
 def dedup_dir(run):
     """RUN/work/dedup: a Path for a local RUN, a URI string for one on an object store."""
-    return _loc(cstore.join(run, "work", "dedup"))
+    return loc(cstore.join(run, "work", "dedup"))
 
 
 def pairs_dir(run):
-    return _loc(cstore.join(dedup_dir(run), "pairs"))
+    return loc(cstore.join(dedup_dir(run), "pairs"))
 
 
 def is_done(run) -> bool:
@@ -771,14 +771,14 @@ def _fingerprint(hashes: np.ndarray) -> str:
 
 
 def table_file(folder, m: int, k: int, t: int):
-    return _loc(cstore.join(folder, f"m{m}-k{k}-t{t:03d}.parquet"))
+    return loc(cstore.join(folder, f"m{m}-k{k}-t{t:03d}.parquet"))
 
 
 def run_table(hashes: np.ndarray, k: int, m: int, t: int, bucket_cap: int, folder: str, fingerprint: str
               ) -> dict:
     """One table: its pairs to FOLDER/m{m}-k{k}-t{t}.parquet (written once, atomically); its stats."""
     path = table_file(folder, m, k, t)
-    st = _read_table_stats(path, fingerprint, bucket_cap)
+    st = read_table_stats(path, fingerprint, bucket_cap)
     if st is not None:
         return st  # done before a crash
     t0 = time.perf_counter()
@@ -791,7 +791,7 @@ def run_table(hashes: np.ndarray, k: int, m: int, t: int, bucket_cap: int, folde
     return st
 
 
-def _read_table_stats(path: str, fingerprint: str, bucket_cap: int) -> dict | None:
+def read_table_stats(path: str, fingerprint: str, bucket_cap: int) -> dict | None:
     if not cstore.exists_at(path):
         return None
     meta = json.loads((cstore.read_schema_at(path).metadata or {}).get(b"humanset_dedup", b"{}"))
@@ -880,7 +880,7 @@ def _log_table(done: int, total: int, st: dict, level: int = logging.INFO) -> No
 IO_THREADS = 8  # measure files read and verdict files written at once (each one is small)
 
 
-def _unit_ids(run: Path) -> list[str]:
+def listed_unit_ids(run: Path) -> list[str]:
     """The run's unit ids in listing order, read from RUN/units.jsonl (this task, not the driver,
     holds them)."""
     from .sources import iter_listing
@@ -891,7 +891,7 @@ def _listing(run) -> str:
     return cstore.join(run, "units.jsonl") if cstore.is_uri(os.fspath(run)) else os.path.join(os.fspath(run), "units.jsonl")
 
 
-def _measured(path) -> pa.Table:
+def read_measured(path) -> pa.Table:
     """A unit's alive measured rows, MEASURE_COLUMNS only. A measure file of any of our versions
     reads: a column it lacks (a unit with no readable sample, a run without the pHash stage) is null."""
     t = cstore.read_table_at(path)
@@ -914,7 +914,7 @@ def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
     t_start = time.perf_counter()
     run = run if isinstance(run, str) and cstore.is_uri(run) else Path(run)
     if unit_ids is None:
-        unit_ids = _unit_ids(run)
+        unit_ids = listed_unit_ids(run)
     d = cfg.get("dedup", {}) or {}
     enabled = "dedup" in cfg.get("stages", ["dedup"])
     k = d.get("max_distance", DEFAULTS.dedup.max_distance)
@@ -922,20 +922,20 @@ def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
     budget = d.get("components_memory")
     budget = DEFAULT_COMPONENTS_MEMORY if budget is None else int(budget)
     with ThreadPoolExecutor(IO_THREADS) as pool:
-        parts = list(pool.map(_measured, [cstore.join(run, "work", "measure", f"{u}.parquet") for u in unit_ids]))
-    table = pa.concat_tables(parts) if parts else _measured_empty()
+        parts = list(pool.map(read_measured, [cstore.join(run, "work", "measure", f"{u}.parquet") for u in unit_ids]))
+    table = pa.concat_tables(parts) if parts else measured_empty()
     sizes = [p.num_rows for p in parts]
     del parts
     stats = {"candidates": table.num_rows}
     if table.num_rows and enabled and table.column("phash").null_count < table.num_rows:
         def near(hashes, kk):
             m = int(d.get("blocks") or choose_blocks(len(hashes), kk))
-            st = _sum_stats(m, kk, _run_tables(hashes, kk, m, bucket_cap, pairs_dir(run)))
+            st = sum_stats(m, kk, _run_tables(hashes, kk, m, bucket_cap, pairs_dir(run)))
             files = [table_file(pairs_dir(run), m, kk, t) for t in range(len(tables(m, kk)))]
             return _near_links(files, hashes, st, budget)
         root, st = components(table.column("phash"), table.column("sha256"), k,
                                            d.get("exact", True), near)
-        result = verdicts(root, table.column("sample_id"), _area(table), table.column("sha256"))
+        result = verdicts(root, table.column("sample_id"), pixel_area(table), table.column("sha256"))
         stats.update(st)
         if st.get("hot_buckets_skipped"):
             log.warning("dedup: %d hash buckets larger than dedup.bucket_cap=%d (%d hashes) were not searched "
@@ -963,7 +963,7 @@ def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
     return stats
 
 
-def _measured_empty() -> pa.Table:
+def measured_empty() -> pa.Table:
     return pa.table({c: pa.array([], MEASURE.field(c).type) for c in MEASURE_COLUMNS if c != "_alive"})
 
 

@@ -142,7 +142,7 @@ def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
     d = cfg.get("dedup", {}) or {}
     if d.get("partitioned", False):
         if unit_ids is None:
-            unit_ids = D._unit_ids(str(run) if cstore.is_uri(str(run)) else Path(run))
+            unit_ids = D.listed_unit_ids(str(run) if cstore.is_uri(str(run)) else Path(run))
         st = run_dedup_distributed(run, unit_ids, cfg)
         if st is not None:  # None: auto, and small enough for one process
             return st
@@ -221,7 +221,7 @@ def run_dedup_distributed(run, unit_ids: list[str], cfg: dict, use_ray: bool | N
                         for t in range(len(D.tables(m, k))) for r in range(R)]
                 per = ex.map(near_range, todo, TASK_BASE_BYTES + NEAR_BYTES * SKEW * max(distinct, 1) / R, "near")
                 sources += [f"nr{t:03d}-{r:04d}" for t in range(len(D.tables(m, k))) for r in range(R)]
-                stats.update(D._sum_stats(m, k, per), ranges=R)
+                stats.update(D.sum_stats(m, k, per), ranges=R)
         rounds, last, edges = components(ex, root, sources, P)
         stats.update(components="distributed", component_rounds=rounds, component_partitions=P)
         lab = ex.map(cc_labels, [(root, last, j, P, starts) for j in range(P)],

@@ -43,7 +43,7 @@ def part_of(x: np.ndarray, P: int) -> np.ndarray:
 
 def sha_part(arr: pa.Array, P: int) -> np.ndarray:
     """Partition of each (valid) sha256 string: one digest always lands in one range."""
-    mixed = D._mix_hex(arr)
+    mixed = D.mix_hex(arr)
     if mixed is None:  # not lower-case hex: a checksum of the string (slow; never for our measure files)
         mixed = np.array([zlib.crc32(s.encode()) for s in arr.to_pylist()], np.uint64)
     return part_of(mixed, P)
@@ -124,9 +124,9 @@ def _edges(root: str, tag: str, u: np.ndarray, v: np.ndarray, P: int) -> None:
 def _batch(run: str, uids: list[str], first: int) -> tuple[pa.Table, np.ndarray]:
     """The batch's alive measured rows (MEASURE_COLUMNS) and their sample numbers."""
     with ThreadPoolExecutor(D.IO_THREADS) as pool:
-        parts = list(pool.map(D._measured, [cstore.join(run, "work", "measure", f"{u}.parquet") for u in uids]))
+        parts = list(pool.map(D.read_measured, [cstore.join(run, "work", "measure", f"{u}.parquet") for u in uids]))
     nums = [(np.int64(first + i) << np.int64(32)) | np.arange(p.num_rows, dtype=np.int64) for i, p in enumerate(parts)]
-    table = pa.concat_tables(parts) if parts else D._measured_empty()
+    table = pa.concat_tables(parts) if parts else D.measured_empty()
     return table, (np.concatenate(nums) if nums else np.zeros(0, np.int64))
 
 
@@ -156,7 +156,7 @@ def scatter_units(run: str, root: str, b: int, uids: list[str], first: int, P: i
         h = ph.fill_null(0).to_numpy()[ok]
         _write_parts(root, lambda q: f"sc/b{b}-ph{q}.parquet", pa.table({"num": num[ok], "phash": h}),
                      part_of(h, P), P)
-        sha = D._strings(t.column("sha256")).combine_chunks()
+        sha = D.as_string_chunks(t.column("sha256")).combine_chunks()
         ok = sha.is_valid().to_numpy(zero_copy_only=False)
         s = sha.filter(pa.array(ok))
         _write_parts(root, lambda q: f"sc/b{b}-sh{q}.parquet", pa.table({"num": num[ok], "sha256": s}),
@@ -212,7 +212,7 @@ def near_range(root: str, t: int, r: int, P_in: int, m: int, k: int, rbits: int,
         h, rep = h[order], rep[order]
         lay = D.Layout(m, k, t)
         p = lay.sorted_values(h)
-        a, b, st = D._sorted_table_pairs(p, lay, k, bucket_cap)
+        a, b, st = D.sorted_table_pairs(p, lay, k, bucket_cap)
         del p
         _edges(root, f"nr{t:03d}-{r:04d}", rep[np.searchsorted(h, a)], rep[np.searchsorted(h, b)], P)
         return {**st, "range": r}
@@ -279,9 +279,9 @@ def attach(run: str, root: str, b: int, uids: list[str], first: int, P: int, sta
         pos = np.minimum(np.searchsorted(ln, num), max(len(ln) - 1, 0))
         hit = np.flatnonzero(ln[pos] == num) if len(ln) else np.zeros(0, np.int64)
         sel = pa.array(hit)
-        g = pa.table({"comp": lc[pos[hit]], "num": num[hit], "area": D._area(t)[hit],
-                      "sid": D._strings(t.column("sample_id")).take(sel),
-                      "sha": D._strings(t.column("sha256")).take(sel)})
+        g = pa.table({"comp": lc[pos[hit]], "num": num[hit], "area": D.pixel_area(t)[hit],
+                      "sid": D.as_string_chunks(t.column("sample_id")).take(sel),
+                      "sha": D.as_string_chunks(t.column("sha256")).take(sel)})
         _write_parts(root, lambda q: f"grp/b{b}-q{q}.parquet", g, part_of(g.column("comp").to_numpy(), P), P)
         return {"labelled": len(hit)}
     return _once(root, f"attach-b{b}", body)
@@ -326,9 +326,9 @@ def write_units(run: str, root: str, b: int, uids: list[str], first: int, P: int
 
         def one(i):
             u = uids[i]
-            t = D._measured(cstore.join(run, "work", "measure", f"{u}.parquet"))
+            t = D.read_measured(cstore.join(run, "work", "measure", f"{u}.parquet"))
             n = t.num_rows
-            sid = D._strings(t.column("sample_id"))
+            sid = D.as_string_chunks(t.column("sample_id"))
             if not on:
                 nul = pa.nulls(n, pa.string())
                 out = _verdicts(sid, nul, nul, pa.nulls(n, pa.int32()), pa.nulls(n, pa.int32()))

@@ -33,7 +33,7 @@ import catalog.storage as cstore
 from catalog.schema import NEAR_PAIRS
 
 from .settings import DEFAULTS
-from .dedup import (DEFAULT_BUCKET_CAP, Layout, _loc, _read_table_stats, _sorted_table_pairs, blocks,
+from .dedup import (DEFAULT_BUCKET_CAP, Layout, loc, read_table_stats, sorted_table_pairs, blocks,
                     tables)
 
 # one (table, range) task per hash, measured by bench/dedup_candidates.py (table_task): the range's
@@ -77,14 +77,14 @@ def scatter(h: np.ndarray, m: int, tops: list[int], rbits: int) -> list[np.ndarr
 
 
 def range_file(folder, m: int, k: int, t: int, r: int, rbits: int):
-    return _loc(cstore.join(folder, f"m{m}-k{k}-t{t:03d}-r{r:04d}of{1 << rbits}.parquet"))
+    return loc(cstore.join(folder, f"m{m}-k{k}-t{t:03d}-r{r:04d}of{1 << rbits}.parquet"))
 
 
 def range_table(k: int, m: int, t: int, r: int, rbits: int, bucket_cap: int, folder: str, fingerprint: str,
                 *pieces: np.ndarray) -> dict:
     """Table t over range r: pairs to its file (once, atomically); its stats and peak memory."""
     path = range_file(folder, m, k, t, r, rbits)
-    st = _read_table_stats(path, fingerprint, bucket_cap)
+    st = read_table_stats(path, fingerprint, bucket_cap)
     if st is not None:
         return {**st, "resumed": True}
     tracemalloc.start()
@@ -93,7 +93,7 @@ def range_table(k: int, m: int, t: int, r: int, rbits: int, bucket_cap: int, fol
     h = np.concatenate(pieces) if pieces else np.zeros(0, np.uint64)
     p = lay.sorted_values(h)
     del h
-    a, b, st = _sorted_table_pairs(p, lay, k, bucket_cap)
+    a, b, st = sorted_table_pairs(p, lay, k, bucket_cap)
     del p
     st.update(range=r, ranges=1 << rbits, seconds=round(time.perf_counter() - t0, 3))
     _, peak = tracemalloc.get_traced_memory()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .blocks import _score_ds
+from .blocks import score_ds
 from .config import section
 from .ray_setup import actor_cpus
 from .sources import Unit
@@ -34,7 +34,7 @@ class _Gate:
         return self._go
 
 
-class _EarlyScore:
+class EarlyScore:
     """The score phase's pipeline, executing in a driver thread from the start of the run."""
 
     def __init__(self, run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score_all: bool):
@@ -45,7 +45,7 @@ class _EarlyScore:
         import ray
         self._actor_cpus = actor_cpus(cfg)
         self._gate = ray.remote(num_cpus=0, max_restarts=0)(_Gate).remote()
-        self._ds = _score_ds(run, units, stages, cfg, score_all, gate=(self._gate, uuid.uuid4().hex))
+        self._ds = score_ds(run, units, stages, cfg, score_all, gate=(self._gate, uuid.uuid4().hex))
         self._out: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._execute, name="humanset-score", daemon=True)
         self._thread.start()
@@ -83,7 +83,7 @@ class _EarlyScore:
         self._thread.join(timeout=60)
 
 
-def _start_actors_early(cfg: dict, stages: list[Stage], units_to_measure: int) -> bool:
+def start_actors_early(cfg: dict, stages: list[Stage], units_to_measure: int) -> bool:
     """engine.start_actors_early: true, false, or auto (early when measure has at least
     engine.early_min_units units, enough work for the actors' set-up to hide behind)."""
     eng = section(cfg, "engine")  # the run's values; a partial config's defaults from pipeline/settings.py

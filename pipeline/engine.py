@@ -50,11 +50,11 @@ from .columns import unit_meta, with_meta  # noqa: F401 (engine's API)
 from .config import load_config, section
 from .settings import DEFAULTS
 from .errors import EnvironmentFault, RunError, environment_fault
-from .blocks import _measure_block, _retries, _score_ds, _unit_blocks, _units_ds
-from .early import _EarlyScore, _start_actors_early
+from .blocks import measure_block, retries_of, score_ds, unit_blocks, units_ds
+from .early import EarlyScore, start_actors_early
 from .ray_compat import set_task_poll as task_poll
 from .ray_setup import actor_cpus, cpu_shortfall, init_ray  # noqa: F401 (engine's API)
-from .run_state import NameSet, _drain, _failed, _windows, reason_counts
+from .run_state import NameSet, drain_batches, failed_units, unit_windows, reason_counts
 from .sources import Unit, check_inputs, count_new, iter_listing, write_listing
 from .stages import Stage, build_stages
 from .unit_io import run_store
@@ -83,27 +83,27 @@ def _window_units(cfg: dict) -> int:
 def _measure(run: Path, units: list[Unit], cfg: dict, score_all: bool, bar, progress: bool,
              cpus: float | None = None):
     import ray
-    retries = _retries(cfg)
+    retries = retries_of(cfg)
     measure_cpus = max([s.resources.num_cpus for s in build_stages(cfg)
                         if s.phase == "measure" and s.name in cfg["stages"]] or [1.0])
-    with _unit_blocks(ray, cpus):
-        ds = _units_ds(units, cfg, bundled=True).map_batches(
-            _measure_block, fn_kwargs=dict(run=str(run), limits=_limits(cfg), cfg=cfg, score_all=score_all),
+    with unit_blocks(ray, cpus):
+        ds = units_ds(units, cfg, bundled=True).map_batches(
+            measure_block, fn_kwargs=dict(run=str(run), limits=_limits(cfg), cfg=cfg, score_all=score_all),
             batch_size=None, batch_format="pyarrow", num_cpus=measure_cpus, max_retries=retries)
-        done = _drain(ds.iter_batches(batch_format="pyarrow", batch_size=None), len(units), "measure", True, bar)
-    failed = _failed(units, done, (run_store(run), "work/measure"), ".parquet")
+        done = drain_batches(ds.iter_batches(batch_format="pyarrow", batch_size=None), len(units), "measure", True, bar)
+    failed = failed_units(units, done, (run_store(run), "work/measure"), ".parquet")
     if failed:
         _isolate(run, failed, "measure", cfg, score_all, progress)
 
 
 def _score_and_write(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score_all: bool,
-                     bar, progress: bool, early: "_EarlyScore | None" = None, marker: str = "stats"):
+                     bar, progress: bool, early: "EarlyScore | None" = None, marker: str = "stats"):
     if early is not None:
-        done = _drain(early.open(), len(units), "score+write", True, bar)
+        done = drain_batches(early.open(), len(units), "score+write", True, bar)
     else:
-        ds = _score_ds(run, units, stages, cfg, score_all)
-        done = _drain(ds.iter_batches(batch_format="pyarrow", batch_size=None), len(units), "score+write", True, bar)
-    failed = _failed(units, done, (run_store(run), marker), ".json" if marker == "stats" else ".parquet")
+        ds = score_ds(run, units, stages, cfg, score_all)
+        done = drain_batches(ds.iter_batches(batch_format="pyarrow", batch_size=None), len(units), "score+write", True, bar)
+    failed = failed_units(units, done, (run_store(run), marker), ".json" if marker == "stats" else ".parquet")
     if failed:
         _isolate(run, failed, "score", cfg, score_all, progress)
 
@@ -114,7 +114,7 @@ def _run_dedup(run: Path, cfg: dict) -> dict:
     back. The task reads the unit ids from RUN/units.jsonl itself and resumes from the files a
     crashed attempt left (per table, then the verdicts), so it is retried like a unit."""
     import ray
-    task = ray.remote(num_cpus=1, max_retries=_retries(cfg))(dedup_dist.run_dedup)  # partitioned or not
+    task = ray.remote(num_cpus=1, max_retries=retries_of(cfg))(dedup_dist.run_dedup)  # partitioned or not
     try:
         return ray.get(task.remote(str(run), None, cfg))
     except Exception as e:
@@ -130,7 +130,7 @@ def _isolate(run: Path, units: list[Unit], phase: str, cfg: dict, score_all: boo
 
     from .isolate import isolate_unit
     log.warning("%d units failed in %s after %d retries: running their samples one at a time",
-                len(units), phase, _retries(cfg))
+                len(units), phase, retries_of(cfg))
     task = ray.remote(num_cpus=1, max_retries=0)(isolate_unit)
     refs = [task.remote(str(run), u.to_dict(), phase, cfg, score_all, _limits(cfg)) for u in units]
     with console.progress(len(refs), f"{phase} (isolated)", enabled=progress) as bar:
@@ -149,7 +149,7 @@ def _isolate(run: Path, units: list[Unit], phase: str, cfg: dict, score_all: boo
 
 # --------------------------------------------------------------------------------------------
 
-def _versions() -> dict:
+def library_versions() -> dict:
     import importlib.metadata as md
     out = {"python": platform.python_version()}
     for pkg in ("humanset", "ray", "pyarrow", "duckdb", "pillow", "imagehash", "torch", "ultralytics",
@@ -242,7 +242,7 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
     for name, why in skipped.items():
         log.warning("stage %s skipped: %s", name, why)
     active = [s for s in stages if s.enabled and s.name in cfg["stages"]]
-    manifest.update(stages=[s.name for s in active], skipped_stages=skipped, versions=_versions(),
+    manifest.update(stages=[s.name for s in active], skipped_stages=skipped, versions=library_versions(),
                     stage_info={s.name: s.info() for s in active if s.info()},  # e.g. watermark's method
                     status="running", units=n_units, repeated_inputs=repeated, not_in_this_run=new)
     store.write_json("manifest.json", manifest)
@@ -270,16 +270,16 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
         cfg_score = fallback.round_cfg(cfg_active, 0) if n_fallbacks else cfg_active
         # model actors load while phases 1 and 2 run (engine.start_actors_early), for the first window
         early = None
-        if _start_actors_early(cfg, score_stages, n_measure):
+        if start_actors_early(cfg, score_stages, n_measure):
             scored = NameSet((store, fallback.SCORED_DIR), ".parquet") if n_fallbacks else ()
-            first = next(_windows(run, lambda uid: uid not in done and uid not in scored, window))
-            early = _EarlyScore(run, first, score_stages, cfg_score, score_all)
+            first = next(unit_windows(run, lambda uid: uid not in done and uid not in scored, window))
+            early = EarlyScore(run, first, score_stages, cfg_score, score_all)
         try:
             if n_measure:  # with early actors, measure leaves their CPUs to them
                 t0 = time.perf_counter()
                 cpus = early.measure_cpus() if early is not None else None
                 with console.progress(n_measure, "measure", enabled=progress) as bar:
-                    for units in _windows(run, lambda uid: uid not in done and uid not in measured, window):
+                    for units in unit_windows(run, lambda uid: uid not in done and uid not in measured, window):
                         _measure(run, units, cfg_active, score_all, bar, progress, cpus)
                 seconds["measure"] = round(time.perf_counter() - t0, 2)
             timeline["measured"] = round(time.time(), 3)
@@ -293,12 +293,12 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
             t0 = time.perf_counter()
             if n_fallbacks:
                 manifest["fallbacks"] = fallback_rounds.run_rounds(
-                    run, cfg_active, score_stages, progress, early, window, _retries(cfg),
+                    run, cfg_active, score_stages, progress, early, window, retries_of(cfg),
                     lambda *a: _score_and_write(run, *a[:3], score_all, a[3], progress, *a[4:]))
                 early = None
             else:
                 with console.progress(n_todo, "score+write", enabled=progress) as bar:
-                    for i, units in enumerate(_windows(run, todo, window)):
+                    for i, units in enumerate(unit_windows(run, todo, window)):
                         _score_and_write(run, units, score_stages, cfg_active, score_all, bar, progress,
                                          early if i == 0 else None)
                         early = None
@@ -333,7 +333,7 @@ def _compact(run: Path, cfg: dict, n_units: int) -> None:
     of the listing, at most 4 per CPU in flight (the driver holds their unit ids, never the run's)."""
     import ray
     init_ray(cfg)
-    task = ray.remote(num_cpus=1, max_retries=_retries(cfg))(compact_mod.compact_group)
+    task = ray.remote(num_cpus=1, max_retries=retries_of(cfg))(compact_mod.compact_group)
     limit = max(1, int(4 * ray.cluster_resources().get("CPU", 1)))
     pending, rows, files = [], 0, 0
     group: list[str] = []

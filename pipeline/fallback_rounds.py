@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from . import console
 from . import fallback as fb
-from .run_state import NameSet, _windows
+from .run_state import NameSet, unit_windows
 from .unit_io import run_store
 
 log = logging.getLogger("humanset.curate")
@@ -152,7 +152,7 @@ def exchange(run, step: str, window: int, retries: int, map_round: int | None) -
         have = NameSet((store, fb.scored_dir(map_round)), ".parquet") if map_round else None
         keep = (lambda uid: uid in have) if map_round else (lambda uid: True)
         args = [(str(run), map_round, n, [u.unit_id for u in units]) for n, units in
-                enumerate(_windows(run, keep, window))]
+                enumerate(unit_windows(run, keep, window))]
         if step == "m":  # as many partitions as windows of units: a partition holds ~1 / windows of the records
             windows = max(1, len(args))
         _all(ray, ray.remote(**opts)(map_window), [a + (windows,) for a in args], limit)
@@ -180,15 +180,15 @@ def run_rounds(run, cfg: dict, score_stages, progress: bool, early, window: int,
     done = NameSet((store, "stats"), ".json")
     scored0 = NameSet((store, fb.SCORED_DIR), ".parquet")
     todo0 = lambda uid: uid not in done and uid not in scored0  # noqa: E731
-    n0 = sum(1 for units in _windows(run, todo0, window) for _ in units)
+    n0 = sum(1 for units in unit_windows(run, todo0, window) for _ in units)
     with console.progress(n0, "score", enabled=progress) as bar:
-        for units in _windows(run, todo0, window):
+        for units in unit_windows(run, todo0, window):
             score_pass(units, score_stages, fb.round_cfg(cfg, 0), bar, early, fb.SCORED_DIR)
             early = None
     if early is not None:
         early.abort()
     stats = {"rounds": {}}
-    if any(True for _ in _windows(run, lambda uid: uid not in done, 1)):
+    if any(True for _ in unit_windows(run, lambda uid: uid not in done, 1)):
         exchange(run, "m", window, retries, 0)
         for r in range(1, n_fb + 1):  # round r-1's outcomes are mapped by the exchange planning round r
             got = exchange(run, f"r{r}", window, retries, r - 1 if r > 1 else None)
@@ -198,14 +198,14 @@ def run_rounds(run, cfg: dict, score_stages, progress: bool, early, window: int,
             todo_r = NameSet((store, f"{fb.FALLBACK_DIR}/todo/r{r}"), ".parquet")
             have_r = NameSet((store, fb.scored_dir(r)), ".parquet")
             keep = lambda uid, t=todo_r, h=have_r: uid in t and uid not in h  # noqa: E731
-            n_r = sum(len(units) for units in _windows(run, keep, window))
+            n_r = sum(len(units) for units in unit_windows(run, keep, window))
             with console.progress(n_r, f"fallback {r}", enabled=progress) as bar:
-                for units in _windows(run, keep, window):
+                for units in unit_windows(run, keep, window):
                     score_pass(units, score_stages, fb.round_cfg(cfg, r), bar, None, fb.scored_dir(r))
         last = max([int(r) for r, n in stats["rounds"].items() if n] or [0])
         stats["kept_fallbacks"] = exchange(run, "kept", window, retries, last or None).get("rows", 0)
     todo = lambda uid: uid not in done  # noqa: E731
-    with console.progress(sum(len(u) for u in _windows(run, todo, window)), "write", enabled=progress) as bar:
-        for units in _windows(run, todo, window):
+    with console.progress(sum(len(u) for u in unit_windows(run, todo, window)), "write", enabled=progress) as bar:
+        for units in unit_windows(run, todo, window):
             score_pass(units, [], fb.round_cfg(cfg, fb.WRITE), bar, None, "stats")
     return stats

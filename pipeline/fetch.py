@@ -15,7 +15,7 @@ import logging
 
 import pyarrow as pa
 
-from .sources import Unit, UnitReader, _file_row, _is_uri
+from .sources import Unit, UnitReader, file_row, is_uri
 
 log = logging.getLogger("humanset.curate")
 COALESCE_GAP = 64 << 10  # bytes of other members a ranged read of a remote tar may span to join two reads
@@ -60,7 +60,7 @@ class ByteSource:
     def _span_bytes(self, offset: int, size: int) -> bytes | None:
         if self._fh is None:
             uri = self.unit.uri
-            if _is_uri(uri) and not uri.startswith("file://"):
+            if is_uri(uri) and not uri.startswith("file://"):
                 from catalog.storage import locate
                 store, name = locate(uri)
                 self._fh = store.open_input(name)  # random access: each read_at is one ranged GET
@@ -94,7 +94,7 @@ class ByteSource:
         that lie close together in the file (the shard's members between them, sidecars, are at most
         COALESCE_GAP bytes; a run at most COALESCE_MAX): a batch of kept samples of one shard is a few
         requests, not one per sample. Local files read member by member (a seek is free)."""
-        if not (_is_uri(self.unit.uri) and not self.unit.uri.startswith("file://")):
+        if not (is_uri(self.unit.uri) and not self.unit.uri.startswith("file://")):
             return {}
         rows = sorted((o, n, i) for i, (o, n) in enumerate(zip(offsets, sizes))
                       if o is not None and n is not None and o >= 0 and n >= 0)
@@ -130,7 +130,7 @@ class ByteSource:
                     self._reparse()
                     data = self._tar_bytes(sid, None, None)
             else:
-                data = _file_row(self.unit, cols["key"][i], cols["source_uri"][i], self.limits)["image"]
+                data = file_row(self.unit, cols["key"][i], cols["source_uri"][i], self.limits)["image"]
             problem = source_changed(data, cols["sha256"][i])
             images.append(None if problem else data)
             why.append(problem)

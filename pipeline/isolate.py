@@ -111,14 +111,14 @@ def isolate_unit(run: str, unit: dict, phase: str, cfg: dict, score_all: bool, l
     crashes = 0
     if phase == "measure":
         meta = {"unit": u.brief().to_dict(), "seconds": {}}
-        rows, error_of = unit_io._iter_rows(u, limits)
+        rows, error_of = unit_io.iter_rows(u, limits)
         parts = []
-        for batch in unit_io._batches(rows, unit_io.max_batch_bytes(cfg)):
-            table = unit_io._read_table(batch, meta)
+        for batch in unit_io.batches_by_bytes(rows, unit_io.max_batch_bytes(cfg)):
+            table = unit_io.read_table(batch, meta)
             if names:
                 table, n = run_rows_isolated(table, names, cfg, score_all)
                 crashes += n
-            parts.append(unit_io._measured_only(table))
+            parts.append(unit_io.measured_only(table))
         meta.update(unit_error=error_of(), worker_crashes=crashes, isolated=True)
         from catalog.schema import MEASURE
         unit_io.write_measure(run_p, u.unit_id, pa.concat_tables(parts) if parts else MEASURE.empty_table(), meta)

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from catalog import SAMPLES, ShardTruncated, iter_tar
 
 from .settings import DEFAULTS
-from .unit_inputs import IMAGE_EXTS, Unit, _is_uri, open_input, sample_id
+from .unit_inputs import IMAGE_EXTS, Unit, is_uri, open_input, sample_id
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class UnitReader:
             return
         for i, (key, uri) in enumerate(zip(u.keys, u.files)):
             bad = u.errors.get(str(i)) if u.errors else None
-            yield _row(u, key, uri, None, bad) if bad else _file_row(u, key, uri, self.limits)
+            yield _row(u, key, uri, None, bad) if bad else file_row(u, key, uri, self.limits)
 
     # --- a tar shard ----------------------------------------------------------------------------
     def _tar(self) -> Iterator[dict]:
@@ -190,7 +190,7 @@ def _index_file(tar_uri: str) -> pq.ParquetFile | None:
     if not tar_uri.endswith(".tar"):
         return None
     uri = tar_uri[:-4] + ".parquet"
-    if _is_uri(uri) and not uri.startswith("file://"):
+    if is_uri(uri) and not uri.startswith("file://"):
         from catalog.storage import locate
         store, name = locate(uri)
         if not store.exists(name):
@@ -208,10 +208,10 @@ def read_unit(unit: Unit, limits: dict | None = None) -> tuple[list[dict], str |
     return rows, reader.error
 
 
-def _file_row(unit: Unit, key: str, uri: str, limits: dict) -> dict:
+def file_row(unit: Unit, key: str, uri: str, limits: dict) -> dict:
     cap = limits["max_file_bytes"]
     try:
-        if unit.root and not _is_uri(uri):
+        if unit.root and not is_uri(uri):
             real, root = os.path.realpath(uri), os.path.realpath(unit.root)
             if os.path.commonpath([real, root]) != root:
                 return _row(unit, key, uri, None, f"symlink outside input: {key} points outside the input "
@@ -261,7 +261,7 @@ def read_members(unit: Unit, spans: dict[str, tuple[int, int]]) -> dict[str, byt
     """The bytes at (offset, size) in a local tar, per sample id: a second read of a shard that seeks
     to the measured members instead of parsing the tar again (the caller checks each against its
     measured sha256). None for a shard this cannot seek in (remote); {} if it cannot be opened."""
-    if unit.kind != "tar" or (_is_uri(unit.uri) and not unit.uri.startswith("file://")):
+    if unit.kind != "tar" or (is_uri(unit.uri) and not unit.uri.startswith("file://")):
         return None
     out = {}
     try:

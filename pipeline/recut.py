@@ -22,7 +22,7 @@ from . import dedup as dedup_mod
 from . import fallback
 from .config import apply_sets
 from .decide import decide
-from .engine import _versions, funnel_from_counts, write_curated
+from .engine import library_versions, funnel_from_counts, write_curated
 from .settings import DEFAULTS
 from .unit_io import now
 from .stages import REGISTRY, build_stages
@@ -110,7 +110,7 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
     log.info("select: %d of %d samples kept (was %d)", n_kept, n_rows, manifest["counts"]["kept"])
     result = {**{k: manifest.get(k) for k in ("inputs", "stages", "skipped_stages", "score_all", "units")},
               "config": cfg, "selected_from": run_p.uri, "changed": changed, "started": now(),
-              "finished": now(), "status": "complete", "versions": _versions(),
+              "finished": now(), "status": "complete", "versions": library_versions(),
               "funnel": funnel_from_counts(first, n_rows, manifest["stages"]),
               "counts": {"inputs": n_rows, "kept": n_kept}, "fallbacks": fb_counts,
               "reject_reasons": dict(sorted(all_reasons.items(), key=lambda kv: (-kv[1], kv[0])))}

@@ -18,7 +18,7 @@ from .sources import Unit, iter_listing
 from .unit_io import listing_path, run_store
 
 
-def _drain(batches, total: int, desc: str, progress: bool, bar=None) -> set[str]:
+def drain_batches(batches, total: int, desc: str, progress: bool, bar=None) -> set[str]:
     """Consume a phase's summaries (one row per unit): the ids of the units finished, nothing per
     sample. A summary carrying a fault of the environment stops the run."""
     done: set[str] = set()
@@ -39,7 +39,7 @@ def _same(bar):
     yield bar
 
 
-def _failed(units: list[Unit], done: set[str], folder: tuple, suffix: str) -> list[Unit]:
+def failed_units(units: list[Unit], done: set[str], folder: tuple, suffix: str) -> list[Unit]:
     """The units of a window with no summary and no output: a task that failed for good loses its
     whole bundle's summaries, but the units it finished before have their files."""
     missing = [u for u in units if u.unit_id not in done]
@@ -83,7 +83,7 @@ class NameSet:
         return i < len(self._h) and self._h[i] == h
 
 
-def _windows(run: Path, keep, size: int):
+def unit_windows(run: Path, keep, size: int):
     """The listing's units (without their files) that `keep` accepts, in lists of at most `size`."""
     window = []
     for u in iter_listing(listing_path(run)):

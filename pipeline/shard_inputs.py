@@ -41,7 +41,7 @@ def is_prefix(text: str) -> bool:
     return text.endswith("/") or not text.rsplit("/", 1)[-1].endswith((".tar", ".parquet", ".txt"))
 
 
-def _join(base: str, name: str) -> str:
+def join(base: str, name: str) -> str:
     """A shard named in a list: a URI or an absolute path as is, else relative to the list's folder."""
     if "://" in name or name.startswith("/"):
         return name
@@ -82,7 +82,7 @@ def txt_shards(uri: str) -> Iterator[str]:
             for raw in lines:
                 line = raw.decode("utf-8", "replace").strip()
                 if line and not line.startswith("#"):
-                    yield _join(base, line)
+                    yield join(base, line)
             if not chunk:
                 return
 
@@ -103,7 +103,7 @@ def manifest_shards(uri: str) -> Iterator[str]:
     for b in open_parquet(uri).iter_batches(batch_size=4096, columns=[SHARD_COLUMN]):
         for x in b.column(0).to_pylist():
             if isinstance(x, str) and x.strip():
-                yield _join(base, x.strip())
+                yield join(base, x.strip())
 
 
 def shards_of(inp: str, literal: bool = False) -> Iterator[str] | None:

@@ -9,8 +9,8 @@ None of the three imports this module, so the facade closes no import circle.
 from __future__ import annotations
 
 from . import reading, unit_inputs, unit_listing
-from .reading import DEFAULT_LIMITS, ROW_FIELDS, UnitReader, _file_row, read_members, read_unit  # noqa: F401
-from .unit_inputs import (IMAGE_EXTS, MANIFEST_COLUMNS, InputError, Unit, _is_uri, check_inputs,  # noqa: F401
+from .reading import DEFAULT_LIMITS, ROW_FIELDS, UnitReader, file_row, read_members, read_unit  # noqa: F401
+from .unit_inputs import (IMAGE_EXTS, MANIFEST_COLUMNS, InputError, Unit, is_uri, check_inputs,  # noqa: F401
                           iter_units, open_input, sample_id)
 from .unit_listing import (FAN_IN, RUN_SIZE, count_new, iter_listing, list_units, load_unit,  # noqa: F401
                            read_listing, write_listing)

@@ -40,14 +40,14 @@ def sample_id(source_uri: str) -> str:
     return hashlib.blake2b(source_uri.encode(), digest_size=12).hexdigest()
 
 
-def _is_uri(p: str) -> bool:
+def is_uri(p: str) -> bool:
     return "://" in p
 
 
 def open_input(uri: str):
     """Binary input stream for a local path or any URI catalog/storage.py opens (s3://, gs://,
     hdfs://, memory://): remote reads go through one buffered stream (a few large GETs)."""
-    if _is_uri(uri) and not uri.startswith("file://"):
+    if is_uri(uri) and not uri.startswith("file://"):
         store, name = catalog.storage.locate(uri)
         try:
             return store.fs.open_input_stream(store.fs_path(name), buffer_size=READ_BUFFER)
@@ -142,7 +142,7 @@ def _entries(root: str, rel: str) -> Iterator[tuple[str, bool, bool]]:
         return iter(())
 
 
-def _chunks(items: Iterator, size: int) -> Iterator[list]:
+def chunks(items: Iterator, size: int) -> Iterator[list]:
     chunk = []
     for x in items:
         chunk.append(x)
@@ -155,13 +155,13 @@ def _chunks(items: Iterator, size: int) -> Iterator[list]:
 
 def _folder_units(root: Path, files_per_unit: int, exts: tuple[str, ...]) -> Iterator[Unit]:
     name, base = root.name or "files", str(root)
-    for i, keys in enumerate(_chunks(_walk(base, exts), files_per_unit)):
+    for i, keys in enumerate(chunks(_walk(base, exts), files_per_unit)):
         files = [os.path.join(base, k) for k in keys]
         yield Unit(_chunk_id(name, i, files), "files", str(root), files=files, keys=keys, root=str(root))
 
 
 def _manifest_file(uri: str) -> pq.ParquetFile:
-    if _is_uri(uri) and not uri.startswith("file://"):
+    if is_uri(uri) and not uri.startswith("file://"):
         store, name = catalog.storage.locate(uri)
         return pq.ParquetFile(store.open_input(name))
     return pq.ParquetFile(uri.removeprefix("file://"))
@@ -197,7 +197,7 @@ def _manifest_units(uri: str, files_per_unit: int) -> Iterator[Unit]:
     is no path is a source named 'MANIFEST#rowN' whose sample is a read error; a manifest that
     cannot be read to its end gives one last unit with a unit-level error."""
     col = _manifest_column(uri)
-    remote = _is_uri(uri) and not uri.startswith("file://")
+    remote = is_uri(uri) and not uri.startswith("file://")
     base = uri.rsplit("/", 1)[0] if remote else str(Path(uri.removeprefix("file://")).parent)
     stem = _stem(uri).removesuffix(".parquet")
     failed: list[str] = []
@@ -210,7 +210,7 @@ def _manifest_units(uri: str, files_per_unit: int) -> Iterator[Unit]:
             failed.append(f"{uri}: manifest unreadable after the rows listed ({type(e).__name__}: {e})")
 
     i, start = -1, 0
-    for i, chunk in enumerate(_chunks(rows(), files_per_unit)):
+    for i, chunk in enumerate(chunks(rows(), files_per_unit)):
         resolved, errors = [], {}
         for j, x in enumerate(chunk):
             path, why = _manifest_value(x, start + j)
@@ -218,7 +218,7 @@ def _manifest_units(uri: str, files_per_unit: int) -> Iterator[Unit]:
                 errors[str(j)] = why
                 resolved.append(f"{uri}#row{start + j}")
             else:
-                resolved.append(path if _is_uri(path) else shard_inputs._join(base, path) if remote
+                resolved.append(path if is_uri(path) else shard_inputs.join(base, path) if remote
                                 else os.path.normpath(os.path.join(base, path)))
         yield Unit(_chunk_id(stem, i, resolved), "files", uri, files=resolved,
                    keys=[str(start + j) for j in range(len(chunk))], errors=errors)
@@ -236,7 +236,7 @@ def _input_parts(inputs: list[str], exts: tuple[str, ...], check_only: bool = Fa
     Raises InputError naming the input for anything unusable; looks only as far as the first image
     of a folder and the first shard of a prefix, pattern or list. With check_only, only that look."""
     for inp in inputs:
-        local = not _is_uri(inp) or inp.startswith("file://")
+        local = not is_uri(inp) or inp.startswith("file://")
         exists = local and Path(inp.removeprefix("file://")).exists()
         if not exists or (Path(inp.removeprefix("file://")).is_file() and inp.endswith((".txt", ".parquet"))):
             try:
@@ -309,7 +309,7 @@ def iter_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -
 
 def _size(uri: str) -> int:
     """A local shard's size in bytes (one stat); 0 for a remote one (a prefix's listing says it)."""
-    if _is_uri(uri) and not uri.startswith("file://"):
+    if is_uri(uri) and not uri.startswith("file://"):
         return 0
     try:
         return os.stat(uri.removeprefix("file://")).st_size
@@ -321,5 +321,5 @@ def _stem(uri: str) -> str:
     return uri.rstrip("/").rsplit("/", 1)[-1].removesuffix(".tar")
 
 
-def _sources(u: Unit) -> list[str]:
+def unit_sources(u: Unit) -> list[str]:
     return [u.uri] if u.kind == "tar" else u.files

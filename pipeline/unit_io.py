@@ -133,18 +133,18 @@ def _node_id() -> str | None:
 # --------------------------------------------------------------------------------------------
 # Phase 1
 
-def _read_table(rows: list[dict], meta: dict) -> pa.Table:
+def read_table(rows: list[dict], meta: dict) -> pa.Table:
     for r in rows:
         r["_alive"] = True
     return with_meta(pa.Table.from_pylist(rows, schema=READ_SCHEMA), meta)
 
 
-def _measured_only(table: pa.Table) -> pa.Table:
+def measured_only(table: pa.Table) -> pa.Table:
     """A batch's measurements as MEASURE rows: no bytes, no stage-to-stage columns."""
     return catalog.conform(table.select([c for c in table.column_names if c in MEASURE.names]), MEASURE)
 
 
-def _batches(rows, max_bytes: int):
+def batches_by_bytes(rows, max_bytes: int):
     """Rows grouped into lists holding at most max_bytes of image bytes (at least one row each)."""
     batch, size = [], 0
     for r in rows:
@@ -158,7 +158,7 @@ def _batches(rows, max_bytes: int):
         yield batch
 
 
-def _iter_rows(unit: Unit, limits: dict) -> tuple:
+def iter_rows(unit: Unit, limits: dict) -> tuple:
     """(rows iterator, function giving the unit error once the iterator is used up)."""
     reader = UnitReader(unit, limits)
     return iter(reader), lambda: reader.error
@@ -170,16 +170,16 @@ def measure_unit(run: Path, unit: Unit, stages: list[Stage], limits: dict, score
     unit's measure files. Returns the unit's summary."""
     reset_peak_rss()
     meta = {"unit": unit.brief().to_dict(), "seconds": {}}
-    rows, error_of = _iter_rows(unit, limits)
+    rows, error_of = iter_rows(unit, limits)
     parts, t_read, t0 = [], 0.0, time.perf_counter()
-    for batch in _batches(rows, max_bytes):
+    for batch in batches_by_bytes(rows, max_bytes):
         t_read += time.perf_counter() - t0
-        table = _read_table(batch, meta)
+        table = read_table(batch, meta)
         del batch
         for s in stages:
             table = run_on_unit(s, table, score_all)
         meta = unit_meta(table)
-        parts.append(_measured_only(table))
+        parts.append(measured_only(table))
         del table
         t0 = time.perf_counter()
     t_read += time.perf_counter() - t0
@@ -194,7 +194,7 @@ def read_for_measure(unit: Unit, limits: dict) -> pa.Table:
     """Phase 1 input of a whole unit at once, bytes included (in-process tests and tools)."""
     t0 = time.perf_counter()
     rows, unit_error = read_unit(unit, limits)
-    table = _read_table(rows, {"unit": unit.brief().to_dict(), "unit_error": unit_error, "seconds": {}})
+    table = read_table(rows, {"unit": unit.brief().to_dict(), "unit_error": unit_error, "seconds": {}})
     meta = unit_meta(table)
     meta["seconds"]["read"] = round(time.perf_counter() - t0, 4)
     return with_meta(table, meta)
@@ -211,7 +211,7 @@ def write_measure(run: Path, unit_id: str, measured: pa.Table, meta: dict) -> pa
 def finish_measure(run: Path, table: pa.Table) -> pa.Table:
     """Write the phase-1 files of a unit measured as one table; return its summary."""
     meta = unit_meta(table)
-    return write_measure(run, meta["unit"]["unit_id"], _measured_only(table), meta)
+    return write_measure(run, meta["unit"]["unit_id"], measured_only(table), meta)
 
 
 # --------------------------------------------------------------------------------------------

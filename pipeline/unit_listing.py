@@ -21,7 +21,7 @@ import catalog
 import catalog.storage
 from catalog.io import tmp_name
 
-from .unit_inputs import IMAGE_EXTS, InputError, Unit, _chunks, _is_uri, _sources, iter_units
+from .unit_inputs import IMAGE_EXTS, InputError, Unit, chunks, is_uri, unit_sources, iter_units
 
 log = logging.getLogger("pipeline.sources")
 
@@ -35,7 +35,7 @@ def _write_run(items, scratch: Path) -> Path:
     """Items to a scratch file, pickled in batches (a private file this process writes and reads)."""
     fd, name = tempfile.mkstemp(dir=scratch, suffix=".run")
     with os.fdopen(fd, "wb") as fh:
-        for batch in _chunks(iter(items), 256):
+        for batch in chunks(iter(items), 256):
             pickle.dump(batch, fh, protocol=pickle.HIGHEST_PROTOCOL)
     return Path(name)
 
@@ -79,7 +79,7 @@ def _repeats(raw: Path, scratch: Path, run_size: int) -> Path:
     def pairs():
         seq = 0
         for u in _read_units(raw):
-            for src in _sources(u):
+            for src in unit_sources(u):
                 yield src, seq
                 seq += 1
 
@@ -106,7 +106,7 @@ def _without_repeats(raw: Path, repeats: Path) -> Iterator[Unit]:
     seq = 0
     for u in _read_units(raw):
         keep = []
-        for i in range(len(_sources(u))):
+        for i in range(len(unit_sources(u))):
             if seq == nxt:
                 nxt = next(drops, None)
             else:
@@ -133,7 +133,7 @@ def _repeated_ids(path: Path, scratch: Path, run_size: int) -> set[str]:
 
 
 def _remote(path) -> bool:
-    return isinstance(path, str) and _is_uri(path)
+    return isinstance(path, str) and is_uri(path)
 
 
 @contextmanager
@@ -197,7 +197,7 @@ def iter_listing(path) -> Iterator[Unit]:
             pos += len(line)
             if line.strip():
                 u = Unit.from_dict(json.loads(line))
-                u.offset, u.count = pos - len(line), len(_sources(u))
+                u.offset, u.count = pos - len(line), len(unit_sources(u))
                 yield u.brief()
 
 
@@ -238,9 +238,9 @@ def count_new(inputs: list[str], listing: Path, files_per_unit: int = 1000, exts
     """How many sources the inputs hold now that the saved listing does not: a merge of the two
     source lists, each sorted on disk."""
     with _scratch(None if _remote(listing) else Path(listing).parent) as scratch:
-        now = _sorted_file(((s,) for u in iter_units(inputs, files_per_unit, exts) for s in _sources(u)),
+        now = _sorted_file(((s,) for u in iter_units(inputs, files_per_unit, exts) for s in unit_sources(u)),
                            scratch, run_size)
-        saved = _sorted_file(((s,) for u in _read_units(listing) for s in _sources(u)), scratch, run_size)
+        saved = _sorted_file(((s,) for u in _read_units(listing) for s in unit_sources(u)), scratch, run_size)
         old = _read_run(saved)
         cur, new, prev = next(old, None), 0, None
         for x in _read_run(now):

@@ -50,7 +50,7 @@ from catalog.storage import is_uri, run_root, storage_for
 from . import output as outfmt
 from . import plan
 from .config import RenderConfig
-from .run_files import (HDRI_CATALOG, SCAN_CATALOG, _crash_file, crashed_scans, read_table,  # noqa: F401
+from .run_files import (HDRI_CATALOG, SCAN_CATALOG, crash_file, crashed_scans, read_table,  # noqa: F401
                         reject_crashed_scans, run_store)
 
 log = logging.getLogger(__name__)
@@ -288,7 +288,7 @@ class ShardRenderer:
         if crashes and scan_id is not None:
             log.warning("frame %d: the render process died in it (%d time(s)); rejecting scan %s for this run",
                         i, crashes, scan_id)
-            path = _crash_file(scan_id)
+            path = crash_file(scan_id)
             if not store.exists(path):
                 store.write_json(path, {"scan_id": scan_id, "frame_index": i, "attempts": crashes})
         crashed = crashed_scans(self.spec).get(scan_id) if scan_id is not None else None

@@ -26,7 +26,7 @@ def read_table(spec, rel: str, columns=None):
     return pq.read_table(store.fs_path(rel), filesystem=store.fs, columns=columns)
 
 
-def _crash_file(scan_id: str) -> str:
+def crash_file(scan_id: str) -> str:
     # names from data never become paths: the file is named by a hash of the scan id
     return "crashes/" + hashlib.blake2b(scan_id.encode(), digest_size=10).hexdigest() + ".json"
 

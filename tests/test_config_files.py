@@ -127,14 +127,14 @@ def test_write_script_runs():
 
 
 def test_code_reads_the_config_value_and_the_dataclass_default_when_it_is_missing():
-    from pipeline.blocks import _retries
+    from pipeline.blocks import retries_of
     from pipeline.config import section
     from pipeline.settings import DEFAULTS
 
     assert section({"engine": {"max_retries": 5}}, "engine")["max_retries"] == 5
     assert section({"engine": {"max_retries": 5}}, "engine")["early_min_units"] == DEFAULTS.engine.early_min_units
     assert section({}, "dedup")["bucket_cap"] == DEFAULTS.dedup.bucket_cap == 20000
-    assert _retries({"engine": {"max_retries": 0}}) == 0 and _retries({}) == DEFAULTS.engine.max_retries
+    assert retries_of({"engine": {"max_retries": 0}}) == 0 and retries_of({}) == DEFAULTS.engine.max_retries
 
 
 @pytest.mark.parametrize("command, flag, key", [

@@ -28,7 +28,7 @@ import numpy as np
 import catalog
 
 from .decode import decode_image
-from .task_data import Augment, RenderFrames, _members, pose_example, sample_rng
+from .task_data import Augment, RenderFrames, member_offsets, pose_example, sample_rng
 from .vocab import KeypointVocab
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class RenderKeypoints(RenderFrames):
 
     def annotation(self, i: int, field: str) -> dict | None:
         r = self.row(i)
-        mem = _members(r["members"])
+        mem = member_offsets(r["members"])
         if "json" not in mem:
             return None
         tar = self.folder / r["shard"]
@@ -100,7 +100,7 @@ class RenderKeypoints(RenderFrames):
     def __getitem__(self, item) -> dict:
         i, epoch = item if isinstance(item, tuple) else (item, 0)
         r = self.row(i)
-        mem = _members(r["members"])
+        mem = member_offsets(r["members"])
         img = np.asarray(decode_image(catalog.read_member(self.folder / r["shard"], *mem["rgb.png"])))
         return pose_example(self, img, self.anns[i], sample_rng(self.seed, epoch, i), i)
 

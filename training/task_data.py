@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 
 # --- render shards: depth, normals, mask ----------------------------------------------------------
-def _members(row_members) -> dict:
+def member_offsets(row_members) -> dict:
     return {catalog.split_member(m["name"])[1]: (m["offset"], m["size"]) for m in row_members}
 
 
@@ -72,7 +72,7 @@ class RenderFrames:
         return self.index.slice(i, 1).to_pylist()[0]
 
     def check(self, r: dict) -> dict:
-        mem = _members(r["members"] or [])
+        mem = member_offsets(r["members"] or [])
         missing = {"rgb.png", "depth.npy", "normal.npy", "mask.png"} - set(mem)
         if missing:
             raise ValueError(f"{self.folder}/{r['shard']} key {r['key']}: missing members {sorted(missing)}; "
@@ -141,7 +141,7 @@ class RenderParts(RenderFrames):
         i, epoch = item if isinstance(item, tuple) else (item, 0)
         rng = sample_rng(self.seed, epoch, i)
         r = self.row(i)
-        mem = _members(r["members"])
+        mem = member_offsets(r["members"])
         tar = self.folder / r["shard"]
         img = np.asarray(decode_image(catalog.read_member(tar, *mem["rgb.png"])))
         labels = np.asarray(decode_image(catalog.read_member(tar, *mem["parts.png"])).convert("L"))

@@ -96,7 +96,7 @@ def test_clusters_equal_cluster_on_chains_stars_and_hot_buckets(tmp_path):
         x, y = zip(*p)
         return np.array(x, np.uint64), np.array(y, np.uint64), {}
     root, _ = components(t.column("phash"), t.column("sha256"), K, True, near)
-    got = dedup.verdicts(root, t.column("sample_id"), dedup._area(t), t.column("sha256"))
+    got = dedup.verdicts(root, t.column("sample_id"), dedup.pixel_area(t), t.column("sha256"))
     got = got.sort_by("sample_id")
     assert got.equals(cluster(t, K)) and got.column("dup_of").null_count < n - 500
 

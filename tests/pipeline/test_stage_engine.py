@@ -119,7 +119,7 @@ def test_model_actors_load_while_phase_3_waits_and_a_stopped_run_frees_them(ray_
     import time
 
     from pipeline.config import load_config
-    from pipeline.early import _EarlyScore
+    from pipeline.early import EarlyScore
     from pipeline.sources import Unit
     from pipeline.stages.text import TextStage
 
@@ -137,7 +137,7 @@ def test_model_actors_load_while_phase_3_waits_and_a_stopped_run_frees_them(ray_
     wait_for(lambda: free() >= total, "an earlier test's actors kept their CPUs", 120)  # a clean start
     before = free()
     unit = Unit("crawl-00000-00000000", "files", str(tmp_path), files=[str(tmp_path / "a.jpg")], keys=["a"])
-    early = _EarlyScore(tmp_path / "run", [unit], [TextStage(cfg["text"])], cfg, False)
+    early = EarlyScore(tmp_path / "run", [unit], [TextStage(cfg["text"])], cfg, False)
     wait_for(lambda: free() <= before - 1, "the text actor never started while the gate was closed")
     assert early.measure_cpus() == ray_local.cluster_resources()["CPU"] - 1
     early.abort()
@@ -165,15 +165,15 @@ def test_task_poll_sets_how_soon_ray_data_sees_a_finished_unit():
 
 def test_actors_start_early_on_large_runs_only_by_default():
     from pipeline.config import load_config
-    from pipeline.early import _start_actors_early
+    from pipeline.early import start_actors_early
     from pipeline.stages.text import TextStage
     from pipeline.stages.size import SizeStage
     cfg = load_config(sets=["stages=[decode,size,dedup,text]"])
     models, cheap = [TextStage(cfg["text"])], [SizeStage(cfg["size"])]
     assert cfg["engine"]["start_actors_early"] == "auto"
     n = cfg["engine"]["early_min_units"]
-    assert not _start_actors_early(cfg, models, n - 1) and _start_actors_early(cfg, models, n)
-    assert not _start_actors_early(cfg, cheap, 10 * n)  # no actors to start
+    assert not start_actors_early(cfg, models, n - 1) and start_actors_early(cfg, models, n)
+    assert not start_actors_early(cfg, cheap, 10 * n)  # no actors to start
     on = load_config(sets=["stages=[decode,size,dedup,text]", "engine.start_actors_early=true"])
     off = load_config(sets=["stages=[decode,size,dedup,text]", "engine.start_actors_early=false"])
-    assert _start_actors_early(on, models, 1) and not _start_actors_early(off, models, 10 * n)
+    assert start_actors_early(on, models, 1) and not start_actors_early(off, models, 10 * n)
