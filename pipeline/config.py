@@ -38,6 +38,7 @@ CHECKS: dict[str, Check] = {
     "watermark.min_det_score": Check(("number",), low=0, high=1),
     "watermark.min_rec_score": Check(("number",), low=0, high=1),
     "watermark.max_boxes": Check(("int",), low=1),
+    "watermark.corner_read": Check(("bool",)),
     "art.weights": Check(("str",), nullable=True),
     "output.shard_max_count": Check(("int",), low=1),
     "output.shard_max_bytes": Check(("int",), low=1),
