@@ -10,7 +10,8 @@ JPEG re-encoding at quality 60-95. Clean images are the photos and random crops/
 Both print `sweep`: recall at opacity >= 0.2 and clean rejection at other cuts.
 
 Output: per kind precision / recall at watermark.max_score, ROC AUC (marked of that kind vs clean),
-recall at opacity >= 0.2 and by opacity bin; FP rate on clean photos, and on clean photos with scene
+recall at opacity >= 0.2 and by opacity bin, and at opacity >= 0.2 by the mark's visible contrast
+(mean grey-level change over the pixels it touches: grey ink on mid-grey is near invisible); FP rate on clean photos, and on clean photos with scene
 text (bus, motorcycle_left/right: a shop ad, a brand name); `misses`: per kind, why each mark at opacity >= 0.2 was missed (not_detected: no detected box lies
 on the mark's pixels; not_read: boxes on it, but no read string is a fragment of the mark; read: its
 text was read and the score stayed at or below the cut); stage images/s for text alone, watermark
@@ -51,14 +52,28 @@ def build_set(family: str, n_marked: int, n_clean: int, seed: int) -> list[dict]
         name = names[int(rng.integers(0, len(names)))]
         im = marks.clean_view(base[name], rng) if rng.random() < 0.5 else base[name]
         spec = marks.sample_spec(rng, kind, family)
-        rows.append({"image": marks.jpeg(marks.draw_mark(im, spec), spec.jpeg_quality), "label": 1, "kind": kind,
-                     "photo": name, "opacity": spec.opacity, "spec": spec.to_dict()})
+        marked = marks.draw_mark(im, spec)
+        rows.append({"image": marks.jpeg(marked, spec.jpeg_quality), "label": 1, "kind": kind,
+                     "photo": name, "opacity": spec.opacity, "spec": spec.to_dict(),
+                     "contrast": visible_contrast(im, marked, spec)})
     for j in range(n_clean):
         name = names[j % len(names)]
         im = base[name] if j < len(names) else marks.clean_view(base[name], rng)
         rows.append({"image": marks.jpeg(im, int(rng.integers(60, 96))), "label": 0, "kind": "clean",
-                     "photo": name, "opacity": None, "spec": None})
+                     "photo": name, "opacity": None, "spec": None, "contrast": None})
     return rows
+
+
+def visible_contrast(clean: Image.Image, marked: Image.Image, spec) -> float:
+    """How much the mark changes the photo: mean |grey level change| over the pixels it touches (0-255).
+    Grey ink over mid-grey moves pixels little at any opacity; such a mark is near invisible."""
+    mask = marks.mark_mask(clean.size, spec)
+    a = np.asarray(clean.convert("L"), np.float32)
+    b = np.asarray(marked.convert("L"), np.float32)
+    return float(np.abs(a - b)[mask].mean()) if mask.any() else 0.0
+
+
+CONTRAST_BINS = ((0, 8), (8, 16), (16, 32), (32, 256))
 
 
 def measure(stage, rows: list[dict], batch: int, extra: list[dict] | None = None) -> tuple[dict, float]:
@@ -115,11 +130,18 @@ def report(rows: list[dict], scores: list[float], cut: float, n_read: list) -> d
         for lo_, hi_ in ((0.1, 0.2), (0.2, 0.35), (0.35, 0.5), (0.5, 0.8)):
             sel = m & (op >= lo_) & (op < hi_ + (1e-9 if hi_ == 0.8 else 0))
             bins[f"{lo_:.2f}-{hi_:.2f}"] = round(float(flagged[sel].mean()), 3) if sel.any() else None
+        ct = np.array([r.get("contrast") if r.get("contrast") is not None else np.nan for r in rows])
+        by_contrast = {}
+        for lo_, hi_ in CONTRAST_BINS:
+            sel = hi & (ct >= lo_) & (ct < hi_)
+            by_contrast[f"{lo_}-{hi_}"] = {"n": int(sel.sum()),
+                                           "recall": round(float(flagged[sel].mean()), 3) if sel.any() else None}
         out["kinds"][kind] = {
             "n": int(m.sum()), "nothing_read": int((m & (n_read == 0)).sum()), "recall": round(tp / max(1, int(m.sum())), 3),
             "precision": round(tp / max(1, tp + fp), 3),
             "recall_opacity_ge_0.2": round(float(flagged[hi].mean()), 3) if hi.any() else None,
             "recall_by_opacity": bins,
+            "recall_by_contrast_opacity_ge_0.2": by_contrast,
             "roc_auc": auc(sc[m].tolist(), sc[clean].tolist())}
     return out
 
@@ -230,6 +252,7 @@ def main(argv=None) -> int:
         "clean_only": {"images": len(clean_rows), "text_images_per_s": round(len(clean_rows) / t_text_clean, 2),
                        "watermark_shared_images_per_s": round(len(clean_rows) / t_wm_clean, 2),
                        "text_plus_watermark_over_text": round((t_text_clean + t_wm_clean) / t_text_clean, 3)},
+        "corner_reads": wm.ocr.corner_reads,
         "own_detections_shared": wm.ocr.own_detections, "own_detections_alone": wm_own.ocr.own_detections - own_before,
         "text_det_calls": text.ocr.det_calls}
     missed = [{"kind": r["kind"], "opacity": round(r["opacity"], 2), "text": r["spec"]["text"],
@@ -242,6 +265,7 @@ def main(argv=None) -> int:
         with open(a.rows, "w") as f:
             for r, e in zip(rows, evs):
                 f.write(json.dumps({"label": r["label"], "kind": r["kind"], "photo": r["photo"], "opacity": r["opacity"],
+                                    "contrast": r["contrast"],
                                     "text": (r["spec"] or {}).get("text"), **e}, default=str) + "\n")
     text_json = json.dumps(result, indent=1, default=str)
     print(text_json)

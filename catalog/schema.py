@@ -100,6 +100,8 @@ SAMPLE_WATERMARK = [
     f("watermark_placement", pa.float32(), "ocr: 1 if a small box sits in a corner band or a box is centred"),
     f("watermark_mark_text", pa.float32(), "ocr: 1 if a string looks like a mark (©, domain, stock, ...)"),
     f("watermark_center_word", pa.float32(), "ocr: 1 if a large centred word has estimated opacity <= 0.6"),
+    f("watermark_corner_text", pa.float32(), "ocr with watermark.corner_read: 1 if a string read from the "
+      "corner crops looks like a mark or names a year; null where not read"),
     f("watermark_n_boxes", pa.int32(), "ocr: text boxes read (recognised with enough confidence)"),
     f("watermark_strings", pa.list_(pa.string()), "ocr: recognised strings of the read boxes"),
     f("watermark_error", pa.string(), "inference error for this sample"),

@@ -152,6 +152,8 @@ class WatermarkSettings:
                                         "below 0.3 kept) ...", low=0, high=1)
     min_rec_score: float = setting(0.5, "... and counted as text from this recognition score", low=0, high=1)
     max_boxes: int = setting(8, "ocr: boxes recognised per image, corner/centre boxes first, then largest", low=1)
+    corner_read: bool = setting(False, "ocr: also read the five corner crops of images at or below max_score, no\n"
+                                       "box needed (finds corner lines the detector misses; costs ~1 detection pass)")
     batch_size: int = batch_size(16)
     concurrency: int | list | str | None = concurrency()
     resources: dict = resources(num_cpus=1, num_gpus=0)

@@ -80,8 +80,8 @@ class WatermarkStage(Stage):
     # the text stage's boxes and reads, where it ran (wm_ocr.SHARED)
     reads = ("image", "text_det_boxes", "text_det_scores", "text_det_strings", "text_det_rec_scores")
     writes = ("watermark_score", "watermark_opacity", "watermark_repeat", "watermark_placement",
-              "watermark_mark_text", "watermark_center_word", "watermark_n_boxes", "watermark_strings",
-              "watermark_error")
+              "watermark_mark_text", "watermark_center_word", "watermark_corner_text", "watermark_n_boxes",
+              "watermark_strings", "watermark_error")
     stateful = True
     rules = RULES["watermark"]
     error_column = "watermark_error"

@@ -15,6 +15,9 @@ recognises them, and scores five kinds of evidence, each stored in its own colum
                        agency's name), or a string in a corner band holds a year (a copyright line)
   watermark_center_word  1 when a large word (at most three words, >= 7 % of the image height) is
                        centred and its estimated opacity is <= 0.6
+  watermark_corner_text  with watermark.corner_read: 1 when a string read from the five corner crops
+                       (corner_crops: no detected box needed) looks like a mark or names a year; null
+                       when the corner crops were not read
 
 watermark_score is a documented formula, a noisy-OR of the evidence (each kind alone can make the
 case, weaker kinds need company):
@@ -26,6 +29,7 @@ case, weaker kinds need company):
     center_word 0.85  e = watermark_center_word
     translucent 0.5   e = clip((0.7 - watermark_opacity) / 0.5, 0, 1): opacity 0.2 counts fully
     placement   0.5   e = watermark_placement
+    corner_text 0.9   e = watermark_corner_text
 
 So a mark-like string, four repeats or a large translucent centred word alone pass watermark.max_score
 = 0.8; three repeats of a translucent string, or translucent text in a corner with a mark-like word,
@@ -52,7 +56,11 @@ YEAR = re.compile(r"\b(?:19[5-9]|20[0-4])\d\b")
 MARK_WORDS = ("copyright", "stock", "preview", "sample", "proof", "watermark", "photography", "rights",
               "reserved", "licensed", "comp")
 # the noisy-OR's weight of each kind of evidence (module docstring)
-WEIGHTS = {"mark_text": 0.9, "repeat": 0.9, "center_word": 0.85, "translucent": 0.5, "placement": 0.5}
+WEIGHTS = {"mark_text": 0.9, "repeat": 0.9, "center_word": 0.85, "translucent": 0.5, "placement": 0.5,
+           "corner_text": 0.9}
+# corner crops read without a detected box (watermark.corner_read), as fractions of the image: height of
+# the band, width of a corner crop (the bottom-centre crop is as wide, centred)
+CORNER_BAND, CORNER_WIDTH = 0.08, 0.55
 
 
 def fold(s: str) -> str:
@@ -172,6 +180,22 @@ def evidence(gray: np.ndarray, boxes: list[np.ndarray], strings: list[str], rec_
     }
 
 
+def corner_crops(img: np.ndarray) -> list[np.ndarray]:
+    """The five places a corner line sits (top-left, top-right, bottom-left, bottom-right, bottom-centre)
+    as crops for the recogniser, read without a detected box: the detector puts no box on many small or
+    low-contrast corner lines that the recogniser reads (docs/watermark.md)."""
+    h, w = img.shape[:2]
+    m, ch, cw = int(0.01 * max(h, w)), max(8, int(CORNER_BAND * h)), max(8, int(CORNER_WIDTH * w))
+    top, bottom = img[m // 2:ch + m], img[max(0, h - ch - m):h - m // 2]
+    return [top[:, :cw], top[:, w - cw:], bottom[:, :cw], bottom[:, w - cw:], bottom[:, (w - cw) // 2:(w + cw) // 2]]
+
+
+def corner_text(strings: list[str], rec_scores: list[float], min_rec_score: float = 0.5) -> float:
+    """1 when a string read from corner_crops looks like a mark or names a year (a copyright line)."""
+    return float(any(r is not None and r >= min_rec_score and (looks_like_mark(s) or YEAR.search(str(s)) is not None)
+                     for s, r in zip(strings, rec_scores)))
+
+
 def features(ev: dict) -> dict[str, float]:
     """Each kind of evidence in [0, 1], from the stored columns (so the score can be recomputed from them)."""
     op = ev.get("watermark_opacity")
@@ -182,13 +206,15 @@ def features(ev: dict) -> dict[str, float]:
         "center_word": float(ev.get("watermark_center_word") or 0.0),
         "translucent": 0.0 if op is None else min(1.0, max(0.0, (0.7 - float(op)) / 0.5)),
         "placement": float(ev.get("watermark_placement") or 0.0),
+        "corner_text": float(ev.get("watermark_corner_text") or 0.0),
     }
 
 
 def score(ev: dict, weights: dict | None = None) -> float:
-    """watermark_score in [0, 1]: the noisy-OR of features(ev); 0 when no box was read."""
-    wts = weights or WEIGHTS
-    if not ev.get("watermark_n_boxes"):
+    """watermark_score in [0, 1]: the noisy-OR of features(ev); 0 when nothing was read (no box, no
+    mark-like corner read)."""
+    wts = {**WEIGHTS, **(weights or {})}
+    if not ev.get("watermark_n_boxes") and not ev.get("watermark_corner_text"):
         return 0.0
     keep = 1.0
     for k, e in features(ev).items():

@@ -7,12 +7,19 @@ recognised in one call across the batch, at most `watermark.max_boxes` per image
 band or centred first, then largest first; boxes down to `watermark.min_det_score`, below the text
 stage's 0.5: pipeline/stages/ocr.py keeps weak boxes for this rule),
 then scored by pipeline/stages/wm_evidence.py.
+
+With `watermark.corner_read: true` the images still at or below the cut (watermark.max_score) are read
+once more, without boxes: the five corner crops (wm_evidence.corner_crops) in one recognition call
+across the batch. It finds corner lines the detector puts no box on, at about one detection pass of
+cost per image read (docs/watermark.md), so it is off by default.
 """
 from __future__ import annotations
 
 import logging
 
 import numpy as np
+
+from catalog.rules import WATERMARK
 
 from ..images import load_rgb
 from ..settings import DEFAULTS
@@ -22,8 +29,8 @@ from .ocr import OCR, crop_box, from_column
 log = logging.getLogger(__name__)
 
 COLUMNS = ("watermark_score", "watermark_opacity", "watermark_repeat", "watermark_placement",
-           "watermark_mark_text", "watermark_center_word", "watermark_n_boxes", "watermark_strings",
-           "watermark_error")
+           "watermark_mark_text", "watermark_center_word", "watermark_corner_text", "watermark_n_boxes",
+           "watermark_strings", "watermark_error")
 SHARED = ("text_det_boxes", "text_det_scores", "text_det_strings", "text_det_rec_scores")  # from the text stage
 
 
@@ -33,8 +40,11 @@ class OcrWatermark:
         self.min_det_score = float(cfg.get("min_det_score", DEFAULTS.watermark.min_det_score))
         self.min_rec_score = float(cfg.get("min_rec_score", DEFAULTS.watermark.min_rec_score))
         self.max_boxes = int(cfg.get("max_boxes", DEFAULTS.watermark.max_boxes))
+        self.corner_read = bool(cfg.get("corner_read", DEFAULTS.watermark.corner_read))
+        self.cut = float(WATERMARK.threshold(cfg))
         self.ocr = OCR(self.max_side, threads, "watermark")
         self.own_detections = 0  # images this stage detected itself (the text stage had not)
+        self.corner_reads = 0  # images whose corner crops were read (watermark.corner_read)
 
     def _boxes(self, bgr: np.ndarray, scale: float, shared: list):
         """(boxes, det scores, [(string, rec score) or None per box]): the text stage's where it saw the
@@ -71,12 +81,15 @@ class OcrWatermark:
         texts: dict[int, list] = {}  # row -> (string, rec score) per picked box, None until read
         crops: list[np.ndarray] = []
         owner: list[tuple[int, int]] = []  # (row, index among its picked boxes) of each crop
+        pixels: dict[int, object] = {}  # row -> decoded BGR (or its bytes, not decoded yet): corner_read
         for i, data in enumerate(batch["image"]):
             if shared[0][i] is not None and len(shared[0][i]) == 0:  # the text stage saw no text: nothing to decode
                 ev = wm_evidence.evidence(np.zeros((1, 1), np.uint8), [], [], [])
                 for c in COLUMNS[1:-1]:
-                    out[c][i] = ev[c]
+                    out[c][i] = ev.get(c)
                 out["watermark_score"][i] = 0.0
+                if self.corner_read:
+                    pixels[i] = data
                 continue
             try:
                 rgb, scale = load_rgb(data, max_side=self.max_side)
@@ -84,6 +97,7 @@ class OcrWatermark:
                 out["watermark_error"][i] = f"decode: {e}"
                 continue
             bgr = np.ascontiguousarray(rgb[..., ::-1])
+            pixels[i] = bgr
             try:
                 boxes, scores, read = self._boxes(bgr, scale, [col[i] for col in shared])
             except Exception as e:
@@ -116,6 +130,41 @@ class OcrWatermark:
             strings = [t for t, _ in texts[i]]
             ev = wm_evidence.evidence(gray, picked, strings, [s for _, s in texts[i]], self.min_rec_score)
             for c in COLUMNS[1:-1]:
-                out[c][i] = ev[c]
+                out[c][i] = ev.get(c)
             out["watermark_score"][i] = wm_evidence.score(ev)
+        if self.corner_read:
+            self._read_corners(out, pixels)
         return out
+
+    def _read_corners(self, out: dict[str, list], pixels: dict[int, object]) -> None:
+        """watermark_corner_text for the rows still at or below the cut: their five corner crops, read
+        in one recognition call, then the score again with that evidence."""
+        rows, crops = [], []
+        for i, px in pixels.items():
+            if out["watermark_error"][i] is not None or (out["watermark_score"][i] or 0.0) > self.cut:
+                continue  # already rejected: reading more cannot change the verdict
+            if isinstance(px, (bytes, bytearray, memoryview)):
+                try:
+                    rgb, _ = load_rgb(px, max_side=self.max_side)
+                except Exception as e:
+                    out["watermark_error"][i] = f"decode: {e}"
+                    continue
+                px = np.ascontiguousarray(rgb[..., ::-1])
+            mine = wm_evidence.corner_crops(px)
+            rows.append((i, len(crops), len(crops) + len(mine)))
+            crops += mine
+        if not rows:
+            return
+        try:
+            strings, scores = self.ocr.recognize(crops)
+        except Exception as e:
+            log.warning("watermark: corner reads of %d images failed (%s); left null", len(rows), e)
+            return
+        self.corner_reads += len(rows)
+        for i, a, b in rows:
+            got = [(t, r) for t, r in zip(strings[a:b], scores[a:b]) if r >= self.min_rec_score and len(wm_evidence.norm(t)) >= 2]
+            out["watermark_corner_text"][i] = wm_evidence.corner_text([t for t, _ in got], [r for _, r in got],
+                                                                      self.min_rec_score)
+            out["watermark_strings"][i] = list(out["watermark_strings"][i] or []) + [t for t, _ in got]
+            ev = {c: out[c][i] for c in COLUMNS[1:-1]}
+            out["watermark_score"][i] = wm_evidence.score(ev)

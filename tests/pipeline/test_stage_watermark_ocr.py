@@ -169,3 +169,46 @@ def test_weak_boxes_are_kept_and_the_strong_ones_are_rapidocrs_own(stages):
     assert any(s < TEXT_BOX_THRESH for s in weak_scores)  # the weak ones exist on a translucent mark
     kept = sorted(b.round(1).tobytes() for b, s in zip(weak, weak_scores) if s >= TEXT_BOX_THRESH)
     assert kept == sorted(b.round(1).tobytes() for b in strong)
+
+
+def _missed_corner_lines() -> dict[str, bytes]:
+    """Tune-family corner lines the detector puts no box on: white 'fotobase.com' at opacity 0.25 in the
+    top-left and bottom-right bands of chelsea (DejaVu Serif Condensed Bold, 3.1 % of the height)."""
+    fonts = [f for f in marks.family_fonts("tune") if f.endswith("DejaVuSerifCondensed-Bold.ttf")]
+    out = {}
+    for corner in ("tl", "br") if fonts else ():
+        spec = marks.MarkSpec(kind="corner", text="fotobase.com", font=fonts[0], size_rel=0.031, opacity=0.25,
+                              colour=(255, 255, 255), shadow=False, angle=0.0, corner=corner, jpeg_quality=93)
+        out[f"line_{corner}"] = marks.jpeg(marks.draw_mark(Image.open(CLEAN["chelsea"]).convert("RGB"), spec), 93)
+    return out
+
+
+def test_corner_read_finds_lines_without_a_box_and_keeps_scene_text(stages):
+    """watermark.corner_read: the five corner crops read without boxes; corner lines the detector missed
+    are rejected, the clean and scene-text photos are still kept, and rows already above the cut are not
+    read again (watermark_corner_text null)."""
+    text, wm, _ = stages
+    lines = _missed_corner_lines()
+    if not lines:
+        pytest.skip("the DejaVu Serif Condensed Bold font (fonts-dejavu) is not installed")
+    on = WatermarkStage({**default_config()["watermark"], "corner_read": True})
+    on.setup()
+    images = {**{k: p.read_bytes() for k, p in {**SCENE_TEXT, **CLEAN}.items()}, **lines, "tiled": _marked()["tiled"]}
+    names = list(images)
+    batch = {"image": list(images.values())}
+    t = text.measure(batch)
+    shared = {c: t[c] for c in SHARED}
+    off, got = wm.measure({**batch, **shared}), on.measure({**batch, **shared})
+    reasons = dict(zip(names, on.reject(_table(got, len(names)))))
+    for n in lines:
+        k = names.index(n)
+        assert off["watermark_score"][k] <= 0.8 and off["watermark_corner_text"][k] is None, n
+        assert got["watermark_corner_text"][k] == 1.0 and reasons[n] == "watermark>0.8", (n, got["watermark_strings"][k])
+    assert reasons["tiled"] == "watermark>0.8"
+    for n in (*SCENE_TEXT, *CLEAN):
+        assert reasons[n] is None, (n, got["watermark_score"][names.index(n)], got["watermark_strings"][names.index(n)])
+        assert got["watermark_corner_text"][names.index(n)] == 0.0
+    assert got["watermark_corner_text"][names.index("tiled")] is None  # already above the cut: not read
+    assert on.ocr.corner_reads == len(names) - 1
+    with pytest.raises(ConfigError, match="watermark.corner_read"):
+        load_config(sets=["watermark.corner_read=3"])
