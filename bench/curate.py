@@ -34,7 +34,7 @@ def main() -> None:
 
     from catalog import iter_tar
     from pipeline.config import load_config
-    from pipeline.demo import photo_like, write_webdataset
+    from pipeline.demo_crawl import photo_like, write_webdataset
     from pipeline.engine import curate, init_ray
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="humanset-bench-"))

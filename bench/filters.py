@@ -51,7 +51,7 @@ from PIL import Image, ImageDraw, ImageFont
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.config import load_config  # noqa: E402
-from pipeline.demo import encode, flat_graphic, photo_like, shipped_photos, with_caption  # noqa: E402
+from pipeline.demo_crawl import encode, flat_graphic, photo_like, shipped_photos, with_caption  # noqa: E402
 from pipeline.images import probe  # noqa: E402
 
 CASCADE = ("decode", "size", "dedup", "person", "text", "watermark", "art")

@@ -6,7 +6,7 @@
 
 1. renders N training and M held-out frames of generated anny bodies with `humanset render` (two run seeds:
    distinct bodies, checked from the frame catalogs), small frames at few samples;
-2. curates the demo crawl (pipeline.demo, as `make demo`) and MAE-pretrains the tiny encoder with
+2. curates the demo crawl (pipeline.demo_crawl, as `make demo`) and MAE-pretrains the tiny encoder with
    `humanset pretrain` on its curated photos plus the training renders (never the held-out ones);
 3. fine-tunes each head (depth, normal, seg, pose from the renders' keypoints) (a) from that encoder and
    (b) from random initialisation, with the same recipe, steps and seed;
@@ -91,7 +91,7 @@ def pretrain(work: Path, train_renders: Path, args) -> Path:
         return out / "encoder.pth"
     demo = work / "demo"
     if not (demo / "run" / "shards").is_dir():
-        code = f"from pipeline.demo import run; run({str(demo)!r}, progress=False)"
+        code = f"from pipeline.demo_crawl import run; run({str(demo)!r}, progress=False)"
         with open(work / "demo.log", "w") as fh:
             subprocess.check_call([sys.executable, "-c", code], stdout=fh, stderr=subprocess.STDOUT,
                                   cwd=Path(__file__).resolve().parents[1])

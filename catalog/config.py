@@ -7,7 +7,7 @@ validation, then the room's typed object (docs/config.md).
 The dataclasses are the only source of defaults: each field's `setting()` holds its default, the
 comment the shipped YAML shows for it and its check (low / high / choices / nullable / kinds). The
 YAML files (pipeline/default.yaml, training/*.yaml) are written from them by `to_yaml` (`python -m
-humanset.settings --write`; tests/test_config_files.py fails when one is stale), and the flags'
+humanset.settings_files --write`; tests/test_config_files.py fails when one is stale), and the flags'
 --help says the same default (`flag_help`). Validation covers every leaf: the field's check, else
 one inferred from the default's type (a number default wants a finite number, ...). Errors are
 ConfigError (a ValueError) in one line naming the key

@@ -19,7 +19,7 @@ from . import stats as st
 from .io import write_bytes
 from .rules import PERSON_BOX, PERSON_SCORE, box_side
 from .shards import read_member
-from .sources import is_uri, read_source
+from .source_bytes import is_uri, read_source
 from .report_charts import FAIL_COLOR, KEEP_COLOR, new_figure, png_base64, bar_chart, funnel_chart, histogram_chart  # noqa: F401
 
 THUMB_PX = 200

@@ -26,8 +26,8 @@ log = logging.getLogger("humanset.demo")
 
 def run(output: str = "runs/demo", progress: bool = True, pretrain_steps: int = 40, frames: int = 4,
         finetune_steps: int = 30, filter_steps: int = 300) -> int:
-    from pipeline.demo import run as curate_demo
-    from render.demo import run as render_demo
+    from pipeline.demo_crawl import run as curate_demo
+    from render.demo_renders import run as render_demo
     out = Path(output)
     from catalog.report import write_report
 
@@ -84,7 +84,7 @@ def pretrain_demo(data, output, steps: int = 40) -> dict:
 
     import catalog
     from training import checkpoint as ckpt
-    from training.decode import read_image_member
+    from training.image_decode import read_image_member
     from training.pretrain import pretrain
     from training.vis import pretrain_vis
 
@@ -139,7 +139,7 @@ def filters_demo(out: Path, crawl: Path, run_dir: Path, renders: Path, encoder: 
                  steps: int = 60) -> Path:
     """Train the watermark and art filters on the curated photos of `run_dir` (and the renders), then curate
     `crawl` again into OUT/run-filters with their cards at their chosen thresholds. Returns that folder."""
-    from pipeline.demo import demo_config
+    from pipeline.demo_crawl import demo_config
     from pipeline.engine import curate
     from pipeline.report import print_funnel
     from training.filters import demo_config as filter_config

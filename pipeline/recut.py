@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 import catalog
 from catalog import SAMPLES
-from catalog.sources import read_source
+from catalog.source_bytes import read_source
 
 from . import console
 from . import dedup as dedup_mod

@@ -1,6 +1,6 @@
 """The curation settings and their defaults, one dataclass per config section: the only place a default
 of `humanset curate` is written. pipeline/default.yaml is generated from these (with the docs below as
-its comments: `python -m humanset.settings --write`); the checks (types, ranges, choices, null) are the
+its comments: `python -m humanset.settings_files --write`); the checks (types, ranges, choices, null) are the
 fields' metadata; the rules' thresholds come from catalog/rules.py (each declared once there).
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from catalog.rules import ART, ASPECT, BOX_RULES, PERSON_BOX, PERSON_SCORE, SHOR
 HEADER = """humanset curation config. Every key can be overridden with `--set section.key=value`.
 Thresholds follow the Sapiens paper where it gives them (person score > 0.9, box > 300 px).
 The effective config is saved in RUN/manifest.json.
-Generated from pipeline/settings.py (python -m humanset.settings --write): edit the dataclasses there."""
+Generated from pipeline/settings.py (python -m humanset.settings_files --write): edit the dataclasses there."""
 
 WATERMARK_METHODS = ("auto", "ocr", "laion", "card")  # watermark.method (pipeline/stages/watermark.py)
 CONCURRENCY = ("actors: auto = autoscale from 1 to what the cluster's CPUs (GPUs) hold at\n"

@@ -2,7 +2,7 @@
 depth, normal and mask ground truth, written as WebDataset shards with Parquet catalogs.
 
 Public surface: `prepare_run` / `run_local` / `summary` (render.job), `run_ray` (render.distributed),
-`load_config`, `render.demo.run` and `render.export.export` (`humanset render export`). Only
+`load_config`, `render.demo_renders.run` and `render.export.export` (`humanset render export`). Only
 render/blender/ imports Blender. Names load lazily, so `humanset --help` does not import pyarrow,
 duckdb or numpy through here.
 """

@@ -107,7 +107,7 @@ def run_config(args) -> int:
 
 
 def run_demo(args) -> int:
-    from .demo import run
+    from .demo_renders import run
     print(json.dumps(run(args.output, frames=args.frames, progress=not args.no_progress)))
     return 0
 

@@ -109,7 +109,7 @@ def test_libraries_log_warnings_only_and_ours_log_info():
         return logging.LogRecord(name, level, __file__, 1, "m", None, None)
 
     assert keep(rec("humanset.curate", logging.INFO)) and keep(rec("render.job", logging.INFO))
-    assert keep(rec("training.engine", logging.INFO)) and keep(rec("catalog.storage", logging.INFO))
+    assert keep(rec("training.trainer", logging.INFO)) and keep(rec("catalog.storage", logging.INFO))
     assert not keep(rec("matplotlib.font_manager", logging.INFO))  # "generated new fontManager"
     assert not keep(rec("anny", logging.INFO)) and not keep(rec("humansetx", logging.INFO))
     assert keep(rec("matplotlib.font_manager", logging.WARNING)) and keep(rec("ray.data", logging.ERROR))

@@ -11,13 +11,13 @@ import pytest
 
 from catalog import config as loader
 from catalog.config import Check, ConfigError, UnknownKey, section, setting
-from humanset.settings import ROOT, generated
+from humanset.settings_files import ROOT, generated
 
 
 @pytest.mark.parametrize("path", sorted(generated()))
 def test_shipped_yaml_is_generated_from_its_dataclass(path):
     text = generated()[path]
-    assert (ROOT / path).read_text() == text, f"{path} is stale: run `python -m humanset.settings --write`"
+    assert (ROOT / path).read_text() == text, f"{path} is stale: run `python -m humanset.settings_files --write`"
     # and it loads back to exactly the defaults the code uses
     assert loader.safe_load(text) == _defaults_for(path)
 
@@ -32,7 +32,7 @@ def _defaults_for(path: str) -> dict:
 
 
 def test_check_script_names_a_stale_file(tmp_path, monkeypatch):
-    import humanset.settings as s
+    import humanset.settings_files as s
 
     for path, text in generated().items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
@@ -121,7 +121,7 @@ def test_every_rooms_checks_come_from_field_metadata():
 
 
 def test_write_script_runs():
-    out = subprocess.run([sys.executable, "-m", "humanset.settings", "--check"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "humanset.settings_files", "--check"], capture_output=True, text=True,
                          cwd=ROOT)
     assert out.returncode == 0, out.stderr
 

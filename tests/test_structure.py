@@ -176,9 +176,9 @@ def test_the_graph_sees_every_room():
     graph = import_graph()
     assert set(PACKAGES) <= set(graph) and len(graph) > 100
     assert "pipeline.stages.person" in graph["pipeline.stages"]  # through the registry's strings
-    assert {"pipeline.demo", "render.demo", "training.pretrain"} <= graph["humanset.demo"]  # deferred imports
+    assert {"pipeline.demo_crawl", "render.demo_renders", "training.pretrain"} <= graph["humanset.demo"]  # deferred imports
     assert "pipeline.unit_io" in graph["pipeline.isolate"]
-    assert "training.engine" in graph["training.pretrain"] and "training.engine" in graph["training.finetune"]
+    assert "training.trainer" in graph["training.pretrain"] and "training.trainer" in graph["training.finetune"]
 
 
 def test_no_import_circle():

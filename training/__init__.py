@@ -1,6 +1,6 @@
 """MAE pretraining of Sapiens ViTs on humanset's curated shards, and task fine-tuning.
 
-    engine.py      the one training engine: run context, DDP / FSDP2, resume, step loop, checkpoints,
+    trainer.py     the one training engine: run context, DDP / FSDP2, resume, step loop, checkpoints,
                    run log, Ray Train launcher
     pretrain.py    PretrainConfig and the MAE recipe (model, shard stream, loss)
     finetune.py    FinetuneConfig and the task recipe (pose / seg / depth / normal), Ray Data loader
@@ -9,7 +9,7 @@
     mae.py         the masked autoencoder: masking, decoder, per-patch normalised loss
     heads.py, losses.py, task_data.py, sampler.py, vocab/   fine-tuning heads, losses, data, batches
     weights.py     pretrained encoder weights into a fine-tuning ViT (position table resized)
-    decode.py      image bytes -> RGB, RandomResizedCrop + flip (torch-free, for Ray Data workers)
+    image_decode.py image bytes -> RGB, RandomResizedCrop + flip (torch-free, for Ray Data workers)
     data.py        ShardStream (resumable IterableDataset over shards) and the Ray Data pipeline
     lr.py          lr scaling, warmup + cosine / linear / step, weight-decay and layer-decay groups, AdamW
     checkpoint.py  checkpoints (weights-only loading) and the encoder export for timm

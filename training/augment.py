@@ -10,9 +10,9 @@ import cv2
 import numpy as np
 
 import catalog
-from catalog.sources import read_source
+from catalog.source_bytes import read_source
 
-from .decode import decode_image
+from .image_decode import decode_image
 
 log = logging.getLogger("training.task_data")
 

@@ -3,7 +3,7 @@
 Each command's settings, their defaults and their checks are its config dataclass (RunConfig's fields
 for every run, training/run_config.py; PretrainConfig, FinetuneConfig, FilterConfig add theirs, each field a
 `setting()`). training/pretrain.yaml, finetune.yaml and train_filter.yaml list them with their comments;
-they are generated from the dataclasses (`python -m humanset.settings --write`; tests/test_config_files.py
+they are generated from the dataclasses (`python -m humanset.settings_files --write`; tests/test_config_files.py
 fails when one is stale). A run's settings are built in this order, each step over the last:
 
     1. the command's defaults  (its dataclass; the YAML shows them)
@@ -27,7 +27,7 @@ from catalog.config import ConfigError, UnknownKey
 YAML = {"pretrain": "pretrain.yaml", "finetune": "finetune.yaml", "train-filter": "train_filter.yaml"}
 HEADER = ("humanset {command}: every setting and its default (training/config.py loads it). Override with\n"
           "--config FILE (a YAML of some of these keys), then --set KEY=VALUE, then the command's flags.\n"
-          "Generated from {source} (python -m humanset.settings --write): edit the dataclass there.")
+          "Generated from {source} (python -m humanset.settings_files --write): edit the dataclass there.")
 SOURCES = {"pretrain": "training/pretrain.py PretrainConfig", "finetune": "training/finetune.py FinetuneConfig",
            "train-filter": "training/filters/train.py FilterConfig"}
 YAML_COLUMN = 32  # where the YAMLs' comments start

@@ -1,6 +1,6 @@
 """Streaming the curated shards (WebDataset tar + Parquet index) into MAE batches.
 
-Two loaders share the decoding and augmentation of training/decode.py:
+Two loaders share the decoding and augmentation of training/image_decode.py:
 - `ShardStream`, a PyTorch IterableDataset for one process or one rank: it splits shards across ranks
   and DataLoader workers, reads members by the index's offsets, and is exactly resumable: the order and
   every augmentation are pure functions of (seed, epoch, shard, row), and each batch carries its
@@ -25,7 +25,7 @@ import torch
 import catalog
 import catalog.storage
 
-from .decode import (IMAGENET_MEAN, IMAGENET_STD, augment, decode_augment_batch, decode_image, read_image_member,
+from .image_decode import (IMAGENET_MEAN, IMAGENET_STD, augment, decode_augment_batch, decode_image, read_image_member,
                      sample_rng)
 
 log = logging.getLogger(__name__)

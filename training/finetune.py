@@ -3,7 +3,7 @@
     cfg = FinetuneConfig(task="depth", data="RENDER_RUN", output="runs/depth", encoder="PT/encoder.pth")
     finetune(cfg)            # this process (CPU or the first GPU); cfg.workers > 0 runs on Ray Train
 
-This module supplies the model (encoder + head), the data and the loss; `engine.train` runs them (resume,
+This module supplies the model (encoder + head), the data and the loss; `trainer.train` runs them (resume,
 AMP, clipping, NaN stop, checkpoints, DDP or FSDP2 with `strategy="fsdp"`, the run log). The encoder
 comes from a humanset MAE checkpoint, an exported encoder.pth, or any timm-format ViT state dict
 (`weights.load_encoder`); its position table is resized bicubically from the pretraining grid to the
@@ -28,9 +28,9 @@ from torch import nn
 from catalog.config import setting
 
 from . import checkpoint as ckpt
-from . import engine, losses
+from . import losses, trainer
 from .data import normalize
-from .engine import Context, RunConfig
+from .trainer import Context, RunConfig
 from .heads import TASKS, build_head, tokens_to_map
 from .lr import adamw, layer_decay_groups, warmup_linear, warmup_step
 from .sampler import StepSampler, collate
@@ -133,7 +133,7 @@ def parse_hw(value) -> tuple[int, int]:
 
 
 def config_from(values: dict) -> FinetuneConfig:
-    return engine.config_from(FinetuneConfig, values, "fine-tuning")
+    return trainer.config_from(FinetuneConfig, values, "fine-tuning")
 
 
 # --- data, loss, optimiser ---------------------------------------------------------------------
@@ -186,7 +186,7 @@ def build_optimizer(model: TaskModel, cfg: FinetuneConfig, fused: bool = True):
 
 
 # --- the recipe the engine runs ---------------------------------------------------------------------
-class TaskRecipe(engine.Recipe):
+class TaskRecipe(trainer.Recipe):
     def __init__(self, cfg: FinetuneConfig):
         super().__init__(cfg)
         self.name = f"finetune {cfg.task}"
@@ -207,11 +207,11 @@ class TaskRecipe(engine.Recipe):
         return list(model.encoder.blocks) + [model.head]
 
     def optimizer(self, model, ctx: Context):
-        return build_optimizer(model, self.cfg, fused=not engine.sharded(self.cfg, ctx))
+        return build_optimizer(model, self.cfg, fused=not trainer.sharded(self.cfg, ctx))
 
     def batches(self, ctx: Context, start_micro: int) -> Iterator[dict]:
         cfg = self.cfg
-        if engine.loader_kind(cfg, ctx) == "ray":
+        if trainer.loader_kind(cfg, ctx) == "ray":
             return ray_batches(cfg, ctx)
         dataset = build_dataset(cfg, train=True)
         self.n_samples = len(dataset)
@@ -246,7 +246,7 @@ class TaskRecipe(engine.Recipe):
 
 def train_loop(config: dict) -> dict:
     """The body of every process (this one, or each Ray Train worker). Returns a summary."""
-    return engine.train(TaskRecipe(config_from(config)))
+    return trainer.train(TaskRecipe(config_from(config)))
 
 
 # --- Ray Data: samples decoded and augmented in Ray tasks, streamed to the Ray Train workers -----------
@@ -319,7 +319,7 @@ def finetune_ray(cfg: FinetuneConfig, ray_address: str | None = None) -> dict:
     if cfg.loader == "ray":
         resume = ckpt.resolve_resume(cfg.resume, cfg.output)
         datasets = {"train": ray_dataset(cfg, ckpt.step_of(resume) if resume else 0)}
-    engine.launch_ray(train_loop, cfg, f"finetune-{cfg.task}", datasets, ray_address)
+    trainer.launch_ray(train_loop, cfg, f"finetune-{cfg.task}", datasets, ray_address)
     return {"task": cfg.task, "steps": cfg.steps, "output": cfg.output,
             "checkpoint": str(ckpt.latest_checkpoint(cfg.output))}
 

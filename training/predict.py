@@ -19,7 +19,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from .data import normalize
-from .decode import decode_image
+from .image_decode import decode_image
 from .keypoints import apply_affine, heatmap_keypoints
 from .finetune import load_task_model
 from .vocab import load as load_vocab

@@ -2,7 +2,7 @@
 
 `pretrain(cfg)` runs in this process; `pretrain_ray(cfg)` runs `train_loop` on `cfg.workers` Ray Train
 workers (DDP or FSDP2). Everything around the model (resume, AMP, clipping, NaN stop, checkpoints, the run
-log) is `engine.train`'s.
+log) is `trainer.train`'s.
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import catalog
 from catalog.config import setting
 
 from . import checkpoint as ckpt
-from . import engine
+from . import trainer
 from .data import ShardStream, normalize, ray_dataset
-from .engine import Context, RunConfig
+from .trainer import Context, RunConfig
 from .lr import adamw, param_groups, scaled_lr, warmup_cosine
 from .mae import MaskedAutoencoder, compile_blocks, count_params
 from .vit import preset
@@ -58,7 +58,7 @@ class PretrainConfig(RunConfig):
 
 
 def config_from(values: dict) -> PretrainConfig:
-    return engine.config_from(PretrainConfig, values, "pretraining")
+    return trainer.config_from(PretrainConfig, values, "pretraining")
 
 
 def build_model(cfg: PretrainConfig) -> MaskedAutoencoder:
@@ -96,7 +96,7 @@ def ray_batches(cfg: PretrainConfig, position: dict) -> Iterator[dict]:
 
 
 # --- the recipe the engine runs -------------------------------------------------------------------
-class MAERecipe(engine.Recipe):
+class MAERecipe(trainer.Recipe):
     name = "pretrain"
 
     def __init__(self, cfg: PretrainConfig):
@@ -119,7 +119,7 @@ class MAERecipe(engine.Recipe):
         cfg = self.cfg
         peak = scaled_lr(cfg.base_lr, cfg.batch_size * cfg.accum_steps * ctx.world)
         # fused AdamW; under FSDP the sharded (DTensor) parameters take the foreach kernels
-        opt = adamw(param_groups(model, cfg.weight_decay), peak, cfg.betas, fused=not engine.sharded(cfg, ctx))
+        opt = adamw(param_groups(model, cfg.weight_decay), peak, cfg.betas, fused=not trainer.sharded(cfg, ctx))
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda step: warmup_cosine(step, cfg.steps, cfg.warmup, cfg.min_lr_ratio))
         return opt, sched
@@ -128,7 +128,7 @@ class MAERecipe(engine.Recipe):
         self.positions = {k: v for r in ranks for k, v in r.get("positions", {}).items()}
 
     def batches(self, ctx: Context, start_micro: int) -> Iterator[dict]:
-        self.kind = engine.loader_kind(self.cfg, ctx)
+        self.kind = trainer.loader_kind(self.cfg, ctx)
         source = torch_batches(self.cfg, ctx, self.positions, start_micro) if self.kind == "torch" else \
             ray_batches(self.cfg, self.positions.get(-1, {}))
         return self._tracked(source)
@@ -173,7 +173,7 @@ class MAERecipe(engine.Recipe):
 
 def train_loop(config: dict) -> dict:
     """The body of every process (this one, or each Ray Train worker). Returns a summary."""
-    return engine.train(MAERecipe(config_from(config)))
+    return trainer.train(MAERecipe(config_from(config)))
 
 
 # --- entry points -------------------------------------------------------------------------------
@@ -200,6 +200,6 @@ def pretrain_ray(cfg: PretrainConfig, ray_address: str | None = None) -> dict:
     cfg = dataclasses.replace(cfg, data=data, output=str(Path(cfg.output).resolve()))
     datasets = {"train": ray_dataset(cfg.data, cfg.image_size, cfg.crop_scale)} \
         if cfg.loader in ("auto", "ray") else None
-    engine.launch_ray(train_loop, cfg, "pretrain", datasets, ray_address)
+    trainer.launch_ray(train_loop, cfg, "pretrain", datasets, ray_address)
     return {"steps": cfg.steps, "output": cfg.output, "checkpoint": str(ckpt.latest_checkpoint(cfg.output)),
             "encoder": str(Path(cfg.output) / "encoder.pth")}

@@ -27,7 +27,7 @@ import numpy as np
 
 import catalog
 
-from .decode import decode_image
+from .image_decode import decode_image
 from .task_data import Augment, RenderFrames, member_offsets, pose_example, sample_rng
 from .vocab import KeypointVocab
 

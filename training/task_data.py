@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 import catalog
 
-from .decode import decode_image
+from .image_decode import decode_image
 from .vocab import ClassVocab, KeypointVocab
 from .augment import (LINEAR, NEAREST, Augment, BackgroundPool, box_affine, chw, crop_affine,  # noqa: F401
                       paste_background, photometric, sample_rng, warp)

@@ -15,7 +15,7 @@ from PIL import Image, ImageDraw
 
 from .checkpoint import load_checkpoint
 from .data import normalize
-from .decode import IMAGENET_MEAN, IMAGENET_STD, center_resize, decode_image
+from .image_decode import IMAGENET_MEAN, IMAGENET_STD, center_resize, decode_image
 from .mae import MaskedAutoencoder
 
 log = logging.getLogger(__name__)

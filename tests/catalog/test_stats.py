@@ -10,7 +10,7 @@ import pytest
 
 import catalog
 from catalog import cli, stats
-from catalog.sources import read_source, split_source_uri
+from catalog.source_bytes import read_source, split_source_uri
 from stats_run import STAGES, make_run
 
 

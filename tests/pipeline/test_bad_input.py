@@ -34,7 +34,7 @@ def _tiff_missing_dimensions() -> bytes:
 
 
 def _photo(seed=0, w=400, h=320):
-    from pipeline.demo import photo_like
+    from pipeline.demo_crawl import photo_like
     return photo_like(w, h, seed)
 
 

@@ -11,7 +11,7 @@ import pytest
 import catalog
 from pipeline.config import load_config
 from pipeline.engine import RunError, curate
-from catalog.sources import read_source
+from catalog.source_bytes import read_source
 from pipeline.sources import sample_id
 
 CHEAP = ["stages=[decode,size,dedup]"]  # engine mechanics on generated images that hold no person
@@ -160,7 +160,7 @@ def _tar_bytes(members):
 
 
 def test_damaged_tars_lose_nothing(tmp_path, ray_local):
-    from pipeline.demo import photo_like
+    from pipeline.demo_crawl import photo_like
     crawl = tmp_path / "crawl"
     crawl.mkdir()
     good = [photo_like(400, 320, s) for s in range(6)]
@@ -184,7 +184,7 @@ def test_damaged_tars_lose_nothing(tmp_path, ray_local):
 
 def test_folder_and_manifest_inputs(tmp_path, ray_local):
     import pyarrow as pa
-    from pipeline.demo import photo_like
+    from pipeline.demo_crawl import photo_like
     imgs = tmp_path / "imgs" / "sub"
     imgs.mkdir(parents=True)
     for i in range(3):

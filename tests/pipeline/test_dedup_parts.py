@@ -166,7 +166,7 @@ def test_curate_with_partitioned_dedup_writes_the_same_verdicts(tmp_path):
     import sys
     from pathlib import Path
 
-    from pipeline.demo import demo_samples, write_webdataset
+    from pipeline.demo_crawl import demo_samples, write_webdataset
     crawl = tmp_path / "crawl"
     write_webdataset(crawl, demo_samples()[:64], per_shard=32)
     root = Path(__file__).resolve().parents[2]

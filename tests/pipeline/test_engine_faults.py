@@ -16,7 +16,7 @@ CHEAP = ["stages=[decode,size,dedup]"]
 
 
 def _photos(folder, n, start=0):
-    from pipeline.demo import photo_like
+    from pipeline.demo_crawl import photo_like
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(start, start + n):
         (folder / f"{i:03d}.jpg").write_bytes(photo_like(400, 320, 500 + i))
@@ -75,7 +75,7 @@ def _measured(source, run):
 def test_changed_source_is_rejected_and_never_written(tmp_path):
     """Phase 1 and phase 3 run here in-process (no Ray); the file changes in between."""
     from pipeline import engine
-    from pipeline.demo import photo_like
+    from pipeline.demo_crawl import photo_like
     folder = _photos(tmp_path / "in", 3)
     run = tmp_path / "run"
     unit, cfg = _measured(folder, run)
@@ -101,7 +101,7 @@ def test_second_read_of_a_tar_seeks_to_its_members_and_a_rewritten_tar_is_parsed
     import tarfile
 
     from pipeline import engine, fetch
-    from pipeline.demo import photo_like
+    from pipeline.demo_crawl import photo_like
 
     def shard(path, images):
         with tarfile.open(path, "w") as tf:

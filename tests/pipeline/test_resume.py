@@ -18,7 +18,7 @@ UNITS = 12
 
 @pytest.fixture(scope="module")
 def crawl(tmp_path_factory):
-    from pipeline.demo import photo_like, write_webdataset
+    from pipeline.demo_crawl import photo_like, write_webdataset
     folder = tmp_path_factory.mktemp("resume") / "crawl"
     samples = []
     for i in range(UNITS * 5):

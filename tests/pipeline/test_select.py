@@ -50,7 +50,7 @@ def score_all_run(ray_local, tmp_path_factory):
 
     from PIL import Image
 
-    from pipeline.demo import demo_config, encode, shipped_photos, with_caption, write_webdataset
+    from pipeline.demo_crawl import demo_config, encode, shipped_photos, with_caption, write_webdataset
     from pipeline.engine import curate
     photos = shipped_photos()
     bus = Image.open(io.BytesIO(photos["bus"]))

@@ -329,7 +329,7 @@ def test_models_load_and_run_without_network(tmp_path):
 def test_cascade_through_the_engine(tmp_path, ray_local):
     """person and text as Ray actors in the real engine: decisions, stored columns, skipped stages."""
     from pipeline.config import load_config
-    from pipeline.demo import flat_graphic, with_caption
+    from pipeline.demo_crawl import flat_graphic, with_caption
     from pipeline.engine import curate
 
     crawl = tmp_path / "crawl"

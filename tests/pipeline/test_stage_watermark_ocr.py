@@ -13,7 +13,7 @@ from PIL import Image
 import catalog
 from pipeline import marks
 from pipeline.config import ConfigError, default_config, load_config
-from pipeline.demo import with_watermark
+from pipeline.demo_crawl import with_watermark
 from pipeline.stages import wm_evidence
 from pipeline.stages.text import TextStage
 from pipeline.stages.watermark import WatermarkStage

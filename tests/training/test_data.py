@@ -10,7 +10,7 @@ from PIL import Image
 
 import catalog
 from training.data import ShardStream, epoch_plan, normalize
-from training.decode import augment, crop_params, decode_image, read_image_member
+from training.image_decode import augment, crop_params, decode_image, read_image_member
 from training_fixtures import encode, skimage_samples, write_curated_shards
 
 
@@ -163,7 +163,7 @@ def test_stream_positions_from_another_layout_restart_on_a_new_epoch(shards):
 
 
 def test_ray_data_decode_function_flags_bad_rows(shards):
-    from training.decode import decode_augment_batch
+    from training.image_decode import decode_augment_batch
 
     rows = catalog.read_index(shards).to_pylist()
     batch = {"key": np.array([r["key"] for r in rows]), "shard": np.array([r["shard"] for r in rows]),

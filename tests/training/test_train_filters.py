@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from pipeline.demo import shipped_photos
+from pipeline.demo_crawl import shipped_photos
 from pipeline.stages.art import ArtStage
 from pipeline.stages.watermark import WatermarkStage
 from training.filters import samples as fd

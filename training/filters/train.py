@@ -13,7 +13,7 @@ Loads without humanset: `timm.models.vision_transformer.VisionTransformer(**card
 with `load_state_dict(torch.load(OUT/model.pt, weights_only=True))`; pipeline/stages/watermark.py and art.py
 read the card (watermark.weights / art.weights = OUT).
 
-The model, data and loss are a recipe (`FilterRecipe`) that training/engine.py runs: resumable checkpoints
+The model, data and loss are a recipe (`FilterRecipe`) that training/trainer.py runs: resumable checkpoints
 (OUT/checkpoints/step-N.pt; `--resume` continues bit-identically, the data a pure function of (seed, step)),
 the run log, and Ray Train with `--workers N`.
 """
@@ -36,8 +36,8 @@ from catalog import cards
 from catalog.config import setting
 
 from .. import checkpoint as ckpt
-from .. import engine
-from ..engine import Context, RunConfig
+from .. import trainer
+from ..trainer import Context, RunConfig
 from .samples import DEFAULT_HOLDOUT, FilterSamples, FilterSpec, GeneratorSettings, split_photos
 from .browser import HtmlPool, html_pool
 from .inputs import WATERMARK_LIKE, read_photos, read_scene_text  # noqa: F401  (re-exported)
@@ -122,7 +122,7 @@ class FilterConfig(RunConfig):
 
 
 def config_from(values: dict) -> FilterConfig:
-    return engine.config_from(FilterConfig, values, "train-filter")
+    return trainer.config_from(FilterConfig, values, "train-filter")
 
 
 # --- the model ------------------------------------------------------------------------------------
@@ -173,8 +173,8 @@ def build_model(cfg: FilterConfig, n_classes: int, load_weights: bool = True) ->
 
 
 # --- the recipe: model, data, loss ----------------------------------------------------------------
-class FilterRecipe(engine.Recipe):
-    """Model, data and loss of a filter for training/engine.py."""
+class FilterRecipe(trainer.Recipe):
+    """Model, data and loss of a filter for training/trainer.py."""
 
     def __init__(self, cfg: FilterConfig, photos: list[np.ndarray] | None = None,
                  renders: list[np.ndarray] | None = None):
@@ -209,11 +209,11 @@ class FilterRecipe(engine.Recipe):
     def optimizer(self, model, ctx: Context):
         cfg = self.cfg
         # names of the unwrapped model (DDP prefixes 'module.'); its parameters are the wrapper's
-        groups = layer_decay_groups(engine.unwrap(model), cfg.weight_decay, cfg.layer_decay)
+        groups = layer_decay_groups(trainer.unwrap(model), cfg.weight_decay, cfg.layer_decay)
         for g in groups:
             g["lr"] = cfg.lr * g["lr_scale"]
         opt = adamw([{k: v for k, v in g.items() if k != "names"} for g in groups], cfg.lr, cfg.betas,
-                    fused=not engine.sharded(cfg, ctx))
+                    fused=not trainer.sharded(cfg, ctx))
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_linear(s, cfg.steps, cfg.warmup))
         return opt, sched
 
@@ -257,7 +257,7 @@ class FilterRecipe(engine.Recipe):
 
 def train_loop(config: dict) -> dict:
     """The body of every process (this one, or each Ray Train worker)."""
-    return engine.train(FilterRecipe(config_from(config)))
+    return trainer.train(FilterRecipe(config_from(config)))
 
 
 # --- validation and the card ----------------------------------------------------------------------
@@ -346,10 +346,10 @@ def train_filter(cfg: FilterConfig) -> dict:
     if cfg.workers:
         paths = {k: str(Path(getattr(cfg, k)).resolve()) for k in ("images", "renders", "output", "encoder")
                  if getattr(cfg, k)}
-        engine.launch_ray(train_loop, dataclasses.replace(cfg, **paths), f"train-filter-{cfg.filter}")
+        trainer.launch_ray(train_loop, dataclasses.replace(cfg, **paths), f"train-filter-{cfg.filter}")
         run = {"train_seconds": time.perf_counter() - t0, "steps_run": None, "final_loss": None}
     else:
-        run = engine.train(recipe)
+        run = trainer.train(recipe)
     # the model as its last checkpoint holds it (the same in this process or after Ray Train)
     state = ckpt.load_checkpoint(ckpt.checkpoint_path(cfg.output, cfg.steps))
     model = build_model(cfg, len(recipe.spec.classes), load_weights=False)

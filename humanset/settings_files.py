@@ -1,8 +1,8 @@
 """The shipped YAML files of every room's settings, written from the rooms' config dataclasses (the only
 place a default is written; docs/config.md). The front knows every room, so the list lives here:
 
-    python -m humanset.settings --write     # after changing a setting(): rewrite the YAMLs
-    python -m humanset.settings --check     # exit 1 naming each stale file (tests/test_config_files.py)
+    python -m humanset.settings_files --write     # after changing a setting(): rewrite the YAMLs
+    python -m humanset.settings_files --check     # exit 1 naming each stale file (tests/test_config_files.py)
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def stale(root: Path = ROOT) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m humanset.settings", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m humanset.settings_files", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--write", action="store_true", help="rewrite every stale settings YAML")
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {path}")
         return 0
     for path in bad:
-        print(f"{path} is stale: run `python -m humanset.settings --write`", file=sys.stderr)
+        print(f"{path} is stale: run `python -m humanset.settings_files --write`", file=sys.stderr)
     return 1 if bad else 0
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from training.engine import RunLog, fmt_eta
+from training.trainer import RunLog, fmt_eta
 
 
 class Terminal(io.StringIO):
