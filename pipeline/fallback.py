@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .columns import set_column, unit_meta, with_meta
+from .settings import DEFAULTS
 
 ROUND = "_fallback_round"  # cfg key of a pass of phase 3: an int (scoring round) or WRITE
 WRITE = "write"
@@ -33,7 +34,7 @@ def max_fallbacks(cfg: dict, score_stages) -> int:
     """Fallback members a cluster may score after its canonical: 0 without dedup or a model stage."""
     if "dedup" not in (cfg.get("stages") or []) or not score_stages:
         return 0
-    return int((cfg.get("dedup") or {}).get("max_fallbacks", 2) or 0)
+    return int((cfg.get("dedup") or {}).get("max_fallbacks", DEFAULTS.dedup.max_fallbacks) or 0)
 
 
 def round_cfg(cfg: dict, r) -> dict:

@@ -196,7 +196,7 @@ def _fallback_choice(run, dedup: dict | None, stages, cfg: dict) -> tuple[dict, 
                             "sample_id": r["sample_id"], "sha256": r["sha256"], "scored": scored,
                             "passes": first is None, "kept": bool(kept)})
     d = cfg.get("dedup") or {}
-    choice, counts = fallback.recut(members, int(d.get("max_fallbacks", 2) or 0) if score else 0)
+    choice, counts = fallback.recut(members, int(d.get("max_fallbacks", DEFAULTS.dedup.max_fallbacks) or 0) if score else 0)
     if counts["promoted"] or counts["unscored"]:
         log.info("select: %d clusters keep another member than the run did; %d stop at a member the run "
                  "never scored (rerun `humanset curate` to score it)", counts["promoted"], counts["unscored"])
