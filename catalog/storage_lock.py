@@ -21,7 +21,7 @@ import uuid
 from contextlib import contextmanager
 
 from .io import RunLocked, lock_message
-from .storage import ConditionalWritesUnsupported
+from .storage_core import ConditionalWritesUnsupported
 
 log = logging.getLogger("humanset.storage")
 LOCK = ".lock"

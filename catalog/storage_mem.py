@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import pyarrow.fs as pafs
 
-from .storage import Entry, Storage
+from .storage_base import Storage
+from .storage_core import Entry, split_uri
 
 _MEM_LOCK = threading.Lock()
 _MEM_TAGS: dict[str, tuple[str, float]] = {}
@@ -23,6 +24,16 @@ class MemoryStorage(Storage):
     def __init__(self, uri: str, mfs, base: str):
         super().__init__(uri, pafs.PyFileSystem(pafs.FSSpecHandler(mfs)), base)
         self.mfs = mfs
+
+    @classmethod
+    def from_uri(cls, uri: str) -> "MemoryStorage":
+        """memory://NAME/path: a folder of the process's memory file system."""
+        from fsspec.implementations.memory import MemoryFileSystem
+        parts = split_uri(uri)
+        if parts.scheme.lower() != "memory":
+            raise ValueError(f"{uri}: not a memory:// URI")
+        base = "/" + (parts.netloc + parts.path).strip("/")
+        return cls(f"memory://{base.lstrip('/')}", MemoryFileSystem(), base)
 
     def _under(self, raw: str) -> Iterator[Entry]:
         folder = raw.rsplit("/", 1)[0] if "/" in raw else ""

@@ -1,4 +1,4 @@
-"""Files named by a URI or a local path, over catalog/storage.py: what pipeline/ passes around.
+"""Files named by a URI or a local path, over catalog/storage_open.py: what pipeline/ passes around.
 
 `storage_for(uri)` keeps one Storage per URI per process (a worker opens each bucket's client once);
 `locate(uri)` splits a file's URI into its folder's Storage and its name; the `*_at` helpers read and
@@ -12,7 +12,8 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .storage import Storage, open_storage
+from .storage_base import Storage
+from .storage_open import open_storage
 
 
 def is_uri(text: str | os.PathLike) -> bool:

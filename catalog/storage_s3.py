@@ -33,7 +33,8 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from .storage import ConditionalWritesUnsupported, Entry, Storage, StorageError, scrub
+from .storage_base import Storage
+from .storage_core import ConditionalWritesUnsupported, Entry, StorageError, remote_parts, scrub
 
 MAX_ATTEMPTS = 10  # per request, with exponential backoff and jitter (both clients)
 PART_BYTES = 8 << 20  # multipart part size of open_output; up to UPLOADS parts are in flight at once
@@ -177,6 +178,14 @@ class S3Storage(Storage):
         self._clients = _Clients(bucket)
         base = f"{bucket}/{key}".rstrip("/")
         super().__init__(f"s3://{base}", None, base)
+
+    @classmethod
+    def from_uri(cls, uri: str) -> "S3Storage":
+        """s3://BUCKET/prefix (or s3a://)."""
+        parts = remote_parts(uri)
+        if parts.scheme.lower() not in ("s3", "s3a"):
+            raise ValueError(f"{uri}: not an s3:// URI")
+        return cls(parts.netloc, parts.path.strip("/"))
 
     # pyarrow's file system only for whoever needs one (see the module docstring)
     @property

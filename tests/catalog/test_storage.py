@@ -255,6 +255,19 @@ def test_a_storage_pickles_as_its_uri_for_ray_tasks(store):
     assert type(again) is type(store) and again.uri == store.uri_of("a") and again.read_bytes("x.bin") == b"payload"
 
 
+def test_a_file_uri_store_and_a_bad_uri_round_trip_as_open_storage_does(tmp_path):
+    import pickle
+    store = st.open_storage(f"file://{tmp_path}/run")
+    store.write_bytes("x.bin", b"payload")
+    again = pickle.loads(pickle.dumps(store))
+    assert type(again) is st.LocalStorage and again.uri == store.uri and again.read_bytes("x.bin") == b"payload"
+    for bad, match in [("s3://KEY:SECRET@bucket/x", "credentials in a URI"), ("s3:///x", "names a bucket"),
+                       ("ftp://host/x", "unsupported storage scheme"), ("file://host/x", "file:// URIs name")]:
+        with pytest.raises(ValueError, match=match) as err:
+            st.open_storage(bad)
+        assert "SECRET" not in str(err.value)
+
+
 def test_threads_share_one_storage(store):
     errors = []
 
