@@ -37,6 +37,7 @@ from pathlib import Path
 import catalog.storage as cstore
 
 from . import dedup as D
+from .dedup_tables import DEFAULT_BUCKET_CAP, blocks, choose_blocks, sum_stats, tables
 from .dedup_dist_tasks import (attach, cc_labels, cc_round, count_rows, group, near_range, phash_range,
                                scatter_units, sha_range, write_units)
 from .dedup_parts import TASK_BASE_BYTES, top_blocks
@@ -72,7 +73,7 @@ def plan(n: int, task_memory: int, m: int = 6) -> tuple[int, int, int]:
     room = max(4096, task_memory - TASK_BASE_BYTES)
     P = _pow2(SKEW * n * max(SHA_BYTES, GROUP_BYTES) / room)
     R = max(P, _pow2(SKEW * n * NEAR_BYTES / room))
-    narrowest = min(w for _, w in D.blocks(m))
+    narrowest = min(w for _, w in blocks(m))
     rows = min(room // SAMPLE_BYTES, math.ceil(max(n, 1) / P))  # a batch: at most a range's share
     return P, max(1, rows), min(narrowest, int(math.log2(R)))
 
@@ -175,8 +176,8 @@ def run_dedup_distributed(run, unit_ids: list[str], cfg: dict, use_ray: bool | N
     enabled = "dedup" in cfg.get("stages", ["dedup"])
     k = d.get("max_distance", 4)
     exact = bool(d.get("exact", True))
-    bucket_cap = int(d.get("bucket_cap") or D.DEFAULT_BUCKET_CAP)
-    m = int(d.get("blocks") or D.choose_blocks(max(n, 2), max(int(k or 0), 1)))
+    bucket_cap = int(d.get("bucket_cap") or DEFAULT_BUCKET_CAP)
+    m = int(d.get("blocks") or choose_blocks(max(n, 2), max(int(k or 0), 1)))
     P, rows, rbits = plan(n, task_memory, m)
     P = int(d.get("partitions") or P)  # partitions, batch_rows, near_range_bits: tests and benches only
     bt = batches(counts, int(d.get("batch_rows") or rows))
@@ -187,7 +188,7 @@ def run_dedup_distributed(run, unit_ids: list[str], cfg: dict, use_ray: bool | N
     root = cstore.join(D.dedup_dir(run), "dist", fp)
     run_s = str(run)
     log.info("dedup: %d samples in %d units, partitioned: %d batches, %d ranges, %d near ranges x %d tables (%s)",
-             n, len(unit_ids), len(bt), P, 1 << rbits, len(D.tables(m, k)) if k and k > 0 else 0, root)
+             n, len(unit_ids), len(bt), P, 1 << rbits, len(tables(m, k)) if k and k > 0 else 0, root)
     brow = [sum(counts[a:b]) for a, b in bt]
     B = len(bt)
 
@@ -217,11 +218,11 @@ def run_dedup_distributed(run, unit_ids: list[str], cfg: dict, use_ray: bool | N
             stats["distinct_hashes"] = distinct
             if near and distinct > 1:
                 R = 1 << rbits
-                todo = [(root, t, r, P, m, k, rbits, tops.index(D.tables(m, k)[t][0]), bucket_cap, P)
-                        for t in range(len(D.tables(m, k))) for r in range(R)]
+                todo = [(root, t, r, P, m, k, rbits, tops.index(tables(m, k)[t][0]), bucket_cap, P)
+                        for t in range(len(tables(m, k))) for r in range(R)]
                 per = ex.map(near_range, todo, TASK_BASE_BYTES + NEAR_BYTES * SKEW * max(distinct, 1) / R, "near")
-                sources += [f"nr{t:03d}-{r:04d}" for t in range(len(D.tables(m, k))) for r in range(R)]
-                stats.update(D.sum_stats(m, k, per), ranges=R)
+                sources += [f"nr{t:03d}-{r:04d}" for t in range(len(tables(m, k))) for r in range(R)]
+                stats.update(sum_stats(m, k, per), ranges=R)
         rounds, last, edges = components(ex, root, sources, P)
         stats.update(components="distributed", component_rounds=rounds, component_partitions=P)
         lab = ex.map(cc_labels, [(root, last, j, P, starts) for j in range(P)],

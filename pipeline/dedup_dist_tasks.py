@@ -25,7 +25,9 @@ import catalog.storage as cstore
 from catalog.schema import VERDICTS
 
 from . import dedup as D
+from .dedup_components import as_string_chunks, mix_hex
 from .dedup_parts import range_of
+from .dedup_tables import Layout, sorted_table_pairs
 
 GOLD = np.uint64(0x9E3779B97F4A7C15)
 _LOW32 = (1 << 32) - 1
@@ -43,7 +45,7 @@ def part_of(x: np.ndarray, P: int) -> np.ndarray:
 
 def sha_part(arr: pa.Array, P: int) -> np.ndarray:
     """Partition of each (valid) sha256 string: one digest always lands in one range."""
-    mixed = D.mix_hex(arr)
+    mixed = mix_hex(arr)
     if mixed is None:  # not lower-case hex: a checksum of the string (slow; never for our measure files)
         mixed = np.array([zlib.crc32(s.encode()) for s in arr.to_pylist()], np.uint64)
     return part_of(mixed, P)
@@ -156,7 +158,7 @@ def scatter_units(run: str, root: str, b: int, uids: list[str], first: int, P: i
         h = ph.fill_null(0).to_numpy()[ok]
         _write_parts(root, lambda q: f"sc/b{b}-ph{q}.parquet", pa.table({"num": num[ok], "phash": h}),
                      part_of(h, P), P)
-        sha = D.as_string_chunks(t.column("sha256")).combine_chunks()
+        sha = as_string_chunks(t.column("sha256")).combine_chunks()
         ok = sha.is_valid().to_numpy(zero_copy_only=False)
         s = sha.filter(pa.array(ok))
         _write_parts(root, lambda q: f"sc/b{b}-sh{q}.parquet", pa.table({"num": num[ok], "sha256": s}),
@@ -210,9 +212,9 @@ def near_range(root: str, t: int, r: int, P_in: int, m: int, k: int, rbits: int,
         del x
         order = np.argsort(h)
         h, rep = h[order], rep[order]
-        lay = D.Layout(m, k, t)
+        lay = Layout(m, k, t)
         p = lay.sorted_values(h)
-        a, b, st = D.sorted_table_pairs(p, lay, k, bucket_cap)
+        a, b, st = sorted_table_pairs(p, lay, k, bucket_cap)
         del p
         _edges(root, f"nr{t:03d}-{r:04d}", rep[np.searchsorted(h, a)], rep[np.searchsorted(h, b)], P)
         return {**st, "range": r}
@@ -232,7 +234,7 @@ def _groups(key: np.ndarray, val: np.ndarray):
 
 
 def cc_round(root: str, i: int, op: str, j: int, srcs: list[str], P: int) -> dict:
-    """Round i on partition j: a large-star or small-star reduce (pipeline/dedup._cc_step, on int64
+    """Round i on partition j: a large-star or small-star reduce (pipeline/dedup_components._cc_step, on int64
     (key, value) records) and the map to round i + 1's partitions."""
     def body():
         x = _read(root, [f"cc/r{i - 1:03d}/{s}-to{j}.parquet" for s in srcs])
@@ -280,8 +282,8 @@ def attach(run: str, root: str, b: int, uids: list[str], first: int, P: int, sta
         hit = np.flatnonzero(ln[pos] == num) if len(ln) else np.zeros(0, np.int64)
         sel = pa.array(hit)
         g = pa.table({"comp": lc[pos[hit]], "num": num[hit], "area": D.pixel_area(t)[hit],
-                      "sid": D.as_string_chunks(t.column("sample_id")).take(sel),
-                      "sha": D.as_string_chunks(t.column("sha256")).take(sel)})
+                      "sid": as_string_chunks(t.column("sample_id")).take(sel),
+                      "sha": as_string_chunks(t.column("sha256")).take(sel)})
         _write_parts(root, lambda q: f"grp/b{b}-q{q}.parquet", g, part_of(g.column("comp").to_numpy(), P), P)
         return {"labelled": len(hit)}
     return _once(root, f"attach-b{b}", body)
@@ -328,7 +330,7 @@ def write_units(run: str, root: str, b: int, uids: list[str], first: int, P: int
             u = uids[i]
             t = D.read_measured(cstore.join(run, "work", "measure", f"{u}.parquet"))
             n = t.num_rows
-            sid = D.as_string_chunks(t.column("sample_id"))
+            sid = as_string_chunks(t.column("sample_id"))
             if not on:
                 nul = pa.nulls(n, pa.string())
                 out = _verdicts(sid, nul, nul, pa.nulls(n, pa.int32()), pa.nulls(n, pa.int32()))

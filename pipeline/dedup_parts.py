@@ -33,8 +33,8 @@ import catalog.storage as cstore
 from catalog.schema import NEAR_PAIRS
 
 from .settings import DEFAULTS
-from .dedup import (DEFAULT_BUCKET_CAP, Layout, loc, read_table_stats, sorted_table_pairs, blocks,
-                    tables)
+from .dedup_tables import (DEFAULT_BUCKET_CAP, Layout, loc, read_table_stats, sorted_table_pairs, blocks,
+                          tables)
 
 # one (table, range) task per hash, measured by bench/dedup_candidates.py (table_task): the range's
 # hashes (8), their sorted permuted copy (8), candidate positions and scan temporaries; see docs/dedup.md

@@ -6,7 +6,7 @@ Public surface: `prepare_run` / `run_local` / `summary` (render.job), `run_ray` 
 render/blender/ imports Blender. Names load lazily, so `humanset --help` does not import pyarrow,
 duckdb or numpy through here.
 """
-_EXPORTS = {"RenderConfig": "config", "load_config": "config", "RunSpec": "job", "ShardRenderer": "job",
+_EXPORTS = {"RenderConfig": "config", "load_config": "config", "RunSpec": "run_spec", "ShardRenderer": "job",
             "prepare_run": "job", "run_local": "job", "summary": "job", "run_ray": "distributed"}
 
 __all__ = sorted(_EXPORTS)

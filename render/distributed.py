@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 
-from .job import RunSpec, check_lock, reject_crashed_scans, shards_todo
+from .job import check_lock, reject_crashed_scans
+from .run_spec import RunSpec, shards_todo
 
 log = logging.getLogger(__name__)
 

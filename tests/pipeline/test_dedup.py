@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import dedup
+from pipeline import dedup, dedup_components, dedup_tables
 from pipeline.dedup import (Layout, blocks, choose_blocks, cluster, cluster_stats, expected_candidates,
                             first_table, near_pairs, run_dedup, tables)
 
@@ -108,8 +108,8 @@ def test_near_pairs_equal_brute_force_each_pair_once(seed, m):
 
 @pytest.mark.parametrize("window", [2, 16])
 def test_blocked_scan_of_hot_buckets_equals_brute_force(monkeypatch, window):
-    monkeypatch.setattr(dedup, "WINDOW", window)
-    monkeypatch.setattr(dedup, "_SCAN_CELLS", 1000)  # several blocks per bucket
+    monkeypatch.setattr(dedup_tables, "WINDOW", window)
+    monkeypatch.setattr(dedup_tables, "_SCAN_CELLS", 1000)  # several blocks per bucket
     distinct = np.unique(np.array(_hashes(3), np.uint64))
     a, b, st = near_pairs(distinct, 4, 6)
     assert st["hot_buckets_scanned"] > 0 and st["hot_buckets_skipped"] == 0
@@ -119,13 +119,13 @@ def test_blocked_scan_of_hot_buckets_equals_brute_force(monkeypatch, window):
 
 @pytest.mark.parametrize("exact_sizes", [2, 5])
 def test_padded_bucket_classes_equal_brute_force(monkeypatch, exact_sizes):
-    monkeypatch.setattr(dedup, "_EXACT_SIZES", exact_sizes)  # most buckets padded to a power of two
-    monkeypatch.setattr(dedup, "_SCAN_CELLS", 64)  # several row steps per class
+    monkeypatch.setattr(dedup_tables, "_EXACT_SIZES", exact_sizes)  # most buckets padded to a power of two
+    monkeypatch.setattr(dedup_tables, "_SCAN_CELLS", 64)  # several row steps per class
     distinct = np.unique(np.array(_hashes(6), np.uint64))
     a, b, st = near_pairs(distinct, 4, 6)
     got = list(zip(a.tolist(), b.tolist()))
     assert len(got) == len(set(got)) and set(got) == _brute_pairs(distinct, 4)
-    monkeypatch.setattr(dedup, "_EXACT_SIZES", 1000)
+    monkeypatch.setattr(dedup_tables, "_EXACT_SIZES", 1000)
     assert near_pairs(distinct, 4, 6)[2]["candidate_pairs"] == st["candidate_pairs"]  # padding is not counted
 
 
@@ -151,7 +151,7 @@ def test_other_distances_equal_brute_force(k):
 
 
 def test_scan_in_small_steps_equals_brute_force(monkeypatch):
-    monkeypatch.setattr(dedup, "_STEP", 7)  # steps end inside buckets
+    monkeypatch.setattr(dedup_tables, "_STEP", 7)  # steps end inside buckets
     distinct = np.unique(np.array(_hashes(5), np.uint64))
     a, b, _ = near_pairs(distinct, 4, 5)
     got = list(zip(a.tolist(), b.tolist()))
@@ -242,8 +242,8 @@ def test_sha256_links_hex_other_strings_and_key_collisions(monkeypatch):
     assert links([digest[0], digest[1], digest[0], None, digest[2], digest[1]]) == {(0, 2), (1, 5)}
     assert links(["x", "ABAB", "x", None]) == {(0, 2)}  # not lower-case hex: numbered by Arrow
     # two different digests on one key: caught by comparing the strings
-    monkeypatch.setattr(dedup, "sha_key", lambda arr: (np.zeros(len(arr), np.uint64),
-                                                      arr.is_valid().to_numpy(zero_copy_only=False), False))
+    monkeypatch.setattr(dedup_components, "sha_key", lambda arr: (np.zeros(len(arr), np.uint64),
+                                                                 arr.is_valid().to_numpy(zero_copy_only=False), False))
     assert links([digest[0], digest[1], digest[0], digest[1]]) == {(0, 2), (1, 3)}
 
 
