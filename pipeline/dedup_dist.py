@@ -41,6 +41,7 @@ from .dedup_tables import DEFAULT_BUCKET_CAP, blocks, choose_blocks, sum_stats, 
 from .dedup_dist_tasks import (attach, cc_labels, cc_round, count_rows, group, near_range, phash_range,
                                scatter_units, sha_range, write_units)
 from .dedup_parts import TASK_BASE_BYTES, top_blocks
+from .settings import DEFAULTS
 
 log = logging.getLogger("humanset.dedup")
 
@@ -141,7 +142,7 @@ def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
     """Phase 2 as the engine runs it: partitioned by hash when dedup.partitioned says so (true, or
     auto and the run too large for one process), else pipeline/dedup.run_dedup in this process."""
     d = cfg.get("dedup", {}) or {}
-    if d.get("partitioned", False):
+    if d.get("partitioned", DEFAULTS.dedup.partitioned):
         if unit_ids is None:
             unit_ids = D.listed_unit_ids(str(run) if cstore.is_uri(str(run)) else Path(run))
         st = run_dedup_distributed(run, unit_ids, cfg)
@@ -171,11 +172,11 @@ def run_dedup_distributed(run, unit_ids: list[str], cfg: dict, use_ray: bool | N
         chunks = [(str(run), unit_ids[s:s + COUNT_CHUNK]) for s in range(0, len(unit_ids), COUNT_CHUNK)]
         counts = [c for part in ex.map(count_rows, chunks, TASK_BASE_BYTES, "count") for c in part["counts"]]
     n = int(sum(counts))
-    if not wanted(d.get("partitioned", False), n, task_memory):
+    if not wanted(d.get("partitioned", DEFAULTS.dedup.partitioned), n, task_memory):
         return None
     enabled = "dedup" in cfg.get("stages", ["dedup"])
-    k = d.get("max_distance", 4)
-    exact = bool(d.get("exact", True))
+    k = d.get("max_distance", DEFAULTS.dedup.max_distance)
+    exact = bool(d.get("exact", DEFAULTS.dedup.exact))
     bucket_cap = int(d.get("bucket_cap") or DEFAULT_BUCKET_CAP)
     m = int(d.get("blocks") or choose_blocks(max(n, 2), max(int(k or 0), 1)))
     P, rows, rbits = plan(n, task_memory, m)
