@@ -151,11 +151,11 @@ def exchange(run, step: str, window: int, retries: int, map_round: int | None) -
     if map_round is not None:
         have = NameSet((store, fb.scored_dir(map_round)), ".parquet") if map_round else None
         keep = (lambda uid: uid in have) if map_round else (lambda uid: True)
-        args = [(str(run), map_round, n, [u.unit_id for u in units]) for n, units in
-                enumerate(unit_windows(run, keep, window))]
         if step == "m":  # as many partitions as windows of units: a partition holds ~1 / windows of the records
-            windows = max(1, len(args))
-        _all(ray, ray.remote(**opts)(map_window), [a + (windows,) for a in args], limit)
+            windows = max(1, sum(1 for _ in unit_windows(run, keep, window)))
+        args = ((str(run), map_round, n, [u.unit_id for u in units], windows)  # streamed: one window held
+                for n, units in enumerate(unit_windows(run, keep, window)))
+        _all(ray, ray.remote(**opts)(map_window), args, limit)
     counts = {"windows": windows}
     if step != "m":
         counts["rows"] = _all(ray, ray.remote(**opts)(reduce_part), [(str(run), step, p) for p in range(windows)],

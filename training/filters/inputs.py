@@ -12,7 +12,7 @@ from PIL import Image
 
 import catalog
 
-from ..decode import IMAGE_EXTS, decode_image
+from ..image_decode import IMAGE_EXTS, decode_image
 
 log = logging.getLogger(__name__)
 
