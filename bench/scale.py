@@ -171,6 +171,20 @@ def _stats_cost(run: Path, env: dict, *command: str) -> dict:
             "ms_per_part": round(1e3 * s / max(parts, 1), 3), "exit_status": os.waitstatus_to_exitcode(status)}
 
 
+def _group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of the live processes of one process group (the S3 server's)."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(f[2]) == pgid:
+                total += (int(f[11]) + int(f[12])) / tick
+    return total
+
+
 def _s3_run(work: Path, tars: list[Path], args, env: dict):
     """The same engine run with the crawl and the RUN on a SeaweedFS started on 127.0.0.1."""
     sys.path.insert(0, str(ROOT / "tests"))
@@ -191,13 +205,17 @@ def _s3_run(work: Path, tars: list[Path], args, env: dict):
         crawl = open_storage("s3://humanset-bench/crawl")
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda t: crawl.write_bytes(t.name, t.read_bytes()), tars))
+        cpu0 = _group_cpu_seconds(proc.pid)
         p = subprocess.run([sys.executable, __file__, "--driver", crawl.uri + "/", "s3://humanset-bench/run",
                             "--num-cpus", str(args.num_cpus), "--side", str(args.side),
                             *(a for kv in args.set for a in ("--set", kv))], env=s3_env, capture_output=True, text=True)
         if p.returncode:
             print(p.stderr[-4000:], file=sys.stderr)
             return p.returncode
-        return json.loads(p.stdout.strip().splitlines()[-1])
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+        # the server's CPU during the run: on this machine it shares the cores with the workers
+        out["store_cpu_seconds"] = round(_group_cpu_seconds(proc.pid) - cpu0, 1)
+        return out
     finally:
         stop_weed(proc, ports)
         shutil.rmtree(work / "seaweedfs", ignore_errors=True)
@@ -260,7 +278,10 @@ def main() -> int:
         if s3 is not None:
             result["engine_s3"] = s3
             result["s3_over_local"] = {"images_per_s": round(s3["images_per_s"] / engine["images_per_s"], 3),
-                                       "driver_vmhwm": round(s3["driver_vmhwm_mb"] / engine["driver_vmhwm_mb"], 3)}
+                                       "driver_vmhwm": round(s3["driver_vmhwm_mb"] / engine["driver_vmhwm_mb"], 3),
+                                       # the share of this machine's CPUs the S3 server took during the run
+                                       "store_cpu_share": round(s3["store_cpu_seconds"]
+                                                                / (s3["seconds"] * (os.cpu_count() or 1)), 3)}
         if args.units:
             result["stats"] = _stats_cost(run, env)
             result["query"] = _stats_cost(run, env, "query", str(run), QUERY)  # the user's SQL on the views
