@@ -30,6 +30,7 @@ from catalog.schema import VERDICTS
 
 from . import dedup as D
 from .dedup_components import as_string_chunks, mix_hex
+from .dedup_files import read_parts as _read, unit_ids, write_parts as _write_parts
 from .dedup_parts import range_of
 from .dedup_tables import Layout, sorted_table_pairs
 
@@ -101,48 +102,12 @@ def _node() -> str | None:
     return ray.get_runtime_context().get_node_id()
 
 
-_PARTS_KEY = b"humanset.partitions"
-
-
-def _write_parts(root: str, name: str, table: pa.Table, part: np.ndarray, P: int) -> None:
-    """table's rows cut by `part` into ONE file ROOT/name whose row group q holds partition q's rows
-    (empty row groups for empty partitions), streamed to the store as it is written."""
-    order = np.argsort(part, kind="stable")
-    cuts = np.searchsorted(part[order], np.arange(P + 1))
-    table = table.take(pa.array(order)).replace_schema_metadata({_PARTS_KEY: str(P).encode()})
-    store, rel = cstore.locate(cstore.join(root, name))
-    with store.open_output(rel) as f, pq.ParquetWriter(f, table.schema, compression="zstd",
-                                                       write_statistics=False) as w:
-        for q in range(P):
-            n = int(cuts[q + 1] - cuts[q])
-            w.write_table(table.slice(int(cuts[q]), n), row_group_size=max(n, 1))
-
-
-def _read_part(path: str, q: int) -> pa.Table:
-    """Row group q (partition q) of a file _write_parts wrote: its footer, then that row group only."""
-    store, rel = cstore.locate(path)
-    with store.open_input(rel) as f:
-        pf = pq.ParquetFile(f)
-        n = pf.metadata.metadata.get(_PARTS_KEY) if pf.metadata.metadata else None
-        if n is None or int(n) != pf.num_row_groups or not 0 <= q < pf.num_row_groups:
-            raise ValueError(f"{path}: not a partitioned work file with a row group {q} (partitions {n}, "
-                             f"row groups {pf.num_row_groups}); remove {path.rsplit('/', 2)[0]} and rerun")
-        return pf.read_row_group(q)
-
-
-def _read(root: str, names, q: int) -> pa.Table:
-    """Partition q of the map files `names`, D.IO_THREADS files at a time."""
-    with ThreadPoolExecutor(D.IO_THREADS) as pool:
-        parts = list(pool.map(lambda n: _read_part(cstore.join(root, n), q), names))
-    return pa.concat_tables(parts)
-
-
 def _col(t: pa.Table, name: str) -> np.ndarray:
     return t.column(name).to_numpy()
 
 
 def _edges(root: str, tag: str, u: np.ndarray, v: np.ndarray, P: int) -> None:
-    """Edges u - v as round 0 records, both directions, to ROOT/cc/r000/{tag}-to{part}."""
+    """Edges u - v as round 0 records, both directions, to ROOT/cc/r000/{tag} (a row group a part)."""
     key, val = np.concatenate([u, v]).astype(np.int64), np.concatenate([v, u]).astype(np.int64)
     _write_parts(root, f"cc/r000/{tag}.parquet", pa.table({"key": key, "val": val}), part_of(key, P), P)
 
@@ -163,20 +128,24 @@ def _batch_of(num: np.ndarray, starts: list[int]) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 # the tasks, in the order the coordinator runs them
 
-def count_rows(run: str, uids: list[str]) -> dict:
-    """Rows per unit measure file, from the parquet footers (alive or not: an upper bound)."""
+def count_rows(run: str, units: str, c: int, uids: list[str]) -> dict:
+    """Rows per unit measure file of chunk c (from the parquet footers; alive or not: an upper
+    bound), written with the unit ids to UNITS/c{c}.parquet; returns the chunk's sums only."""
     def rows(u):
         store, name = cstore.locate(cstore.join(run, "work", "measure", f"{u}.parquet"))
         with store.open_input(name) as f:
             return pq.read_metadata(f).num_rows
     with ThreadPoolExecutor(D.IO_THREADS) as pool:
-        return {"counts": list(pool.map(rows, uids))}
+        counts = list(pool.map(rows, uids))
+    cstore.write_parquet_at(cstore.join(units, f"c{c:06d}.parquet"),
+                            pa.table({"unit": pa.array(uids, pa.string()), "rows": pa.array(counts, pa.int64())}))
+    return {"units": len(uids), "rows": int(sum(counts))}
 
 
-def scatter_units(run: str, root: str, b: int, uids: list[str], first: int, P: int, starts) -> dict:
+def scatter_units(run: str, root: str, b: int, units: str, first: int, end: int, P: int, starts) -> dict:
     """A batch's (number, pHash) and (number, sha256) cut into P ranges each."""
     def body():
-        t, num = _batch(run, uids, first)
+        t, num = _batch(run, unit_ids(units, first, end), first)
         ph = t.column("phash").combine_chunks().cast(pa.uint64())
         ok = ph.is_valid().to_numpy(zero_copy_only=False)
         h = ph.fill_null(0).to_numpy()[ok]
@@ -291,12 +260,12 @@ def cc_labels(root: str, last: int, j: int, P: int, starts: list[int]) -> dict:
     return _once(root, f"labels-p{j}", body)
 
 
-def attach(run: str, root: str, b: int, uids: list[str], first: int, P: int, starts, B: int) -> dict:
+def attach(run: str, root: str, b: int, units: str, first: int, end: int, P: int, starts, B: int) -> dict:
     """A batch's labelled samples with what canonical selection needs, shuffled by component."""
     def body():
         lab = _read(root, [f"lab/p{j}.parquet" for j in range(P)], b)
         ln, lc = _col(lab, "num"), _col(lab, "comp")
-        t, num = _batch(run, uids, first)
+        t, num = _batch(run, unit_ids(units, first, end), first)
         order = np.argsort(ln)
         ln, lc = ln[order], lc[order]
         pos = np.minimum(np.searchsorted(ln, num), max(len(ln) - 1, 0))
@@ -336,10 +305,11 @@ def group(root: str, q: int, B: int, starts: list[int]) -> dict:
     return _once(root, f"group-q{q}", body)
 
 
-def write_units(run: str, root: str, b: int, uids: list[str], first: int, P: int, on: bool) -> dict:
+def write_units(run: str, root: str, b: int, units: str, first: int, end: int, P: int, on: bool) -> dict:
     """A batch's verdict files, one per unit (VERDICTS: its alive rows in order); a sample without a
     verdict row is alone in its cluster (size 1, rank 0). on=False: dedup off, all verdicts null."""
     def body():
+        uids = unit_ids(units, first, end)
         if on:
             v = _read(root, [f"ver/q{q}.parquet" for q in range(P)], b)
             v = v.take(pc.sort_indices(v, sort_keys=[("num", "ascending")]))

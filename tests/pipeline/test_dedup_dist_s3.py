@@ -27,9 +27,11 @@ def test_partitioned_dedup_on_s3_one_file_per_task_then_no_scratch(s3_server, tm
     assert got.sort_by("sample_id").select(want.column_names).equals(want)
 
     work = [e.path for e in run.list("work/dedup/dist")]
-    data = [p for p in work if p.endswith(".parquet")]
+    counts = [p for p in work if p.startswith("work/dedup/dist/units/")]  # unit ids + rows, per chunk
+    assert counts == ["work/dedup/dist/units/c000000.parquet"]
+    data = [p for p in work if p.endswith(".parquet") and p not in counts]
     markers = [p for p in work if "/mk/" in p]
-    assert len(data) + len(markers) == len(work)
+    assert len(data) + len(markers) + len(counts) == len(work)
     # a task writes one file per output (scatter: two; phash: its edges and one per first block), not one
     # per partition: the files no longer grow with P
     assert len(markers) == stats["tasks"] and len(data) < 2 * len(markers)
