@@ -5,7 +5,9 @@ each read and write files under RUN/work/dedup/dist/{fingerprint}/ (so a crash r
 per round, and tasks of other settings never mix). Samples are int64 numbers, unit index << 32 | row
 (the row among the unit's alive measured rows), so they map back to their unit without a table.
 
-1. count: parquet footers give the rows per unit; units are cut into batches of rows that fit a task.
+1. count (per chunk of COUNT_CHUNK units, streamed from the listing): parquet footers give the rows
+   per unit, written with the unit ids to count files; one streamed pass over those cuts the units
+   into batches of rows that fit a task, and each batch task reads its own unit ids from them.
 2. scatter (per batch): its units' measure files -> (number, pHash) cut into P ranges by a mix of the
    pHash, and (number, sha256) into P ranges by a mix of the digest.
 3. sha (per range): same-sha256 groups -> edges (first number, number).
@@ -23,16 +25,17 @@ per round, and tasks of other settings never mix). Samples are int64 numbers, un
    write (per batch): one verdict file per unit, VERDICTS, the unit's alive rows in order.
 
 Every task declares memory= from bytes per sample, hash or edge record measured by bench/dedup.py
-(docs/dedup.md); the coordinator holds object references, unit ids and counts.
+(docs/dedup.md); the coordinator holds O(batches + tasks) figures, never the run's unit ids or
+per-unit counts (at most COUNT_CHUNK of them while it streams).
 """
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import math
 import time
-from pathlib import Path
 
 import catalog.storage as cstore
 
@@ -40,6 +43,7 @@ from . import dedup as D
 from .dedup_tables import DEFAULT_BUCKET_CAP, blocks, choose_blocks, sum_stats, tables
 from .dedup_dist_tasks import (attach, cc_labels, cc_round, count_rows, group, near_range, phash_range,
                                scatter_units, sha_range, write_units)
+from .dedup_files import COUNT_CHUNK
 from .dedup_parts import TASK_BASE_BYTES, top_blocks
 from .settings import DEFAULTS
 
@@ -53,7 +57,6 @@ NEAR_BYTES = 64  # near: (pHash, representative), sorted copy, layout, candidate
 EDGE_BYTES = 80  # a components round: (key, value) records, their lexsort, the emitted records
 GROUP_BYTES = 400  # group: (component, number, area, sample_id, sha256) rows and their sort
 SKEW = 2  # a task of a range declares twice the range's expected share
-COUNT_CHUNK = 2000  # units whose footers one count task reads
 IN_PROCESS_BYTES = 520  # run_dedup in one process, per sample (docs/dedup.md): decides `auto`
 
 
@@ -79,17 +82,49 @@ def plan(n: int, task_memory: int, m: int = 6) -> tuple[int, int, int]:
     return P, max(1, rows), min(narrowest, int(math.log2(R)))
 
 
-def batches(counts: list[int], rows: int) -> list[tuple[int, int]]:
-    """Unit index ranges [a, b) of at most `rows` rows (a unit larger than that is a batch alone)."""
-    out, a, have = [], 0, 0
-    for i, c in enumerate(counts):
+def batch_rows(counts, rows: int) -> list[tuple[int, int, int]]:
+    """(a, b, rows in it): unit index ranges [a, b) of at most `rows` rows (a unit larger than that
+    is a batch alone), from one pass over an iterable of counts (running sums only)."""
+    out, a, have, i = [], 0, 0, 0
+    for i, c in enumerate(counts, 1):
         if have and have + c > rows:
-            out.append((a, i))
-            a, have = i, 0
+            out.append((a, i - 1, have))
+            a, have = i - 1, 0
         have += c
-    if a < len(counts) or not out:
-        out.append((a, len(counts)))
+    if a < i or not out:
+        out.append((a, i, have))
     return out
+
+
+def batches(counts, rows: int) -> list[tuple[int, int]]:
+    return [(a, b) for a, b, _ in batch_rows(counts, rows)]
+
+
+def _chunks(ids, size: int):
+    buf = []
+    for u in ids:
+        buf.append(u)
+        if len(buf) == size:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
+def _listed(run):
+    """The run's unit ids in listing order, streamed from RUN/units.jsonl."""
+    from .sources import iter_listing
+    return (u.unit_id for u in iter_listing(D._listing(run)))
+
+
+def _counted(units: str, chunks: int, h):
+    """Each unit's row count from the count files, in order (one file held at a time); the ids and
+    counts go into the hash h on the way."""
+    for c in range(chunks):
+        t = cstore.read_table_at(cstore.join(units, f"c{c:06d}.parquet"))
+        for u, n in zip(t.column("unit").to_pylist(), t.column("rows").to_pylist()):
+            h.update(f"{u}\0{n}\n".encode())
+            yield n
 
 
 class Tasks:
@@ -104,17 +139,23 @@ class Tasks:
             self.node_memory = max((n["Resources"].get("memory", 0) for n in ray.nodes() if n.get("Alive")),
                                    default=0)
 
-    def map(self, fn, args: list[tuple], memory, label: str) -> list[dict]:
+    def map(self, fn, args, memory, label: str, limit: int | None = None) -> list[dict]:
+        """fn(*a) for each a of `args` (an iterable: with `limit`, at most that many in flight, so
+        a generator of arguments is never held whole); their stats in order."""
         t0 = time.perf_counter()
-        mems = [int(memory(a) if callable(memory) else memory) for a in args]
         if self.use_ray:
-            big = max(mems, default=0)
-            if self.node_memory and big > self.node_memory:
-                raise RuntimeError(f"dedup: a {label} task needs {big / 2**30:.1f} GiB, more than any node has "
-                                   f"({self.node_memory / 2**30:.1f} GiB); lower dedup.task_memory")
-            remote = self.ray.remote(num_cpus=1)(fn)
-            refs = [remote.options(memory=mm).remote(*a) for a, mm in zip(args, mems)]
-            out = self.ray.get(refs)
+            remote, pending, out = self.ray.remote(num_cpus=1)(fn), {}, []
+            for i, a in enumerate(args):
+                mm = int(memory(a) if callable(memory) else memory)
+                if self.node_memory and mm > self.node_memory:
+                    raise RuntimeError(f"dedup: a {label} task needs {mm / 2**30:.1f} GiB, more than any node has "
+                                       f"({self.node_memory / 2**30:.1f} GiB); lower dedup.task_memory")
+                pending[remote.options(memory=mm).remote(*a)] = i
+                while limit and len(pending) >= limit:
+                    ready, _ = self.ray.wait(list(pending), num_returns=1)
+                    out.append((pending.pop(ready[0]), self.ray.get(ready[0])))
+            out += [(pending[r], v) for r, v in zip(pending, self.ray.get(list(pending)))]
+            out = [v for _, v in sorted(out, key=lambda x: x[0])]
         else:
             out = [fn(*a) for a in args]
         self.count += len(out)
@@ -131,11 +172,9 @@ class Tasks:
         return out
 
 
-def fingerprint(unit_ids: list[str], counts: list[int], settings: dict) -> str:
-    h = hashlib.sha1(json.dumps(settings, sort_keys=True).encode())
-    for u, c in zip(unit_ids, counts):
-        h.update(f"{u}\0{c}\n".encode())
-    return h.hexdigest()[:16]
+def fingerprint(units_hash: str, settings: dict) -> str:
+    """The work folder's name: the settings and the hash of the (unit id, rows) list."""
+    return hashlib.sha1((json.dumps(settings, sort_keys=True) + units_hash).encode()).hexdigest()[:16]
 
 
 def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
@@ -143,18 +182,16 @@ def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
     auto and the run too large for one process), else pipeline/dedup.run_dedup in this process."""
     d = cfg.get("dedup", {}) or {}
     if d.get("partitioned", DEFAULTS.dedup.partitioned):
-        if unit_ids is None:
-            unit_ids = D.listed_unit_ids(str(run) if cstore.is_uri(str(run)) else Path(run))
         st = run_dedup_distributed(run, unit_ids, cfg)
         if st is not None:  # None: auto, and small enough for one process
             return st
     return D.run_dedup(run, unit_ids, cfg)
 
 
-def run_dedup_distributed(run, unit_ids: list[str], cfg: dict, use_ray: bool | None = None,
-                          counts: list[int] | None = None) -> dict | None:
-    """run_dedup partitioned by hash. Returns its counts, or None when dedup.partitioned is auto and
-    the run is small enough for one process (the caller then runs it there)."""
+def run_dedup_distributed(run, unit_ids, cfg: dict, use_ray: bool | None = None) -> dict | None:
+    """run_dedup partitioned by hash over `unit_ids` (an iterable, streamed; None: RUN/units.jsonl).
+    Returns its counts, or None when dedup.partitioned is auto and the run is small enough for one
+    process (the caller then runs it there)."""
     t_start = time.perf_counter()
     d = cfg.get("dedup", {}) or {}
     from .dedup_parts import DEFAULT_TASK_MEMORY
@@ -166,12 +203,17 @@ def run_dedup_distributed(run, unit_ids: list[str], cfg: dict, use_ray: bool | N
         except ImportError:
             use_ray = False
     ex = Tasks(use_ray)
-    if counts is None and len(unit_ids) <= COUNT_CHUNK:  # a few footers: read here
-        counts = count_rows(str(run), unit_ids)["counts"]
-    if counts is None:
-        chunks = [(str(run), unit_ids[s:s + COUNT_CHUNK]) for s in range(0, len(unit_ids), COUNT_CHUNK)]
-        counts = [c for part in ex.map(count_rows, chunks, TASK_BASE_BYTES, "count") for c in part["counts"]]
-    n = int(sum(counts))
+    run_s = str(run)
+    units = cstore.join(D.dedup_dir(run), "dist", "units")  # count files: rewritten by every call
+    chunks = _chunks(_listed(run) if unit_ids is None else iter(unit_ids), COUNT_CHUNK)
+    first = next(chunks, [])
+    if len(first) < COUNT_CHUNK:  # a few footers: read here
+        got = [count_rows(run_s, units, 0, first)]
+    else:
+        got = ex.map(count_rows, ((run_s, units, c, ids) for c, ids in enumerate(itertools.chain([first], chunks))),
+                     TASK_BASE_BYTES, "count", limit=64)
+    del first
+    n, n_units = sum(g["rows"] for g in got), sum(g["units"] for g in got)
     if not wanted(d.get("partitioned", DEFAULTS.dedup.partitioned), n, task_memory):
         return None
     enabled = "dedup" in cfg.get("stages", ["dedup"])
@@ -181,21 +223,21 @@ def run_dedup_distributed(run, unit_ids: list[str], cfg: dict, use_ray: bool | N
     m = int(d.get("blocks") or choose_blocks(max(n, 2), max(int(k or 0), 1)))
     P, rows, rbits = plan(n, task_memory, m)
     P = int(d.get("partitions") or P)  # partitions, batch_rows, near_range_bits: tests and benches only
-    bt = batches(counts, int(d.get("batch_rows") or rows))
+    h = hashlib.sha1()
+    plan_b = batch_rows(_counted(units, len(got), h), int(d.get("batch_rows") or rows))  # O(batches)
+    bt, brow = [(a, b) for a, b, _ in plan_b], [r for _, _, r in plan_b]
     starts = [a for a, _ in bt]
     rbits = rbits if d.get("near_range_bits") is None else int(d["near_range_bits"])
-    fp = fingerprint(unit_ids, counts, {"k": k, "exact": exact, "cap": bucket_cap, "P": P, "bt": bt, "m": m,
-                                        "rbits": rbits, "enabled": enabled})
+    fp = fingerprint(h.hexdigest(), {"k": k, "exact": exact, "cap": bucket_cap, "P": P, "bt": bt, "m": m,
+                                     "rbits": rbits, "enabled": enabled})
     root = cstore.join(D.dedup_dir(run), "dist", fp)
-    run_s = str(run)
     log.info("dedup: %d samples in %d units, partitioned: %d batches, %d ranges, %d near ranges x %d tables (%s)",
-             n, len(unit_ids), len(bt), P, 1 << rbits, len(tables(m, k)) if k and k > 0 else 0, root)
-    brow = [sum(counts[a:b]) for a, b in bt]
+             n, n_units, len(bt), P, 1 << rbits, len(tables(m, k)) if k and k > 0 else 0, root)
     B = len(bt)
 
     def batch_mem(a):
         return TASK_BASE_BYTES + SAMPLE_BYTES * brow[a[2]]
-    batch_args = [(run_s, root, i, unit_ids[a:b], a, P, starts) for i, (a, b) in enumerate(bt)]
+    batch_args = [(run_s, root, i, units, a, b, P, starts) for i, (a, b) in enumerate(bt)]
     sc = ex.map(scatter_units, batch_args, batch_mem, "scatter")
     phashes = sum(s["phashes"] for s in sc)
     stats = {"candidates": n}
@@ -232,7 +274,7 @@ def run_dedup_distributed(run, unit_ids: list[str], cfg: dict, use_ray: bool | N
         ex.map(attach, [(*a, B) for a in batch_args], batch_mem, "attach")
         ex.map(group, [(root, q, B, starts) for q in range(P)],
                TASK_BASE_BYTES + GROUP_BYTES * SKEW * max(labelled, 1) / P, "group")
-    out = ex.map(write_units, [(run_s, root, i, unit_ids[a:b], a, P, on) for i, (a, b) in enumerate(bt)],
+    out = ex.map(write_units, [(run_s, root, i, units, a, b, P, on) for i, (a, b) in enumerate(bt)],
                  batch_mem, "write")
     for key in ("duplicates", "exact_duplicates", "near_duplicates"):
         stats[key] = sum(s[key] for s in out)

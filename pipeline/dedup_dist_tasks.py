@@ -3,10 +3,14 @@ ROOT = RUN/work/dedup/dist/{fingerprint}, writes its outputs there and, last, a 
 stats (ROOT/mk/...json), so a rerun answers a finished task from its marker. Every task returns
 its stats with `peak_rss_mb` (VmHWM, reset at the task's start) and `ru_maxrss_mb`.
 
-Files: sc/b{batch}-ph{range} (number, phash), sc/b{batch}-sh{range} (number, sha256),
-nr/t{first block}-r{near range}-from{range} (phash, representative), cc/r{round}/{source}-to{part}
-(key, value), lab/p{part}-b{batch} (number, component), grp/b{batch}-q{part} (component, number,
-area, sid, sha), ver/q{part}-b{batch} (number, dup_of, dup_kind, size, rank).
+Files: one Parquet file per map-side task, whose row group q holds the rows bound for partition q
+(every row group written, empty ones too, so row group q is partition q; its key-value metadata
+says how many). A reduce task reads only row group q of each map file (the footer gives its
+offsets: ranged reads on an object store). Per task, [row groups]:
+sc/b{batch}-ph [P ranges] (number, phash), sc/b{batch}-sh [P] (number, sha256),
+nr/t{first block}-from{range} [R near ranges] (phash, representative), cc/r{round}/{source} [P]
+(key, value), lab/p{part} [B batches] (number, component), grp/b{batch} [P] (component, number,
+area, sid, sha), ver/q{part} [B] (number, dup_of, dup_kind, size, rank).
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from catalog.schema import VERDICTS
 
 from . import dedup as D
 from .dedup_components import as_string_chunks, mix_hex
+from .dedup_files import read_parts as _read, unit_ids, write_parts as _write_parts
 from .dedup_parts import range_of
 from .dedup_tables import Layout, sorted_table_pairs
 
@@ -97,30 +102,14 @@ def _node() -> str | None:
     return ray.get_runtime_context().get_node_id()
 
 
-def _write_parts(root: str, name, table: pa.Table, part: np.ndarray, P: int) -> None:
-    """table's rows cut by `part` into P files ROOT/name(q) (every file written, empty ones too)."""
-    order = np.argsort(part, kind="stable")
-    cuts = np.searchsorted(part[order], np.arange(P + 1))
-    table = table.take(pa.array(order))
-    for q in range(P):
-        cstore.write_parquet_at(cstore.join(root, name(q)), table.slice(int(cuts[q]), int(cuts[q + 1] - cuts[q])))
-
-
-def _read(root: str, names) -> pa.Table:
-    with ThreadPoolExecutor(D.IO_THREADS) as pool:
-        parts = list(pool.map(lambda n: cstore.read_table_at(cstore.join(root, n)), names))
-    return pa.concat_tables(parts)
-
-
 def _col(t: pa.Table, name: str) -> np.ndarray:
     return t.column(name).to_numpy()
 
 
 def _edges(root: str, tag: str, u: np.ndarray, v: np.ndarray, P: int) -> None:
-    """Edges u - v as round 0 records, both directions, to ROOT/cc/r000/{tag}-to{part}."""
+    """Edges u - v as round 0 records, both directions, to ROOT/cc/r000/{tag} (a row group a part)."""
     key, val = np.concatenate([u, v]).astype(np.int64), np.concatenate([v, u]).astype(np.int64)
-    _write_parts(root, lambda q: f"cc/r000/{tag}-to{q}.parquet", pa.table({"key": key, "val": val}),
-                 part_of(key, P), P)
+    _write_parts(root, f"cc/r000/{tag}.parquet", pa.table({"key": key, "val": val}), part_of(key, P), P)
 
 
 def _batch(run: str, uids: list[str], first: int) -> tuple[pa.Table, np.ndarray]:
@@ -139,30 +128,32 @@ def _batch_of(num: np.ndarray, starts: list[int]) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 # the tasks, in the order the coordinator runs them
 
-def count_rows(run: str, uids: list[str]) -> dict:
-    """Rows per unit measure file, from the parquet footers (alive or not: an upper bound)."""
+def count_rows(run: str, units: str, c: int, uids: list[str]) -> dict:
+    """Rows per unit measure file of chunk c (from the parquet footers; alive or not: an upper
+    bound), written with the unit ids to UNITS/c{c}.parquet; returns the chunk's sums only."""
     def rows(u):
         store, name = cstore.locate(cstore.join(run, "work", "measure", f"{u}.parquet"))
         with store.open_input(name) as f:
             return pq.read_metadata(f).num_rows
     with ThreadPoolExecutor(D.IO_THREADS) as pool:
-        return {"counts": list(pool.map(rows, uids))}
+        counts = list(pool.map(rows, uids))
+    cstore.write_parquet_at(cstore.join(units, f"c{c:06d}.parquet"),
+                            pa.table({"unit": pa.array(uids, pa.string()), "rows": pa.array(counts, pa.int64())}))
+    return {"units": len(uids), "rows": int(sum(counts))}
 
 
-def scatter_units(run: str, root: str, b: int, uids: list[str], first: int, P: int, starts) -> dict:
+def scatter_units(run: str, root: str, b: int, units: str, first: int, end: int, P: int, starts) -> dict:
     """A batch's (number, pHash) and (number, sha256) cut into P ranges each."""
     def body():
-        t, num = _batch(run, uids, first)
+        t, num = _batch(run, unit_ids(units, first, end), first)
         ph = t.column("phash").combine_chunks().cast(pa.uint64())
         ok = ph.is_valid().to_numpy(zero_copy_only=False)
         h = ph.fill_null(0).to_numpy()[ok]
-        _write_parts(root, lambda q: f"sc/b{b}-ph{q}.parquet", pa.table({"num": num[ok], "phash": h}),
-                     part_of(h, P), P)
+        _write_parts(root, f"sc/b{b}-ph.parquet", pa.table({"num": num[ok], "phash": h}), part_of(h, P), P)
         sha = as_string_chunks(t.column("sha256")).combine_chunks()
         ok = sha.is_valid().to_numpy(zero_copy_only=False)
         s = sha.filter(pa.array(ok))
-        _write_parts(root, lambda q: f"sc/b{b}-sh{q}.parquet", pa.table({"num": num[ok], "sha256": s}),
-                     sha_part(s, P), P)
+        _write_parts(root, f"sc/b{b}-sh.parquet", pa.table({"num": num[ok], "sha256": s}), sha_part(s, P), P)
         return {"rows": t.num_rows, "phashes": int(len(h))}
     return _once(root, f"scatter-b{b}", body)
 
@@ -170,7 +161,7 @@ def scatter_units(run: str, root: str, b: int, uids: list[str], first: int, P: i
 def sha_range(root: str, j: int, B: int, P: int) -> dict:
     """Range j of the sha256 digests: each sample linked to the first (smallest number) of its digest."""
     def body():
-        t = _read(root, [f"sc/b{b}-sh{j}.parquet" for b in range(B)])
+        t = _read(root, [f"sc/b{b}-sh.parquet" for b in range(B)], j)
         t = t.sort_by([("sha256", "ascending"), ("num", "ascending")])
         num, n = _col(t, "num"), t.num_rows
         new = np.ones(n, bool)
@@ -187,7 +178,7 @@ def phash_range(root: str, j: int, B: int, P: int, m: int, tops: list[int], rbit
     """Range j of the pHashes: same-pHash samples linked to the smallest number (the representative);
     the distinct (pHash, representative) cut by each first block into the near search's ranges."""
     def body():
-        t = _read(root, [f"sc/b{b}-ph{j}.parquet" for b in range(B)])
+        t = _read(root, [f"sc/b{b}-ph.parquet" for b in range(B)], j)
         num, h = _col(t, "num"), _col(t, "phash")
         order = np.lexsort((num, h))
         num, h = num[order], h[order]
@@ -197,7 +188,7 @@ def phash_range(root: str, j: int, B: int, P: int, m: int, tops: list[int], rbit
         _edges(root, f"ph{j}", rep[~new], num[~new], P)
         dh, dr = h[new], num[new]
         for ti, top in enumerate(tops):
-            _write_parts(root, lambda r, ti=ti: f"nr/t{ti}-r{r}-from{j}.parquet", pa.table({"h": dh, "rep": dr}),
+            _write_parts(root, f"nr/t{ti}-from{j}.parquet", pa.table({"h": dh, "rep": dr}),
                          range_of(dh, m, top, rbits), 1 << rbits)
         return {"samples": len(h), "distinct": int(new.sum())}
     return _once(root, f"phash-{j}", body)
@@ -207,7 +198,7 @@ def near_range(root: str, t: int, r: int, P_in: int, m: int, k: int, rbits: int,
                P: int) -> dict:
     """Table t over near range r: its pairs of hashes as edges between their representatives."""
     def body():
-        x = _read(root, [f"nr/t{ti}-r{r}-from{j}.parquet" for j in range(P_in)])
+        x = _read(root, [f"nr/t{ti}-from{j}.parquet" for j in range(P_in)], r)
         h, rep = _col(x, "h"), _col(x, "rep")
         del x
         order = np.argsort(h)
@@ -237,7 +228,7 @@ def cc_round(root: str, i: int, op: str, j: int, srcs: list[str], P: int) -> dic
     """Round i on partition j: a large-star or small-star reduce (pipeline/dedup_components._cc_step, on int64
     (key, value) records) and the map to round i + 1's partitions."""
     def body():
-        x = _read(root, [f"cc/r{i - 1:03d}/{s}-to{j}.parquet" for s in srcs])
+        x = _read(root, [f"cc/r{i - 1:03d}/{s}.parquet" for s in srcs], j)
         key, val, group, head = _groups(_col(x, "key"), _col(x, "val"))
         del x
         first = val[head][group]
@@ -252,8 +243,7 @@ def cc_round(root: str, i: int, op: str, j: int, srcs: list[str], P: int) -> dic
             ms = np.concatenate([first[other], val[head]])
             ok, ov = np.concatenate([xs, ms]), np.concatenate([ms, xs])
             st = {"edges": len(xs), "changes": int(other.sum())}
-        _write_parts(root, lambda q: f"cc/r{i:03d}/p{j}-to{q}.parquet", pa.table({"key": ok, "val": ov}),
-                     part_of(ok, P), P)
+        _write_parts(root, f"cc/r{i:03d}/p{j}.parquet", pa.table({"key": ok, "val": ov}), part_of(ok, P), P)
         return st
     return _once(root, f"r{i:03d}-p{j}", body)
 
@@ -261,21 +251,21 @@ def cc_round(root: str, i: int, op: str, j: int, srcs: list[str], P: int) -> dic
 def cc_labels(root: str, last: int, j: int, P: int, starts: list[int]) -> dict:
     """Partition j of the final stars: (number, component = its smallest number) per vertex, by batch."""
     def body():
-        x = _read(root, [f"cc/r{last:03d}/p{s}-to{j}.parquet" for s in range(P)])
+        x = _read(root, [f"cc/r{last:03d}/p{s}.parquet" for s in range(P)], j)
         key, val, group, head = _groups(_col(x, "key"), _col(x, "val"))
         k, comp = key[head], np.minimum(key[head], val[head])
-        _write_parts(root, lambda b: f"lab/p{j}-b{b}.parquet", pa.table({"num": k, "comp": comp}),
-                     _batch_of(k, starts), len(starts))
+        _write_parts(root, f"lab/p{j}.parquet", pa.table({"num": k, "comp": comp}), _batch_of(k, starts),
+                     len(starts))
         return {"labelled": len(k)}
     return _once(root, f"labels-p{j}", body)
 
 
-def attach(run: str, root: str, b: int, uids: list[str], first: int, P: int, starts, B: int) -> dict:
+def attach(run: str, root: str, b: int, units: str, first: int, end: int, P: int, starts, B: int) -> dict:
     """A batch's labelled samples with what canonical selection needs, shuffled by component."""
     def body():
-        lab = _read(root, [f"lab/p{j}-b{b}.parquet" for j in range(P)])
+        lab = _read(root, [f"lab/p{j}.parquet" for j in range(P)], b)
         ln, lc = _col(lab, "num"), _col(lab, "comp")
-        t, num = _batch(run, uids, first)
+        t, num = _batch(run, unit_ids(units, first, end), first)
         order = np.argsort(ln)
         ln, lc = ln[order], lc[order]
         pos = np.minimum(np.searchsorted(ln, num), max(len(ln) - 1, 0))
@@ -284,7 +274,7 @@ def attach(run: str, root: str, b: int, uids: list[str], first: int, P: int, sta
         g = pa.table({"comp": lc[pos[hit]], "num": num[hit], "area": D.pixel_area(t)[hit],
                       "sid": as_string_chunks(t.column("sample_id")).take(sel),
                       "sha": as_string_chunks(t.column("sha256")).take(sel)})
-        _write_parts(root, lambda q: f"grp/b{b}-q{q}.parquet", g, part_of(g.column("comp").to_numpy(), P), P)
+        _write_parts(root, f"grp/b{b}.parquet", g, part_of(g.column("comp").to_numpy(), P), P)
         return {"labelled": len(hit)}
     return _once(root, f"attach-b{b}", body)
 
@@ -293,7 +283,7 @@ def group(root: str, q: int, B: int, starts: list[int]) -> dict:
     """Partition q of the components: each member's place in its canonical order (largest area,
     then smallest sample_id), so dup_of, dup_kind, dup_cluster_size and dup_rank; back by batch."""
     def body():
-        t = _read(root, [f"grp/b{b}-q{q}.parquet" for b in range(B)])
+        t = _read(root, [f"grp/b{b}.parquet" for b in range(B)], q)
         t = t.sort_by([("comp", "ascending"), ("area", "descending"), ("sid", "ascending")])
         comp, n = _col(t, "comp"), t.num_rows
         head = np.ones(n, bool)
@@ -310,18 +300,18 @@ def group(root: str, q: int, B: int, starts: list[int]) -> dict:
         same = pc.equal(sha, sha.take(pa.array(canon))).fill_null(False) if n else pa.array([], pa.bool_())
         kind = pc.if_else(pa.array(dup), pc.if_else(same, "exact", "near"), pa.scalar(None, pa.string()))
         out = pa.table({"num": _col(t, "num"), "dup_of": dup_of, "dup_kind": kind, "size": size, "rank": rank})
-        _write_parts(root, lambda b: f"ver/q{q}-b{b}.parquet", out, _batch_of(out.column("num").to_numpy(), starts),
-                     B)
+        _write_parts(root, f"ver/q{q}.parquet", out, _batch_of(out.column("num").to_numpy(), starts), B)
         return {"members": n, "clusters": len(start)}
     return _once(root, f"group-q{q}", body)
 
 
-def write_units(run: str, root: str, b: int, uids: list[str], first: int, P: int, on: bool) -> dict:
+def write_units(run: str, root: str, b: int, units: str, first: int, end: int, P: int, on: bool) -> dict:
     """A batch's verdict files, one per unit (VERDICTS: its alive rows in order); a sample without a
     verdict row is alone in its cluster (size 1, rank 0). on=False: dedup off, all verdicts null."""
     def body():
+        uids = unit_ids(units, first, end)
         if on:
-            v = _read(root, [f"ver/q{q}-b{b}.parquet" for q in range(P)])
+            v = _read(root, [f"ver/q{q}.parquet" for q in range(P)], b)
             v = v.take(pc.sort_indices(v, sort_keys=[("num", "ascending")]))
             vn = _col(v, "num")
         counts = {"duplicates": 0, "exact_duplicates": 0, "near_duplicates": 0}

@@ -44,7 +44,7 @@ from catalog import compact as compact_mod
 from catalog.storage import is_uri, run_root
 
 from . import console
-from . import dedup as dedup_mod, dedup_dist, fallback, fallback_rounds
+from . import dedup as dedup_mod, dedup_dist, fallback, fallback_rounds, run_cleanup
 from .adapter import apply_stage, run_on_unit, run_stage  # noqa: F401 (engine's API)
 from .columns import unit_meta, with_meta  # noqa: F401 (engine's API)
 from .config import load_config, section
@@ -325,6 +325,8 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
     manifest.update(status="complete", finished=_now(), funnel=funnel_from_counts(counts, n_inputs, manifest["stages"]),
                     counts={"inputs": n_inputs, "kept": n_kept}, reject_reasons=reasons, seconds=seconds)
     store.write_json("manifest.json", manifest)
+    if not section(cfg, "engine")["keep_work"]:  # complete: the scratch nothing reads now (pipeline/run_cleanup.py)
+        run_cleanup.remove_scratch(run)
     return manifest
 
 

@@ -6,12 +6,13 @@ member; the write pass writes every unit. Each exchange is a shuffle by cluster 
 Ray tasks, all on files:
   map (one task per window of units): each unit's member records (multi-member clusters: cluster
     key = the canonical's sample_id, rank, sha256, unit, the window it belongs to) and the outcome of
-    each scored member, written into one file per hash partition of the key:
-    RUN/work/fallback/x/p{p}/{step}-w{w}.parquet;
-  reduce (one task per partition): its clusters' records -> the members to score next (or the new
-    dup_of of the members of clusters that keep a fallback), written per destination window:
-    RUN/work/fallback/t/{step}/w{w}/p{p}.parquet;
-  route (one task per window): one file per unit (RUN/work/fallback/todo/r{r}/, .../kept/).
+    each scored member, written into one file whose row group p holds hash partition p of the key
+    (pipeline/dedup_files.write_parts): RUN/work/fallback/x/{step}-w{w}.parquet;
+  reduce (one task per partition): row group p of every map file, its clusters' records -> the
+    members to score next (or the new dup_of of the members of clusters that keep a fallback), in
+    one file whose row group w holds destination window w: RUN/work/fallback/t/{step}/p{p}.parquet;
+  route (one task per window): row group w of the step's reduce files, one file per unit
+    (RUN/work/fallback/todo/r{r}/, .../kept/).
 The driver holds a window of unit ids and counts; a partition holds its clusters' records only
 (about 100 bytes per duplicate / partitions). Each step is marked done (RUN/work/fallback/_{step}.json)
 after its last task; a crash resumes at the first unmarked step, and a round's scoring skips the units
@@ -22,17 +23,21 @@ from __future__ import annotations
 import logging
 import os
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import console
 from . import fallback as fb
+from .dedup_files import read_part, write_parts
 from .run_state import NameSet, unit_windows
 from .unit_io import run_store
 
 log = logging.getLogger("humanset.curate")
 
+_TODO = pa.schema([("sample_id", pa.string()), ("unit", pa.string()), ("dup_of", pa.string()),
+                   ("dup_kind", pa.string())])
 _REC = pa.schema([("key", pa.string()), ("rank", pa.int32()), ("sample_id", pa.string()), ("sha256", pa.string()),
                   ("unit", pa.string()), ("win", pa.int64()), ("outcome", pa.int8())])
 
@@ -45,12 +50,10 @@ def _read(store, rel: str, columns=None) -> pa.Table:
     return pq.read_table(store.fs_path(rel), filesystem=store.fs, columns=columns)
 
 
-def _write_parts(store, recs: list[dict], parts: int, name: str) -> None:
-    by: dict[int, list[dict]] = {}
-    for rec in recs:
-        by.setdefault(_part(rec["key"], parts), []).append(rec)
-    for p, rows in by.items():
-        store.write_parquet(f"{fb.FALLBACK_DIR}/x/p{p:05d}/{name}.parquet", pa.Table.from_pylist(rows, schema=_REC))
+def _map_files(store, folder: str):
+    """The map-side files of an exchange step folder (one per task), as URIs read_part opens."""
+    return [store.uri_of(e.path) for e in store.list(folder, suffix=".parquet")
+            if not e.path.rsplit("/", 1)[-1].startswith(".")]
 
 
 def map_window(run: str, r: int, w: int, unit_ids: list[str], parts: int) -> int:
@@ -73,45 +76,39 @@ def map_window(run: str, r: int, w: int, unit_ids: list[str], parts: int) -> int
                                        t.column("sha256").to_pylist(), out):
             recs.append({"key": of if rk else sid, "rank": rk, "sample_id": sid, "sha256": sha, "unit": uid,
                          "win": w, "outcome": o})
-    _write_parts(store, recs, parts, f"{'m' if r == 0 else f'r{r}'}-w{w:06d}")
+    part = np.array([_part(rec["key"], parts) for rec in recs], np.int64)
+    write_parts(str(run), f"{fb.FALLBACK_DIR}/x/{'m' if r == 0 else f'r{r}'}-w{w:06d}.parquet",
+                pa.Table.from_pylist(recs, schema=_REC), part, parts)
     return len(recs)
 
 
-def reduce_part(run: str, step: str, p: int) -> int:
+def reduce_part(run: str, step: str, p: int, windows: int) -> int:
     """Ray task: partition p's clusters -> round `step`'s members to score, or ('kept') the new
-    dup_of / dup_kind of the members of clusters that keep a fallback; written per window."""
+    dup_of / dup_kind of the members of clusters that keep a fallback; a row group per window."""
     store = run_store(run)
     members: list[dict] = []
     outcome: dict[str, int] = {}
     later = []
-    for e in store.list(f"{fb.FALLBACK_DIR}/x/p{p:05d}", suffix=".parquet"):
-        name = e.path.rsplit("/", 1)[-1]
-        if name.startswith("."):
-            continue
-        rows = _read(store, e.path).to_pylist()
-        (members if name.startswith("m-") else later).extend(rows)
+    for uri in _map_files(store, f"{fb.FALLBACK_DIR}/x"):
+        rows = read_part(uri, p).to_pylist()
+        (members if uri.rsplit("/", 1)[-1].startswith("m-") else later).extend(rows)
     for m in members:
         outcome[m["sample_id"]] = m["outcome"]
     for m in later:  # a round's outcome replaces round 0's UNSCORED
         outcome[m["sample_id"]] = m["outcome"]
     got = fb.resolve(members, outcome) if step == "kept" else fb.next_todo(members, outcome, int(step[1:]))
-    by: dict[int, list[dict]] = {}
-    for g in got:
-        by.setdefault(g["win"], []).append({"sample_id": g["sample_id"], "unit": g["unit"],
-                                            "dup_of": g.get("dup_of"), "dup_kind": g.get("dup_kind")})
-    for w, rows in by.items():
-        store.write_parquet(f"{fb.FALLBACK_DIR}/t/{step}/w{w:06d}/p{p:05d}.parquet", pa.Table.from_pylist(
-            rows, schema=pa.schema([("sample_id", pa.string()), ("unit", pa.string()), ("dup_of", pa.string()),
-                                    ("dup_kind", pa.string())])))
+    rows = [{"sample_id": g["sample_id"], "unit": g["unit"], "dup_of": g.get("dup_of"),
+             "dup_kind": g.get("dup_kind")} for g in got]
+    write_parts(str(run), f"{fb.FALLBACK_DIR}/t/{step}/p{p:05d}.parquet", pa.Table.from_pylist(rows, schema=_TODO),
+                np.array([g["win"] for g in got], np.int64), windows)
     return len(got)
 
 
 def route_window(run: str, step: str, w: int) -> int:
     """Ray task: window w's records of `step`, one file per unit (todo of round r, or kept)."""
     store = run_store(run)
-    parts = [_read(store, e.path) for e in store.list(f"{fb.FALLBACK_DIR}/t/{step}/w{w:06d}", suffix=".parquet")
-             if not e.path.rsplit("/", 1)[-1].startswith(".")]
-    if not parts:
+    parts = [read_part(uri, w) for uri in _map_files(store, f"{fb.FALLBACK_DIR}/t/{step}")]
+    if not parts or not sum(x.num_rows for x in parts):
         return 0
     t = pa.concat_tables(parts).sort_by([("unit", "ascending"), ("sample_id", "ascending")])
     units = t.column("unit").to_pylist()
@@ -158,7 +155,7 @@ def exchange(run, step: str, window: int, retries: int, map_round: int | None) -
         _all(ray, ray.remote(**opts)(map_window), args, limit)
     counts = {"windows": windows}
     if step != "m":
-        counts["rows"] = _all(ray, ray.remote(**opts)(reduce_part), [(str(run), step, p) for p in range(windows)],
+        counts["rows"] = _all(ray, ray.remote(**opts)(reduce_part), [(str(run), step, p, windows) for p in range(windows)],
                               limit)
         counts["units"] = _all(ray, ray.remote(**opts)(route_window), [(str(run), step, w) for w in range(windows)],
                                limit)

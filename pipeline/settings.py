@@ -196,6 +196,8 @@ class EngineSettings:
                                          "so\nRay's cost per task (~8 ms of driver CPU a phase) is paid per bundle",
                                 low=0)
     bundle_units: int = setting(64, "at most this many units in one task (a window keeps >= 4 tasks per CPU)", low=1)
+    keep_work: bool = setting(False, "keep the scratch of dedup and the fallback rounds (RUN/work/dedup/dist,\n"
+                                     "work/dedup/pairs, work/fallback, work/scored) after a complete run")
 
 
 @dataclass

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import dedup, dedup_dist, dedup_dist_tasks
+from pipeline import dedup, dedup_dist, dedup_dist_tasks, dedup_files
 from pipeline.dedup_dist import batches, plan, run_dedup_distributed, wanted
 
 K = 4
@@ -171,3 +171,32 @@ def test_run_dedup_dispatches_and_auto_keeps_small_runs_in_process(tmp_path):
     want = dedup.cluster(t, K).cast(dedup.VERDICT_SCHEMA)
     assert _verdicts(tmp_path, ids).select(want.column_names).equals(want)
     assert dedup.is_done(tmp_path)
+
+
+def test_the_coordinator_streams_unit_ids_through_count_files(tmp_path, monkeypatch):
+    """Unit ids arrive as a generator (consumed once) and go to count files of COUNT_CHUNK units;
+    each batch task reads its own range of ids back from them, across chunk boundaries."""
+    ids, t = _crawl(tmp_path, 61, units=7)
+    for mod in (dedup_dist, dedup_files):
+        monkeypatch.setattr(mod, "COUNT_CHUNK", 2)
+    cfg = {"dedup": {"max_distance": K, "blocks": 5, "partitioned": True, "partitions": 2, "batch_rows": 900}}
+    st = run_dedup_distributed(tmp_path, (u for u in ids), cfg, use_ray=False)
+    units = tmp_path / "work/dedup/dist/units"
+    assert sorted(p.name for p in units.iterdir()) == [f"c{c:06d}.parquet" for c in range(4)]
+    assert dedup_dist_tasks.unit_ids(str(units), 1, 6) == ids[1:6] and dedup_dist_tasks.unit_ids(str(units), 3, 3) == []
+    assert st["batches"] >= 3
+    want = dedup.cluster(t, K).cast(dedup.VERDICT_SCHEMA)
+    assert _verdicts(tmp_path, ids).select(want.column_names).equals(want)
+
+
+def test_ray_tasks_from_a_generator_with_a_bound_in_flight(tmp_path, ray_local):
+    """Tasks.map on Ray takes a generator of arguments, keeps at most `limit` tasks in flight and
+    returns their stats in argument order (the count step at 10^6 units)."""
+    ids, _ = _crawl(tmp_path, 71, units=6)
+    units = str(tmp_path / "units")
+    ex = dedup_dist.Tasks(True)
+    got = ex.map(dedup_dist_tasks.count_rows, ((str(tmp_path), units, c, ids[c:c + 1]) for c in range(6)),
+                 256 << 20, "count", limit=2)
+    want = [pq.read_metadata(tmp_path / "work/measure" / f"{u}.parquet").num_rows for u in ids]
+    assert [g["rows"] for g in got] == want and ex.count == 6
+    assert dedup_dist_tasks.unit_ids(units, 0, 1) == ids[:1]

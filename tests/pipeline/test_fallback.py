@@ -2,6 +2,7 @@
 pass. Real data: skimage's shipped photos, Impact captions the real PP-OCR models (rapidocr) read."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,10 @@ def _cfg(fallbacks: int) -> dict:
     cfg["dedup"]["max_distance"] = 6
     cfg["dedup"]["max_fallbacks"] = fallbacks
     cfg["engine"]["start_actors_early"] = False
+    if fallbacks == 1:  # the partitioned dedup (same verdicts), its work files removed at the end
+        cfg["dedup"]["partitioned"] = True
+    if fallbacks == 2:  # its work files stay: test_resume_mid_fallback_round... cuts a crash state from them
+        cfg["engine"]["keep_work"] = True
     return cfg
 
 
@@ -94,6 +99,22 @@ def test_one_fallback_loses_the_cluster_whose_first_two_fail(runs):
     assert r["cat_clean"]["text_area_frac"] is None
     # no member kept: dup_of keeps naming the canonical, as without fallbacks
     assert r["cat_clean"]["dup_of"] == r["cat_cap700"]["dup_of"] == r["cat_cap900"]["sample_id"]
+
+
+def test_a_complete_run_leaves_no_work_files_of_dedup_and_the_rounds(runs):
+    """The partitioned dedup's and the exchanges' files go once the run is complete; what a later
+    command reads stays (measure rows, verdicts, dedup's _done.json); keep_work keeps them all."""
+    run, manifest = runs[1]
+    assert manifest["status"] == "complete" and manifest["fallbacks"]["rounds"]
+    for rel in ("work/dedup/dist", "work/dedup/pairs", "work/fallback", "work/scored"):
+        assert not (run / rel).exists(), rel
+    units = {p.name for p in (run / "stats").glob("*.json")}
+    assert {p.stem + ".json" for p in (run / "work/measure").glob("*.parquet")} == units
+    assert {p.stem + ".json" for p in (run / "work/dedup").glob("*.parquet")} == units
+    assert (run / "work/dedup/_done.json").exists()
+    assert json.loads((run / "work/dedup/_done.json").read_text())["components"] == "distributed"
+    kept = runs[2][0]
+    assert list((kept / "work/fallback").rglob("*.parquet")) and list((kept / "work/scored").glob("*.parquet"))
 
 
 def test_no_fallbacks_keeps_neither_as_before(runs):

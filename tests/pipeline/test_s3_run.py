@@ -46,6 +46,8 @@ def test_every_file_of_the_run_is_on_s3_and_none_on_local_disk(s3_run, s3_server
     assert {"manifest.json", "units.jsonl", "work/dedup/_done.json"} <= names
     assert sum(n.startswith("stats/") for n in names) == n_shards
     assert sum(n.startswith("work/measure/") for n in names) == n_shards
+    scratch = ("work/dedup/pairs/", "work/dedup/dist/", "work/fallback/", "work/scored/")  # removed once complete
+    assert not [n for n in names if n.startswith(scratch)]
     assert sum(n.startswith("catalog/samples/") for n in names) == n_shards
     assert ".lock" not in names  # released at the end
     assert not any(".tmp-" in n for n in names)
