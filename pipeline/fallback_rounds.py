@@ -20,6 +20,7 @@ whose round file exists, like any phase.
 from __future__ import annotations
 
 import logging
+import operator
 import os
 
 import pyarrow as pa
@@ -35,6 +36,8 @@ log = logging.getLogger("humanset.curate")
 
 _REC = pa.schema([("key", pa.string()), ("rank", pa.int32()), ("sample_id", pa.string()), ("sha256", pa.string()),
                   ("unit", pa.string()), ("win", pa.int64()), ("outcome", pa.int8())])
+_ROUTED = pa.schema([("sample_id", pa.string()), ("unit", pa.string()), ("win", pa.int64()), ("dup_of", pa.string()),
+                     ("dup_kind", pa.string())])
 
 
 def _part(key: str, parts: int) -> int:
@@ -45,12 +48,83 @@ def _read(store, rel: str, columns=None) -> pa.Table:
     return pq.read_table(store.fs_path(rel), filesystem=store.fs, columns=columns)
 
 
-def _write_parts(store, recs: list[dict], parts: int, name: str) -> None:
+# --------------------------------------------------------------------------------------------
+# The shuffle by cluster on files, shared with `humanset select` (pipeline/recut.py): records with
+# a cluster `key`, a `unit` and a destination window `win`, under a ROOT folder of the run.
+
+def write_parts(store, root: str, recs: list[dict], parts: int, name: str, schema: pa.Schema) -> None:
+    """Map side: recs into one file per hash partition of their key, ROOT/x/p{p}/{name}.parquet."""
     by: dict[int, list[dict]] = {}
     for rec in recs:
         by.setdefault(_part(rec["key"], parts), []).append(rec)
     for p, rows in by.items():
-        store.write_parquet(f"{fb.FALLBACK_DIR}/x/p{p:05d}/{name}.parquet", pa.Table.from_pylist(rows, schema=_REC))
+        store.write_parquet(f"{root}/x/p{p:05d}/{name}.parquet", pa.Table.from_pylist(rows, schema=schema))
+
+
+def partition_files(store, root: str, p: int):
+    """Reduce side: (file name, table) of every map file of partition p."""
+    for e in store.list(f"{root}/x/p{p:05d}", suffix=".parquet"):
+        name = e.path.rsplit("/", 1)[-1]
+        if not name.startswith("."):
+            yield name, _read(store, e.path)
+
+
+def write_windows(store, folder: str, p: int, rows: list[dict], schema: pa.Schema) -> None:
+    """Reduce side: partition p's results (each with its `win`), one file per destination window,
+    FOLDER/w{w}/p{p}.parquet."""
+    by: dict[int, list[dict]] = {}
+    for g in rows:
+        by.setdefault(g["win"], []).append(g)
+    for w, got in by.items():
+        store.write_parquet(f"{folder}/w{w:06d}/p{p:05d}.parquet", pa.Table.from_pylist(got, schema=schema))
+
+
+def route(store, folder: str, dest, columns: list[str]) -> int:
+    """Route side: a window's results (FOLDER/*.parquet), one file per unit at dest(unit), sorted
+    by sample_id, with `columns`. Returns the rows routed."""
+    parts = [_read(store, e.path) for e in store.list(folder, suffix=".parquet")
+             if not e.path.rsplit("/", 1)[-1].startswith(".")]
+    if not parts:
+        return 0
+    t = pa.concat_tables(parts).sort_by([("unit", "ascending"), ("sample_id", "ascending")])
+    units = t.column("unit").to_pylist()
+    start = 0
+    for i in range(1, len(units) + 1):
+        if i == len(units) or units[i] != units[start]:
+            store.write_parquet(dest(units[start]), t.slice(start, i - start).select(columns))
+            start = i
+    return len(units)
+
+
+def fold(fn, args, limit: int, retries: int = 0, add=operator.add, total=0, done=None):
+    """fn(*a) for every a of the iterable `args` (streamed: the caller's windows are never listed),
+    their results folded into `total` with `add`: Ray tasks, at most `limit` in flight, when Ray is
+    initialised, else one after another in this process. done(result) after each, e.g. a bar."""
+    import sys
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        for a in args:
+            got = fn(*a)
+            total = add(total, got)
+            if done:
+                done(got)
+        return total
+    task = ray.remote(num_cpus=1, max_retries=retries)(fn)
+    pending: list = []
+
+    def take(n_left: int) -> None:
+        nonlocal pending, total
+        while len(pending) > n_left:
+            ready, pending = ray.wait(pending, num_returns=1)
+            got = ray.get(ready[0])
+            total = add(total, got)
+            if done:
+                done(got)
+    for a in args:
+        pending.append(task.remote(*a))
+        take(max(0, limit - 1))
+    take(0)
+    return total
 
 
 def map_window(run: str, r: int, w: int, unit_ids: list[str], parts: int) -> int:
@@ -73,7 +147,7 @@ def map_window(run: str, r: int, w: int, unit_ids: list[str], parts: int) -> int
                                        t.column("sha256").to_pylist(), out):
             recs.append({"key": of if rk else sid, "rank": rk, "sample_id": sid, "sha256": sha, "unit": uid,
                          "win": w, "outcome": o})
-    _write_parts(store, recs, parts, f"{'m' if r == 0 else f'r{r}'}-w{w:06d}")
+    write_parts(store, fb.FALLBACK_DIR, recs, parts, f"{'m' if r == 0 else f'r{r}'}-w{w:06d}", _REC)
     return len(recs)
 
 
@@ -84,57 +158,25 @@ def reduce_part(run: str, step: str, p: int) -> int:
     members: list[dict] = []
     outcome: dict[str, int] = {}
     later = []
-    for e in store.list(f"{fb.FALLBACK_DIR}/x/p{p:05d}", suffix=".parquet"):
-        name = e.path.rsplit("/", 1)[-1]
-        if name.startswith("."):
-            continue
-        rows = _read(store, e.path).to_pylist()
-        (members if name.startswith("m-") else later).extend(rows)
+    for name, t in partition_files(store, fb.FALLBACK_DIR, p):
+        (members if name.startswith("m-") else later).extend(t.to_pylist())
     for m in members:
         outcome[m["sample_id"]] = m["outcome"]
     for m in later:  # a round's outcome replaces round 0's UNSCORED
         outcome[m["sample_id"]] = m["outcome"]
     got = fb.resolve(members, outcome) if step == "kept" else fb.next_todo(members, outcome, int(step[1:]))
-    by: dict[int, list[dict]] = {}
-    for g in got:
-        by.setdefault(g["win"], []).append({"sample_id": g["sample_id"], "unit": g["unit"],
-                                            "dup_of": g.get("dup_of"), "dup_kind": g.get("dup_kind")})
-    for w, rows in by.items():
-        store.write_parquet(f"{fb.FALLBACK_DIR}/t/{step}/w{w:06d}/p{p:05d}.parquet", pa.Table.from_pylist(
-            rows, schema=pa.schema([("sample_id", pa.string()), ("unit", pa.string()), ("dup_of", pa.string()),
-                                    ("dup_kind", pa.string())])))
+    write_windows(store, f"{fb.FALLBACK_DIR}/t/{step}", p,
+                  [{"sample_id": g["sample_id"], "unit": g["unit"], "win": g["win"], "dup_of": g.get("dup_of"),
+                    "dup_kind": g.get("dup_kind")} for g in got], _ROUTED)
     return len(got)
 
 
 def route_window(run: str, step: str, w: int) -> int:
     """Ray task: window w's records of `step`, one file per unit (todo of round r, or kept)."""
-    store = run_store(run)
-    parts = [_read(store, e.path) for e in store.list(f"{fb.FALLBACK_DIR}/t/{step}/w{w:06d}", suffix=".parquet")
-             if not e.path.rsplit("/", 1)[-1].startswith(".")]
-    if not parts:
-        return 0
-    t = pa.concat_tables(parts).sort_by([("unit", "ascending"), ("sample_id", "ascending")])
-    units = t.column("unit").to_pylist()
-    start = 0
-    for i in range(1, len(units) + 1):
-        if i == len(units) or units[i] != units[start]:
-            part = t.slice(start, i - start)
-            rel = fb.kept_path(units[start]) if step == "kept" else fb.todo_path(units[start], int(step[1:]))
-            store.write_parquet(rel, part.select(["sample_id", "dup_of", "dup_kind"] if step == "kept"
-                                                 else ["sample_id"]))
-            start = i
-    return len(units)
-
-
-def _all(ray, task, args: list[tuple], limit: int) -> int:
-    """Run task(*a) for every a, at most `limit` in flight; the sum of their results."""
-    pending, total = [], 0
-    for a in args:
-        pending.append(task.remote(*a))
-        while len(pending) >= limit:
-            ready, pending = ray.wait(pending, num_returns=1)
-            total += ray.get(ready[0])
-    return total + sum(ray.get(pending))
+    kept = step == "kept"
+    return route(run_store(run), f"{fb.FALLBACK_DIR}/t/{step}/w{w:06d}",
+                 fb.kept_path if kept else (lambda u: fb.todo_path(u, int(step[1:]))),
+                 ["sample_id", "dup_of", "dup_kind"] if kept else ["sample_id"])
 
 
 def exchange(run, step: str, window: int, retries: int, map_round: int | None) -> dict:
@@ -145,7 +187,6 @@ def exchange(run, step: str, window: int, retries: int, map_round: int | None) -
     marker = f"{fb.FALLBACK_DIR}/_{step}.json"
     if store.exists(marker):
         return store.read_json(marker)
-    opts = dict(num_cpus=1, max_retries=retries)
     limit = max(1, int(4 * ray.cluster_resources().get("CPU", 1)))
     windows = None if step == "m" else store.read_json(f"{fb.FALLBACK_DIR}/_m.json")["windows"]
     if map_round is not None:
@@ -155,13 +196,11 @@ def exchange(run, step: str, window: int, retries: int, map_round: int | None) -
             windows = max(1, sum(1 for _ in unit_windows(run, keep, window)))
         args = ((str(run), map_round, n, [u.unit_id for u in units], windows)  # streamed: one window held
                 for n, units in enumerate(unit_windows(run, keep, window)))
-        _all(ray, ray.remote(**opts)(map_window), args, limit)
+        fold(map_window, args, limit, retries)
     counts = {"windows": windows}
     if step != "m":
-        counts["rows"] = _all(ray, ray.remote(**opts)(reduce_part), [(str(run), step, p) for p in range(windows)],
-                              limit)
-        counts["units"] = _all(ray, ray.remote(**opts)(route_window), [(str(run), step, w) for w in range(windows)],
-                               limit)
+        counts["rows"] = fold(reduce_part, ((str(run), step, p) for p in range(windows)), limit, retries)
+        counts["units"] = fold(route_window, ((str(run), step, w) for w in range(windows)), limit, retries)
     store.write_json(marker, counts)
     return counts
 
