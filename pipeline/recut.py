@@ -79,12 +79,12 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
     src, dst = _root(run_p), _root(out)
     redo = any(k.startswith(("dedup.", "size.")) for k in changed)
     n_units = sum(1 for _ in U.unit_names(run_p))  # counts only: the listing is streamed again per step
-    size, limit = _windows(n_units, cfg)
-    windows = max(1, math.ceil(n_units / size))
+    size, limit, window = _sizes(n_units, cfg)
+    groups = max(1, math.ceil(n_units / window))  # the exchange's partitions and route windows
     retries = int((cfg.get("engine") or {}).get("max_retries", DEFAULTS.engine.max_retries))
 
     def each(*extra):
-        return ((src, dst, units, cfg, names, *extra) for units in _unit_windows(run_p, size))
+        return ((src, dst, units, cfg, names, *extra) for _, units in _unit_windows(run_p, size))
 
     def run_step(fn, args, total, desc=None, n=0, add=_add):
         with console.progress(n, desc or "select", enabled=progress and bool(desc)) as bar:
@@ -95,7 +95,7 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
         got = run_step(U.write_candidates, each(), {})
         st = _unwrapped(fold, U.dedup_units, [(dst, dict(cfg, stages=names))], 1, retries, lambda a, b: b, {})
         log.info("select: %d of %d candidates are duplicates", st.get("duplicates", 0), got.get("candidates", 0))
-    fb_counts = _fallback_choice(run_p, dst, stages, cfg, names, redo, size, windows, limit, retries)
+    fb_counts = _fallback_choice(run_p, dst, stages, cfg, names, redo, size, window, groups, limit, retries)
 
     # then two passes over the units: the first refuses thresholds the stored scores cannot decide,
     # before anything of the selection is written
@@ -117,47 +117,54 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
     return result
 
 
-def _fallback_choice(run_p, dst: str, stages, cfg: dict, names: list[str], redo: bool, size: int, windows: int,
-                     limit: int, retries: int) -> dict:
+def _fallback_choice(run_p, dst: str, stages, cfg: dict, names: list[str], redo: bool, size: int, window: int,
+                     groups: int, limit: int, retries: int) -> dict:
     """Each cluster's member under the new thresholds (pipeline/fallback.recut), as a group-by on
-    cluster key through hash-partitioned files: map (per window of units) -> recut (per partition,
-    its clusters' members only) -> route (per window, one choice file per unit). As many
-    partitions as windows, so a partition holds ~1 / windows of the run's duplicates. Returns the
-    counts (promoted, unscored, lost) summed over the partitions."""
+    cluster key through hash-partitioned files: map (per task of `size` units) -> recut (per
+    partition, on its clusters' members only) -> route (per group of `window` units, one choice
+    file per unit). As many partitions as groups (curate's exchange has the same geometry), so a
+    partition holds ~1 / groups of the run's duplicates. Returns the counts (promoted, unscored,
+    lost) summed over the partitions."""
     src = _root(run_p)
     score = [s.name for s in stages if s.phase == "score"]
     d = cfg.get("dedup") or {}
     n_fb = int(d.get("max_fallbacks", DEFAULTS.dedup.max_fallbacks) or 0) if score else 0
-    args = ((src, dst, w, units, cfg, names, redo, windows) for w, units in enumerate(_unit_windows(run_p, size)))
+    args = ((src, dst, first, units, cfg, names, redo, window, groups)
+            for first, units in _unit_windows(run_p, size))
     members = _unwrapped(fold, U.map_members, args, limit, retries, _add, 0)
     counts = {"promoted": 0, "unscored": 0, "lost": 0}
     if members:
-        counts = _unwrapped(fold, U.recut_partition, ((dst, p, n_fb) for p in range(windows)), limit, retries, _add,
+        counts = _unwrapped(fold, U.recut_partition, ((dst, p, n_fb) for p in range(groups)), limit, retries, _add,
                             counts)
-        _unwrapped(fold, U.route_choices, ((dst, w) for w in range(windows)), limit, retries, _add, 0)
+        _unwrapped(fold, U.route_choices, ((dst, g) for g in range(groups)), limit, retries, _add, 0)
     if counts["promoted"] or counts["unscored"]:
         log.info("select: %d clusters keep another member than the run did; %d stop at a member the run "
                  "never scored (rerun `humanset curate` to score it)", counts["promoted"], counts["unscored"])
     return counts
 
 
-def _windows(n_units: int, cfg: dict) -> tuple[int, int]:
-    """(units per task, tasks in flight): engine.window_units at most, and with Ray at least ~4
-    tasks per CPU of work when there are that many units; 4 tasks per CPU in flight."""
+def _sizes(n_units: int, cfg: dict) -> tuple[int, int, int]:
+    """(units per task, tasks in flight, engine.window_units). 4 tasks per CPU in flight (Ray), each
+    with at most window_units / (tasks in flight) units, so the driver holds at most
+    max(window_units, tasks in flight) unit ids; fewer per task when the run is small, so every CPU
+    gets work."""
     window = int((cfg.get("engine") or {}).get("window_units") or DEFAULTS.engine.window_units)
     cpus = 1
     import sys
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    return max(1, min(window, math.ceil(n_units / (4 * cpus)))), 4 * cpus
+    limit = 4 * cpus
+    return max(1, min(window // limit, math.ceil(n_units / limit))), limit, window
 
 
 def _unit_windows(store, size: int):
-    """The run's unit ids in lists of at most `size`, streamed."""
+    """(index of the first, the run's unit ids) in lists of at most `size`, streamed."""
     it = U.unit_names(store)
+    first = 0
     while chunk := list(itertools.islice(it, size)):
-        yield chunk
+        yield first, chunk
+        first += len(chunk)
 
 
 def _add(a, b):

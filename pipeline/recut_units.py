@@ -9,7 +9,7 @@ store). The files select writes under OUT:
   OUT/work/measure/{unit}.parquet   the unit's dedup candidates under the new thresholds (the measure
                                     files' columns, `_alive` = passes decode and size): the input of
                                     pipeline/dedup_dist.run_dedup, which writes OUT/work/dedup/{unit}.parquet;
-  OUT/work/select/x/p{p}/m-w{w}.parquet   the members of multi-member clusters, by hash of cluster key;
+  OUT/work/select/x/p{p}/m-{first}.parquet  the members of multi-member clusters, by hash of cluster key;
   OUT/work/select/t/w{w}/p{p}.parquet     partition p's choices for the units of window w;
   OUT/work/select/choice/{unit}.parquet   the unit's members' dup_of / dup_kind / dup_scored;
   then OUT/catalog/samples/{unit}.parquet, OUT/shards/{unit}-*.tar and, last, OUT/stats/{unit}.json.
@@ -162,16 +162,17 @@ def _member_records(part: pa.Table, stages, unit: str, w: int) -> list[dict]:
     return out
 
 
-def map_members(src: str, out: str, w: int, units: list[str], cfg: dict, names: list[str], redo: bool,
-                parts: int) -> int:
-    """Window w's cluster members, one file per hash partition of the cluster key (dup_of or
-    sample_id): OUT/work/select/x/p{p}/m-w{w}.parquet."""
+def map_members(src: str, out: str, first: int, units: list[str], cfg: dict, names: list[str], redo: bool,
+                window: int, parts: int) -> int:
+    """The cluster members of the units numbered first, first + 1, ... (their route window: number //
+    window), one file per hash partition of the cluster key (dup_of or sample_id):
+    OUT/work/select/x/p{p}/m-{first}.parquet."""
     src_s, out_s = run_store(src), run_store(out)
     stages = stages_of(cfg, names)
     recs: list[dict] = []
-    for unit in units:
-        recs += _member_records(resolved(src_s, out_s, unit, redo, choice=False), stages, unit, w)
-    write_parts(out_s, SELECT_DIR, recs, parts, f"m-w{w:06d}", MEMBER)
+    for i, unit in enumerate(units):
+        recs += _member_records(resolved(src_s, out_s, unit, redo, choice=False), stages, unit, (first + i) // window)
+    write_parts(out_s, SELECT_DIR, recs, parts, f"m-{first:09d}", MEMBER)
     return len(recs)
 
 

@@ -21,6 +21,7 @@ NEW = ["dedup.max_distance=2", "size.min_short_side=160"]  # fewer near copies; 
 # plan() then cuts these ~40 candidates into 4 hash ranges and batches of ~10 rows (as
 # tests/pipeline/test_dedup_dist.py forces P and batches; select takes only real settings)
 PARTITIONED = ["dedup.partitioned=true", f"dedup.task_memory={TASK_BASE_BYTES + 10_000}"]
+SMALL = ["engine.window_units=3"]  # 4 groups of units: 4 partitions of the fallback exchange
 Q = "SELECT * FROM samples ORDER BY sample_id"
 
 
@@ -62,7 +63,7 @@ def fresh(crawl, ray_local, tmp_path_factory):
 def test_partitioned_reclustering_equals_in_process_and_a_fresh_curate(run, fresh, tmp_path):
     units = len(list((run / "catalog/samples").glob("*.parquet")))
     assert units >= 8
-    m_part = select(str(run), str(tmp_path / "part"), NEW + PARTITIONED, progress=False)
+    m_part = select(str(run), str(tmp_path / "part"), NEW + PARTITIONED + SMALL, progress=False)
     m_one = select(str(run), str(tmp_path / "one"), NEW + ["dedup.partitioned=false"], progress=False)
     done = json.loads((tmp_path / "part/work/dedup/_done.json").read_text())
     assert done["partitions"] == 4 and done["components"] == "distributed" and done["batches"] > 1
@@ -70,8 +71,10 @@ def test_partitioned_reclustering_equals_in_process_and_a_fresh_curate(run, fres
     # one candidate and one verdict file per unit, each written by its own unit's task
     assert len(list((tmp_path / "part/work/measure").glob("*.parquet"))) == units
     assert len(list((tmp_path / "part/work/dedup").glob("*.parquet"))) == units
-    # the choices came back one file per unit holding cluster members, from several partitions
+    # the choices came back one file per unit holding cluster members, from several partitions (one
+    # partition without SMALL)
     assert len(list((tmp_path / "part/work/select/x").iterdir())) > 1
+    assert [p.name for p in (tmp_path / "one/work/select/x").iterdir()] == ["p00000"]
     assert list((tmp_path / "part/work/select/choice").glob("*.parquet"))
     before, part, one, new = _catalog(run), _catalog(tmp_path / "part"), _catalog(tmp_path / "one"), _catalog(fresh)
     assert part.equals(one)
@@ -88,7 +91,8 @@ def test_partitioned_reclustering_equals_in_process_and_a_fresh_curate(run, fres
 def test_without_ray_every_step_runs_in_process_with_the_same_catalog(run, fresh, tmp_path, monkeypatch):
     import ray
     monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as `humanset select` without a cluster
-    select(str(run), str(tmp_path / "local"), NEW + PARTITIONED, progress=False)
+    select(str(run), str(tmp_path / "local"), NEW + PARTITIONED + SMALL, progress=False)
+    assert len(list((tmp_path / "local/work/select/x").iterdir())) > 1
     assert json.loads((tmp_path / "local/work/dedup/_done.json").read_text())["nodes"] == 0
     assert _catalog(tmp_path / "local").equals(_catalog(fresh))
     # shards hold exactly the kept samples' bytes
@@ -102,3 +106,37 @@ def test_no_dedup_change_reads_the_stored_clusters(run, tmp_path):
     select(str(run), str(tmp_path / "same"), ["engine.window_units=2"], progress=False)
     assert not (tmp_path / "same/work/measure").exists() and not (tmp_path / "same/work/dedup").exists()
     assert _catalog(tmp_path / "same").equals(_catalog(run))
+
+
+@pytest.fixture(scope="module")
+def fb_run(ray_local, tmp_path_factory):
+    """tests/pipeline/test_fallback.py's crawl (two clusters whose captioned canonicals the text stage
+    rejects, a clean fallback each), one image a unit: every cluster spans units."""
+    from test_fallback import _cfg as fb_cfg, write_crawl
+    tmp = tmp_path_factory.mktemp("selfb")
+    cfg = fb_cfg(2)
+    cfg["input"]["files_per_unit"] = 1
+    curate([str(write_crawl(tmp))], str(tmp / "run"), cfg, progress=False)
+    return tmp / "run"
+
+
+def test_fallback_choice_through_partitions_equals_one_partition(fb_run, tmp_path):
+    """A looser text threshold promotes both captioned canonicals over the fallbacks the run kept:
+    the same catalog with one partition and stored clusters, with six partitions (one unit each) and
+    the clusters recomputed by the partitioned dedup, and without Ray."""
+    from pathlib import Path
+    loose = ["text.max_area_frac=0.5"]
+    one = select(str(fb_run), str(tmp_path / "one"), loose, progress=False)
+    six = select(str(fb_run), str(tmp_path / "six"), loose + ["engine.window_units=1"] + PARTITIONED,
+                 progress=False)
+    assert json.loads((tmp_path / "six/work/dedup/_done.json").read_text())["components"] == "distributed"
+    assert [p.name for p in (tmp_path / "one/work/select/x").iterdir()] == ["p00000"]
+    assert len(list((tmp_path / "six/work/select/x").iterdir())) > 1  # the clusters' keys hash apart
+    assert len(list((tmp_path / "six/work/select/choice").glob("*.parquet"))) == 5  # coffee is alone
+    rows = {Path(r["source_uri"]).stem: r for r in _catalog(tmp_path / "six").to_pylist()}
+    assert {k for k, r in rows.items() if r["keep"]} == {"astro_cap900", "cat_cap900", "coffee"}
+    assert rows["astro_clean"]["dup_of"] == rows["astro_cap900"]["sample_id"]
+    assert rows["astro_clean"]["reject_reason"] == "dedup:near_duplicate" and not rows["astro_clean"]["dup_scored"]
+    assert one["fallbacks"] == six["fallbacks"] == {"promoted": 2, "unscored": 0, "lost": 0}
+    assert _catalog(tmp_path / "six").equals(_catalog(tmp_path / "one"))
+    assert not _catalog(tmp_path / "one").equals(_catalog(fb_run))
