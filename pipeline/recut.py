@@ -126,6 +126,7 @@ def _fallback_choice(run_p, dst: str, stages, cfg: dict, names: list[str], redo:
     partition holds ~1 / groups of the run's duplicates. Returns the counts (promoted, unscored,
     lost) summed over the partitions."""
     src = _root(run_p)
+    _clear(_store(dst), U.SELECT_DIR)  # what an interrupted select into this OUT left: never mixed in
     score = [s.name for s in stages if s.phase == "score"]
     d = cfg.get("dedup") or {}
     n_fb = int(d.get("max_fallbacks", DEFAULTS.dedup.max_fallbacks) or 0) if score else 0
@@ -141,6 +142,16 @@ def _fallback_choice(run_p, dst: str, stages, cfg: dict, names: list[str], redo:
         log.info("select: %d clusters keep another member than the run did; %d stop at a member the run "
                  "never scored (rerun `humanset curate` to score it)", counts["promoted"], counts["unscored"])
     return counts
+
+
+def _clear(store, folder: str) -> None:
+    """Remove every file under `folder` of `store` (streamed; one listing when there is none)."""
+    if store.posix:
+        import shutil
+        shutil.rmtree(store.fs_path(folder), ignore_errors=True)
+        return
+    for e in store.list(folder):
+        store.delete(e.path)
 
 
 def _sizes(n_units: int, cfg: dict) -> tuple[int, int, int]:
@@ -191,6 +202,22 @@ def _unwrapped(fold_fn, *args):
 def _root(store) -> str:
     """The run as the tasks open it (run_store): a local path, or the URI of an object store."""
     return store.base if store.posix else store.uri
+
+
+def connect_ray(run) -> bool:
+    """`humanset select` on a Ray cluster: connect when one is named (RAY_ADDRESS, or the run's
+    ray.address), so every step runs as tasks there. False: none named; select then runs in this
+    process, one window after another (the same bounds per step, no parallelism)."""
+    import os
+    cfg = _store(run).read_json("manifest.json").get("config") or {}
+    address = os.environ.get("RAY_ADDRESS") or (cfg.get("ray") or {}).get("address")
+    if not address or address == "local":
+        return False
+    import ray
+    if not ray.is_initialized():
+        console.quiet_ray()
+        ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
+    return True
 
 
 def _store(run) -> catalog.Storage:

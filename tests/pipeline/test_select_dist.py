@@ -140,3 +140,26 @@ def test_fallback_choice_through_partitions_equals_one_partition(fb_run, tmp_pat
     assert one["fallbacks"] == six["fallbacks"] == {"promoted": 2, "unscored": 0, "lost": 0}
     assert _catalog(tmp_path / "six").equals(_catalog(tmp_path / "one"))
     assert not _catalog(tmp_path / "one").equals(_catalog(fb_run))
+
+
+def test_the_cli_connects_to_ray_only_when_a_cluster_is_named(run, monkeypatch):
+    from pipeline.recut import connect_ray
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert not connect_ray(str(run))  # the run names no ray.address: select runs in its process
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    assert not connect_ray(str(run))
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    assert connect_ray(str(run))  # the test session's Ray is up: connected, nothing started
+
+
+def test_a_select_into_an_interrupted_output_mixes_in_none_of_its_files(fb_run, tmp_path):
+    """What a select into OUT left before its manifest (here: all but the manifest, with another
+    threshold and six partitions) is not read by the next select into OUT."""
+    out = tmp_path / "out"
+    select(str(fb_run), str(out), ["text.max_area_frac=0.5", "engine.window_units=1"], progress=False)
+    (out / "manifest.json").unlink()
+    again = select(str(fb_run), str(out), ["text.max_area_frac=0.04"], progress=False)
+    clean = select(str(fb_run), str(tmp_path / "clean"), ["text.max_area_frac=0.04"], progress=False)
+    assert _catalog(out).equals(_catalog(tmp_path / "clean"))
+    assert again["fallbacks"] == clean["fallbacks"]
+    assert [p.name for p in (out / "work/select/x").iterdir()] == ["p00000"]
