@@ -70,6 +70,7 @@ def plan(run, sets: list[str]) -> tuple[dict, dict, list[str]]:
 
 
 def select(run: str, output: str, sets: list[str], progress: bool = True) -> dict:
+    started = now()
     run_p, out = _store(run), _store(output)  # either may be local or on an object store
     manifest, cfg, changed = plan(run_p, sets)
     if out.exists("manifest.json"):
@@ -86,29 +87,27 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
     def each(*extra):
         return ((src, dst, units, cfg, names, *extra) for _, units in _unit_windows(run_p, size))
 
-    def run_step(fn, args, total, desc=None, n=0, add=_add):
-        with console.progress(n, desc or "select", enabled=progress and bool(desc)) as bar:
-            return _unwrapped(fold, fn, args, limit, retries, add, total,
-                              (lambda got: bar.update(got.get("units", 0) if isinstance(got, dict) else 0)))
+    def run_step(fn, args, total, desc):
+        return _step(fn, args, total, desc, n_units, progress, limit, retries)
 
     if redo:
-        got = run_step(U.write_candidates, each(), {})
+        got = run_step(U.write_candidates, each(), {}, "candidates")
         st = _unwrapped(fold, U.dedup_units, [(dst, dict(cfg, stages=names))], 1, retries, lambda a, b: b, {})
         log.info("select: %d of %d candidates are duplicates", st.get("duplicates", 0), got.get("candidates", 0))
-    fb_counts = _fallback_choice(run_p, dst, stages, cfg, names, redo, size, window, groups, limit, retries)
+    fb_counts = _fallback_choice(run_p, dst, stages, cfg, names, redo, size, window, groups, limit, retries,
+                                 run_step)
 
     # then two passes over the units: the first refuses thresholds the stored scores cannot decide,
     # before anything of the selection is written
-    missing = run_step(U.check_units, each(redo), {})
+    missing = run_step(U.check_units, each(redo), {}, "check").get("missing", {})
     for name, n in missing.items():
         raise SelectError(f"{n} samples now reach the {name} stage but were never scored by it "
                           f"(the cascade skipped them); rerun `humanset curate` with these thresholds or "
                           f"with --score-all")
-    got = run_step(U.write_units, each(redo), {"rows": 0, "kept": 0, "first": {}, "reasons": {}},
-                   "select", n_units)
+    got = run_step(U.write_units, each(redo), {"rows": 0, "kept": 0, "first": {}, "reasons": {}}, "select")
     log.info("select: %d of %d samples kept (was %d)", got["kept"], got["rows"], manifest["counts"]["kept"])
     result = {**{k: manifest.get(k) for k in ("inputs", "stages", "skipped_stages", "score_all", "units")},
-              "config": cfg, "selected_from": run_p.uri, "changed": changed, "started": now(),
+              "config": cfg, "selected_from": run_p.uri, "changed": changed, "started": started,
               "finished": now(), "status": "complete", "versions": library_versions(),
               "funnel": funnel_from_counts(got["first"], got["rows"], manifest["stages"]),
               "counts": {"inputs": got["rows"], "kept": got["kept"]}, "fallbacks": fb_counts,
@@ -117,8 +116,14 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
     return result
 
 
+def _step(fn, args, total, desc: str, n_units: int, progress: bool, limit: int, retries: int):
+    """One step over the run's units (fold of the tasks' counts) with a progress bar of units."""
+    with console.progress(n_units, desc, enabled=progress) as bar:
+        return _unwrapped(fold, fn, args, limit, retries, _add, total, lambda got: bar.update(got.get("units", 0)))
+
+
 def _fallback_choice(run_p, dst: str, stages, cfg: dict, names: list[str], redo: bool, size: int, window: int,
-                     groups: int, limit: int, retries: int) -> dict:
+                     groups: int, limit: int, retries: int, step) -> dict:
     """Each cluster's member under the new thresholds (pipeline/fallback.recut), as a group-by on
     cluster key through hash-partitioned files: map (per task of `size` units) -> recut (per
     partition, on its clusters' members only) -> route (per group of `window` units, one choice
@@ -132,7 +137,7 @@ def _fallback_choice(run_p, dst: str, stages, cfg: dict, names: list[str], redo:
     n_fb = int(d.get("max_fallbacks", DEFAULTS.dedup.max_fallbacks) or 0) if score else 0
     args = ((src, dst, first, units, cfg, names, redo, window, groups)
             for first, units in _unit_windows(run_p, size))
-    members = _unwrapped(fold, U.map_members, args, limit, retries, _add, 0)
+    members = step(U.map_members, args, {}, "clusters").get("members", 0)
     counts = {"promoted": 0, "unscored": 0, "lost": 0}
     if members:
         counts = _unwrapped(fold, U.recut_partition, ((dst, p, n_fb) for p in range(groups)), limit, retries, _add,

@@ -163,7 +163,7 @@ def _member_records(part: pa.Table, stages, unit: str, w: int) -> list[dict]:
 
 
 def map_members(src: str, out: str, first: int, units: list[str], cfg: dict, names: list[str], redo: bool,
-                window: int, parts: int) -> int:
+                window: int, parts: int) -> dict:
     """The cluster members of the units numbered first, first + 1, ... (their route window: number //
     window), one file per hash partition of the cluster key (dup_of or sample_id):
     OUT/work/select/x/p{p}/m-{first}.parquet."""
@@ -173,7 +173,7 @@ def map_members(src: str, out: str, first: int, units: list[str], cfg: dict, nam
     for i, unit in enumerate(units):
         recs += _member_records(resolved(src_s, out_s, unit, redo, choice=False), stages, unit, (first + i) // window)
     write_parts(out_s, SELECT_DIR, recs, parts, f"m-{first:09d}", MEMBER)
-    return len(recs)
+    return {"units": len(units), "members": len(recs)}
 
 
 def recut_partition(out: str, p: int, max_fallbacks: int) -> dict:
@@ -214,14 +214,15 @@ def unscored(table: pa.Table, stages) -> dict[str, int]:
 
 
 def check_units(src: str, out: str, units: list[str], cfg: dict, names: list[str], redo: bool) -> dict:
-    """Per score stage, the window's samples the new thresholds send to it that it never scored."""
+    """Per score stage (`missing`), the window's samples the new thresholds send to it that it never
+    scored."""
     src_s, out_s = run_store(src), run_store(out)
     stages = stages_of(cfg, names)
     got: dict[str, int] = {}
     for unit in units:
         for name, n in unscored(decide(resolved(src_s, out_s, unit, redo), stages), stages).items():
             got[name] = got.get(name, 0) + n
-    return got
+    return {"units": len(units), "missing": got}
 
 
 def write_units(src: str, out: str, units: list[str], cfg: dict, names: list[str], redo: bool) -> dict:
