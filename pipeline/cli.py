@@ -94,13 +94,18 @@ curated shards; bytes copied from RUN's shards or the sources). No model runs.
 examples:
   humanset select runs/r1 --set person.min_score=0.95 --set person.min_box_px=400 --output runs/r1-strict
   humanset select runs/r1 --set dedup.max_distance=8 --output runs/r1-dedup8
+
+On a Ray cluster (RAY_ADDRESS, or the run's ray.address) the re-cut runs as Ray tasks there; else in
+this process, one window of units at a time. No step holds the run's samples in one process: a
+dedup change re-clusters partitioned by hash as `dedup.partitioned` says (docs/dedup.md, "Select").
 """
 
 
 def run_select(args) -> int:
     from .report import print_funnel
-    from .recut import SelectError, select
+    from .recut import SelectError, connect_ray, select
     try:
+        connect_ray(args.run)
         manifest = select(args.run, args.output, args.set, progress=not args.no_progress)
     except (SelectError, FileNotFoundError, KeyError, ValueError) as e:
         print(f"humanset select: error: {e}", file=sys.stderr)

@@ -21,6 +21,7 @@ whose round file exists, like any phase.
 from __future__ import annotations
 
 import logging
+import operator
 import os
 
 import numpy as np
@@ -30,16 +31,16 @@ import pyarrow.parquet as pq
 
 from . import console
 from . import fallback as fb
-from .dedup_files import read_part, write_parts
+from .dedup_files import read_part, write_parts as write_row_groups
 from .run_state import NameSet, unit_windows
 from .unit_io import run_store
 
 log = logging.getLogger("humanset.curate")
 
-_TODO = pa.schema([("sample_id", pa.string()), ("unit", pa.string()), ("dup_of", pa.string()),
-                   ("dup_kind", pa.string())])
 _REC = pa.schema([("key", pa.string()), ("rank", pa.int32()), ("sample_id", pa.string()), ("sha256", pa.string()),
                   ("unit", pa.string()), ("win", pa.int64()), ("outcome", pa.int8())])
+_ROUTED = pa.schema([("sample_id", pa.string()), ("unit", pa.string()), ("win", pa.int64()), ("dup_of", pa.string()),
+                     ("dup_kind", pa.string())])
 
 
 def _part(key: str, parts: int) -> int:
@@ -50,10 +51,82 @@ def _read(store, rel: str, columns=None) -> pa.Table:
     return pq.read_table(store.fs_path(rel), filesystem=store.fs, columns=columns)
 
 
-def _map_files(store, folder: str):
-    """The map-side files of an exchange step folder (one per task), as URIs read_part opens."""
+# --------------------------------------------------------------------------------------------
+# The shuffle by cluster on files, shared with `humanset select` (pipeline/recut.py): records with
+# a cluster `key`, a `unit` and a destination window `win`, under a ROOT folder of the run.
+
+def map_files(store, folder: str) -> list[str]:
+    """The files of an exchange step's FOLDER (one per task), as URIs read_part opens."""
     return [store.uri_of(e.path) for e in store.list(folder, suffix=".parquet")
             if not e.path.rsplit("/", 1)[-1].startswith(".")]
+
+
+def write_by_key(store, folder: str, name: str, recs: list[dict], schema: pa.Schema, parts: int) -> None:
+    """Map side: recs into ONE file FOLDER/{name}.parquet whose row group p holds hash partition p
+    of their cluster key."""
+    part = np.array([_part(rec["key"], parts) for rec in recs], np.int64)
+    write_row_groups(store.uri_of(folder), f"{name}.parquet", pa.Table.from_pylist(recs, schema=schema), part, parts)
+
+
+def read_partition(store, folder: str, p: int):
+    """Reduce side: (file name, its row group p) of every map file in FOLDER."""
+    for uri in map_files(store, folder):
+        yield uri.rsplit("/", 1)[-1], read_part(uri, p)
+
+
+def write_by_window(store, folder: str, p: int, rows: list[dict], schema: pa.Schema, windows: int) -> None:
+    """Reduce side: partition p's results (each with its destination window `win`) into ONE file
+    FOLDER/p{p}.parquet whose row group w holds window w's rows."""
+    part = np.array([g["win"] for g in rows], np.int64)
+    write_row_groups(store.uri_of(folder), f"p{p:05d}.parquet", pa.Table.from_pylist(rows, schema=schema), part,
+                     windows)
+
+
+def route(store, folder: str, w: int, dest, columns: list[str]) -> int:
+    """Route side: row group w of every reduce file in FOLDER, one file per unit at dest(unit),
+    sorted by sample_id, with `columns`. Returns the rows routed."""
+    parts = [read_part(uri, w) for uri in map_files(store, folder)]
+    if not parts or not sum(x.num_rows for x in parts):
+        return 0
+    t = pa.concat_tables(parts).sort_by([("unit", "ascending"), ("sample_id", "ascending")])
+    units = t.column("unit").to_pylist()
+    start = 0
+    for i in range(1, len(units) + 1):
+        if i == len(units) or units[i] != units[start]:
+            store.write_parquet(dest(units[start]), t.slice(start, i - start).select(columns))
+            start = i
+    return len(units)
+
+
+def fold(fn, args, limit: int, retries: int = 0, add=operator.add, total=0, done=None):
+    """fn(*a) for every a of the iterable `args` (streamed: the caller's windows are never listed),
+    their results folded into `total` with `add`: Ray tasks, at most `limit` in flight, when Ray is
+    initialised, else one after another in this process. done(result) after each, e.g. a bar."""
+    import sys
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        for a in args:
+            got = fn(*a)
+            total = add(total, got)
+            if done:
+                done(got)
+        return total
+    task = ray.remote(num_cpus=1, max_retries=retries)(fn)
+    pending: list = []
+
+    def take(n_left: int) -> None:
+        nonlocal pending, total
+        while len(pending) > n_left:
+            ready, pending = ray.wait(pending, num_returns=1)
+            got = ray.get(ready[0])
+            total = add(total, got)
+            if done:
+                done(got)
+    for a in args:
+        pending.append(task.remote(*a))
+        take(max(0, limit - 1))
+    take(0)
+    return total
 
 
 def map_window(run: str, r: int, w: int, unit_ids: list[str], parts: int) -> int:
@@ -76,9 +149,7 @@ def map_window(run: str, r: int, w: int, unit_ids: list[str], parts: int) -> int
                                        t.column("sha256").to_pylist(), out):
             recs.append({"key": of if rk else sid, "rank": rk, "sample_id": sid, "sha256": sha, "unit": uid,
                          "win": w, "outcome": o})
-    part = np.array([_part(rec["key"], parts) for rec in recs], np.int64)
-    write_parts(str(run), f"{fb.FALLBACK_DIR}/x/{'m' if r == 0 else f'r{r}'}-w{w:06d}.parquet",
-                pa.Table.from_pylist(recs, schema=_REC), part, parts)
+    write_by_key(store, f"{fb.FALLBACK_DIR}/x", f"{'m' if r == 0 else f'r{r}'}-w{w:06d}", recs, _REC, parts)
     return len(recs)
 
 
@@ -89,49 +160,25 @@ def reduce_part(run: str, step: str, p: int, windows: int) -> int:
     members: list[dict] = []
     outcome: dict[str, int] = {}
     later = []
-    for uri in _map_files(store, f"{fb.FALLBACK_DIR}/x"):
-        rows = read_part(uri, p).to_pylist()
-        (members if uri.rsplit("/", 1)[-1].startswith("m-") else later).extend(rows)
+    for name, t in read_partition(store, f"{fb.FALLBACK_DIR}/x", p):
+        (members if name.startswith("m-") else later).extend(t.to_pylist())
     for m in members:
         outcome[m["sample_id"]] = m["outcome"]
     for m in later:  # a round's outcome replaces round 0's UNSCORED
         outcome[m["sample_id"]] = m["outcome"]
     got = fb.resolve(members, outcome) if step == "kept" else fb.next_todo(members, outcome, int(step[1:]))
-    rows = [{"sample_id": g["sample_id"], "unit": g["unit"], "dup_of": g.get("dup_of"),
-             "dup_kind": g.get("dup_kind")} for g in got]
-    write_parts(str(run), f"{fb.FALLBACK_DIR}/t/{step}/p{p:05d}.parquet", pa.Table.from_pylist(rows, schema=_TODO),
-                np.array([g["win"] for g in got], np.int64), windows)
+    write_by_window(store, f"{fb.FALLBACK_DIR}/t/{step}", p,
+                    [{"sample_id": g["sample_id"], "unit": g["unit"], "win": g["win"], "dup_of": g.get("dup_of"),
+                      "dup_kind": g.get("dup_kind")} for g in got], _ROUTED, windows)
     return len(got)
 
 
 def route_window(run: str, step: str, w: int) -> int:
     """Ray task: window w's records of `step`, one file per unit (todo of round r, or kept)."""
-    store = run_store(run)
-    parts = [read_part(uri, w) for uri in _map_files(store, f"{fb.FALLBACK_DIR}/t/{step}")]
-    if not parts or not sum(x.num_rows for x in parts):
-        return 0
-    t = pa.concat_tables(parts).sort_by([("unit", "ascending"), ("sample_id", "ascending")])
-    units = t.column("unit").to_pylist()
-    start = 0
-    for i in range(1, len(units) + 1):
-        if i == len(units) or units[i] != units[start]:
-            part = t.slice(start, i - start)
-            rel = fb.kept_path(units[start]) if step == "kept" else fb.todo_path(units[start], int(step[1:]))
-            store.write_parquet(rel, part.select(["sample_id", "dup_of", "dup_kind"] if step == "kept"
-                                                 else ["sample_id"]))
-            start = i
-    return len(units)
-
-
-def _all(ray, task, args: list[tuple], limit: int) -> int:
-    """Run task(*a) for every a, at most `limit` in flight; the sum of their results."""
-    pending, total = [], 0
-    for a in args:
-        pending.append(task.remote(*a))
-        while len(pending) >= limit:
-            ready, pending = ray.wait(pending, num_returns=1)
-            total += ray.get(ready[0])
-    return total + sum(ray.get(pending))
+    kept = step == "kept"
+    return route(run_store(run), f"{fb.FALLBACK_DIR}/t/{step}", w,
+                 fb.kept_path if kept else (lambda u: fb.todo_path(u, int(step[1:]))),
+                 ["sample_id", "dup_of", "dup_kind"] if kept else ["sample_id"])
 
 
 def exchange(run, step: str, window: int, retries: int, map_round: int | None) -> dict:
@@ -142,7 +189,6 @@ def exchange(run, step: str, window: int, retries: int, map_round: int | None) -
     marker = f"{fb.FALLBACK_DIR}/_{step}.json"
     if store.exists(marker):
         return store.read_json(marker)
-    opts = dict(num_cpus=1, max_retries=retries)
     limit = max(1, int(4 * ray.cluster_resources().get("CPU", 1)))
     windows = None if step == "m" else store.read_json(f"{fb.FALLBACK_DIR}/_m.json")["windows"]
     if map_round is not None:
@@ -152,13 +198,11 @@ def exchange(run, step: str, window: int, retries: int, map_round: int | None) -
             windows = max(1, sum(1 for _ in unit_windows(run, keep, window)))
         args = ((str(run), map_round, n, [u.unit_id for u in units], windows)  # streamed: one window held
                 for n, units in enumerate(unit_windows(run, keep, window)))
-        _all(ray, ray.remote(**opts)(map_window), args, limit)
+        fold(map_window, args, limit, retries)
     counts = {"windows": windows}
     if step != "m":
-        counts["rows"] = _all(ray, ray.remote(**opts)(reduce_part), [(str(run), step, p, windows) for p in range(windows)],
-                              limit)
-        counts["units"] = _all(ray, ray.remote(**opts)(route_window), [(str(run), step, w) for w in range(windows)],
-                               limit)
+        counts["rows"] = fold(reduce_part, ((str(run), step, p, windows) for p in range(windows)), limit, retries)
+        counts["units"] = fold(route_window, ((str(run), step, w) for w in range(windows)), limit, retries)
     store.write_json(marker, counts)
     return counts
 

@@ -2,36 +2,39 @@
 
 No model runs. Dedup clusters are recomputed from the stored hashes when dedup settings change.
 A threshold that needs a score the run never computed is refused, naming the stage to rerun.
+
+No step holds the run's samples in one process (docs/dedup.md, "Select"): the work on units is in
+pipeline/recut_units.py, run over windows of units as Ray tasks (at most 4 per CPU in flight) when
+Ray is initialised, else one window after another here; this driver holds a window of unit ids
+and counts. The steps, each reading and writing files of the new run:
+  1. candidates (only when dedup.* or size.* change): each unit's dedup candidates under the new
+     thresholds into OUT/work/measure; dedup: pipeline/dedup_dist.run_dedup on them, partitioned by
+     hash or in one process as `dedup.partitioned` picks (as in curate), one verdict file per unit;
+  2. fallback choice: a shuffle by cluster on files (pipeline/fallback_rounds' map / reduce / route):
+     each hash partition of cluster keys re-cut by fallback.recut on its members only, the choices
+     routed back to one file per unit;
+  3. check: refuse thresholds the stored scores cannot decide, before anything is written;
+  4. write: each unit's catalog part, shards and stats marker.
 """
 from __future__ import annotations
 
 import itertools
 import logging
-from collections import defaultdict
-
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
+import math
 
 import catalog
-from catalog import SAMPLES
-from catalog.source_bytes import read_source
 
 from . import console
-from . import dedup as dedup_mod
-from . import fallback
+from . import recut_units as U
 from .config import apply_sets
-from .decide import decide
-from .engine import library_versions, funnel_from_counts, write_curated
+from .engine import library_versions, funnel_from_counts
+from .fallback_rounds import fold
+from .recut_units import SelectError, unscored as _unscored  # noqa: F401 (the names select had)
 from .settings import DEFAULTS
 from .unit_io import now
-from .stages import REGISTRY, build_stages
+from .stages import REGISTRY
 
 log = logging.getLogger("humanset.select")
-
-
-class SelectError(Exception):
-    pass
 
 
 def _changed(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -67,55 +70,159 @@ def plan(run, sets: list[str]) -> tuple[dict, dict, list[str]]:
 
 
 def select(run: str, output: str, sets: list[str], progress: bool = True) -> dict:
+    started = now()
     run_p, out = _store(run), _store(output)  # either may be local or on an object store
     manifest, cfg, changed = plan(run_p, sets)
     if out.exists("manifest.json"):
         raise SelectError(f"{out}: already holds a run; choose a new --output")
-    stages = [s for s in build_stages(cfg) if s.name in manifest["stages"]]
-    dedup = _redo_dedup(run_p, stages, cfg) if any(k.startswith(("dedup.", "size.")) for k in changed) else None
-    choice, fb_counts = _fallback_choice(run_p, dedup, stages, cfg)
+    names = list(manifest["stages"])
+    stages = U.stages_of(cfg, names)
+    src, dst = _root(run_p), _root(out)
+    redo = any(k.startswith(("dedup.", "size.")) for k in changed)
+    n_units = sum(1 for _ in U.unit_names(run_p))  # counts only: the listing is streamed again per step
+    size, limit, window = _sizes(n_units, cfg)
+    groups = max(1, math.ceil(n_units / window))  # the exchange's partitions and route windows
+    retries = int((cfg.get("engine") or {}).get("max_retries", DEFAULTS.engine.max_retries))
 
-    # then two passes over the parts, one unit at a time: the first refuses thresholds the stored
-    # scores cannot decide, before anything is written
-    unscored: dict[str, int] = {}
-    for _, part in _parts(run_p, progress=False):
-        for name, n in _unscored(decide(_resolved(part, dedup, choice), stages), stages).items():
-            unscored[name] = unscored.get(name, 0) + n
-    for name, missing in unscored.items():
-        raise SelectError(f"{missing} samples now reach the {name} stage but were never scored by it "
+    def each(*extra):
+        return ((src, dst, units, cfg, names, *extra) for _, units in _unit_windows(run_p, size))
+
+    def run_step(fn, args, total, desc):
+        return _step(fn, args, total, desc, n_units, progress, limit, retries)
+
+    if redo:
+        got = run_step(U.write_candidates, each(), {}, "candidates")
+        st = _unwrapped(fold, U.dedup_units, [(dst, dict(cfg, stages=names))], 1, retries, lambda a, b: b, {})
+        log.info("select: %d of %d candidates are duplicates", st.get("duplicates", 0), got.get("candidates", 0))
+    fb_counts = _fallback_choice(run_p, dst, stages, cfg, names, redo, size, window, groups, limit, retries,
+                                 run_step)
+
+    # then two passes over the units: the first refuses thresholds the stored scores cannot decide,
+    # before anything of the selection is written
+    missing = run_step(U.check_units, each(redo), {}, "check").get("missing", {})
+    for name, n in missing.items():
+        raise SelectError(f"{n} samples now reach the {name} stage but were never scored by it "
                           f"(the cascade skipped them); rerun `humanset curate` with these thresholds or "
                           f"with --score-all")
-
-    first: dict[str, int] = {}
-    all_reasons: dict[str, int] = {}
-    n_rows = n_kept = 0
-    for unit, part in _parts(run_p, progress):
-        part = decide(_resolved(part, dedup, choice), stages)
-        keep = part.filter(part.column("keep"))
-        images = _images(run_p, keep, _unit_members(run_p, unit))
-        written = write_curated(out.child("shards"), unit, keep, images, cfg) if keep.num_rows else []
-        out.write_parquet(f"catalog/samples/{unit}.parquet", part)
-        reasons = defaultdict(int)
-        for r in part.column("reject_reason").to_pylist():
-            if r:
-                reasons[r] += 1
-                all_reasons[r] = all_reasons.get(r, 0) + 1
-                first[r.split(":", 1)[0]] = first.get(r.split(":", 1)[0], 0) + 1
-        marker = {"unit": unit, "inputs": part.num_rows, "kept": keep.num_rows, "rejected": dict(sorted(reasons.items())),
-                  "shards": written, "selected_from": run_p.uri, "finished": now()}
-        marker.update(_unit_error(run_p, unit))  # a failed unit stays failed in the selection
-        out.write_json(f"stats/{unit}.json", marker)
-        n_rows += part.num_rows
-        n_kept += keep.num_rows
-    log.info("select: %d of %d samples kept (was %d)", n_kept, n_rows, manifest["counts"]["kept"])
+    got = run_step(U.write_units, each(redo), {"rows": 0, "kept": 0, "first": {}, "reasons": {}}, "select")
+    log.info("select: %d of %d samples kept (was %d)", got["kept"], got["rows"], manifest["counts"]["kept"])
     result = {**{k: manifest.get(k) for k in ("inputs", "stages", "skipped_stages", "score_all", "units")},
-              "config": cfg, "selected_from": run_p.uri, "changed": changed, "started": now(),
+              "config": cfg, "selected_from": run_p.uri, "changed": changed, "started": started,
               "finished": now(), "status": "complete", "versions": library_versions(),
-              "funnel": funnel_from_counts(first, n_rows, manifest["stages"]),
-              "counts": {"inputs": n_rows, "kept": n_kept}, "fallbacks": fb_counts,
-              "reject_reasons": dict(sorted(all_reasons.items(), key=lambda kv: (-kv[1], kv[0])))}
+              "funnel": funnel_from_counts(got["first"], got["rows"], manifest["stages"]),
+              "counts": {"inputs": got["rows"], "kept": got["kept"]}, "fallbacks": fb_counts,
+              "reject_reasons": dict(sorted(got["reasons"].items(), key=lambda kv: (-kv[1], kv[0])))}
     out.write_json("manifest.json", result)
     return result
+
+
+def _step(fn, args, total, desc: str, n_units: int, progress: bool, limit: int, retries: int):
+    """One step over the run's units (fold of the tasks' counts) with a progress bar of units."""
+    with console.progress(n_units, desc, enabled=progress) as bar:
+        return _unwrapped(fold, fn, args, limit, retries, _add, total, lambda got: bar.update(got.get("units", 0)))
+
+
+def _fallback_choice(run_p, dst: str, stages, cfg: dict, names: list[str], redo: bool, size: int, window: int,
+                     groups: int, limit: int, retries: int, step) -> dict:
+    """Each cluster's member under the new thresholds (pipeline/fallback.recut), as a group-by on
+    cluster key through hash-partitioned files: map (per task of `size` units) -> recut (per
+    partition, on its clusters' members only) -> route (per group of `window` units, one choice
+    file per unit). As many partitions as groups (curate's exchange has the same geometry), so a
+    partition holds ~1 / groups of the run's duplicates. Returns the counts (promoted, unscored,
+    lost) summed over the partitions."""
+    src = _root(run_p)
+    _clear(_store(dst), U.SELECT_DIR)  # what an interrupted select into this OUT left: never mixed in
+    score = [s.name for s in stages if s.phase == "score"]
+    d = cfg.get("dedup") or {}
+    n_fb = int(d.get("max_fallbacks", DEFAULTS.dedup.max_fallbacks) or 0) if score else 0
+    args = ((src, dst, first, units, cfg, names, redo, window, groups)
+            for first, units in _unit_windows(run_p, size))
+    members = step(U.map_members, args, {}, "clusters").get("members", 0)
+    counts = {"promoted": 0, "unscored": 0, "lost": 0}
+    if members:
+        counts = _unwrapped(fold, U.recut_partition, ((dst, p, n_fb, groups) for p in range(groups)), limit, retries, _add,
+                            counts)
+        _unwrapped(fold, U.route_choices, ((dst, g) for g in range(groups)), limit, retries, _add, 0)
+    if counts["promoted"] or counts["unscored"]:
+        log.info("select: %d clusters keep another member than the run did; %d stop at a member the run "
+                 "never scored (rerun `humanset curate` to score it)", counts["promoted"], counts["unscored"])
+    return counts
+
+
+def _clear(store, folder: str) -> None:
+    """Remove every file under `folder` of `store` (streamed; one listing when there is none)."""
+    if store.posix:
+        import shutil
+        shutil.rmtree(store.fs_path(folder), ignore_errors=True)
+        return
+    for e in store.list(folder):
+        store.delete(e.path)
+
+
+def _sizes(n_units: int, cfg: dict) -> tuple[int, int, int]:
+    """(units per task, tasks in flight, engine.window_units). 4 tasks per CPU in flight (Ray), each
+    with at most window_units / (tasks in flight) units, so the driver holds at most
+    max(window_units, tasks in flight) unit ids; fewer per task when the run is small, so every CPU
+    gets work."""
+    window = int((cfg.get("engine") or {}).get("window_units") or DEFAULTS.engine.window_units)
+    cpus = 1
+    import sys
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    limit = 4 * cpus
+    return max(1, min(window // limit, math.ceil(n_units / limit))), limit, window
+
+
+def _unit_windows(store, size: int):
+    """(index of the first, the run's unit ids) in lists of at most `size`, streamed."""
+    it = U.unit_names(store)
+    first = 0
+    while chunk := list(itertools.islice(it, size)):
+        yield first, chunk
+        first += len(chunk)
+
+
+def _add(a, b):
+    """Counts summed: ints, and dicts of counts (nested) key by key."""
+    if isinstance(a, dict):
+        out = dict(a)
+        for k, v in (b or {}).items():
+            out[k] = _add(out[k], v) if k in out else v
+        return out
+    return a + b
+
+
+def _unwrapped(fold_fn, *args):
+    """fold, with a task's SelectError raised as itself (not wrapped in Ray's task error)."""
+    try:
+        return fold_fn(*args)
+    except Exception as e:
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, (SelectError, FileNotFoundError)) and cause is not e:
+            raise cause from None
+        raise
+
+
+def _root(store) -> str:
+    """The run as the tasks open it (run_store): a local path, or the URI of an object store."""
+    return store.base if store.posix else store.uri
+
+
+def connect_ray(run) -> bool:
+    """`humanset select` on a Ray cluster: connect when one is named (RAY_ADDRESS, or the run's
+    ray.address), so every step runs as tasks there. False: none named; select then runs in this
+    process, one window after another (the same bounds per step, no parallelism)."""
+    import os
+    cfg = _store(run).read_json("manifest.json").get("config") or {}
+    address = os.environ.get("RAY_ADDRESS") or (cfg.get("ray") or {}).get("address")
+    if not address or address == "local":
+        return False
+    import ray
+    if not ray.is_initialized():
+        console.quiet_ray()
+        ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
+    return True
 
 
 def _store(run) -> catalog.Storage:
@@ -125,150 +232,3 @@ def _store(run) -> catalog.Storage:
     return storage_for(run_root(run))
 
 
-def _parts(run, progress: bool):
-    """(unit, its catalog rows conformed to SAMPLES) for every catalog part, read one at a time, in
-    name order. Parts of an older schema generation get the columns added since as nulls; a part
-    with zero rows is a unit too (its marker and counts carry over)."""
-    run = _store(run)
-    names = sorted(n for n in (e.path[len("catalog/samples/"):] for e in run.list("catalog/samples", suffix=".parquet"))
-                   if "/" not in n and not n.startswith("."))
-    for name in console.progress(iterable=names, desc="select", enabled=progress):
-        path = run.uri_of(f"catalog/samples/{name}")
-        try:
-            table = pq.read_table(run.fs_path(f"catalog/samples/{name}"), filesystem=run.fs)
-        except (pa.ArrowInvalid, OSError) as e:
-            raise SelectError(f"{path}: not a readable catalog part ({e}); rerun `humanset curate` on {run} "
-                              "to rewrite it") from e
-        table = catalog.conform(table.select([c for c in table.column_names if c in SAMPLES.names]), SAMPLES)
-        yield name[:-len(".parquet")], table.sort_by("key")
-
-
-def _unit_error(run, unit: str) -> dict:
-    """The unit error fields of the unit's marker in the run (none when it read cleanly)."""
-    try:
-        old = _store(run).read_json(f"stats/{unit}.json")
-    except (OSError, ValueError):
-        return {}
-    return {k: old[k] for k in ("unit_error", "unit_error_kind") if old.get(k)} if isinstance(old, dict) else {}
-
-
-def _redo_dedup(run, stages, cfg: dict) -> dict[str, tuple]:
-    """Recluster among samples passing decode and size under the new thresholds: sample_id ->
-    (dup_of, dup_kind, dup_cluster_size, dup_rank) of every candidate. The candidates' hashes are read part by
-    part; the clustering itself is global."""
-    early = [s for s in stages if s.name in ("decode", "size")]
-    cols = ["sample_id", "sha256", "phash", "width", "height"]
-    cands = []
-    for _, part in _parts(run, progress=False):
-        part = decide(part, early)  # derive + the early stages' reasons, as the cascade saw them
-        cands.append(part.filter(part.column("keep")).select(cols))
-    cand = pa.concat_tables(cands) if cands else catalog.conform([], SAMPLES).select(cols)
-    d = cfg.get("dedup", {})
-    result = dedup_mod.cluster(cand, d.get("max_distance", DEFAULTS.dedup.max_distance),
-                               d.get("exact", DEFAULTS.dedup.exact))
-    return dict(zip(result.column("sample_id").to_pylist(),
-                    zip(*(result.column(c).to_pylist() for c in ("dup_of", "dup_kind", "dup_cluster_size",
-                                                                 "dup_rank")))))
-
-
-def _fallback_choice(run, dedup: dict | None, stages, cfg: dict) -> tuple[dict, dict]:
-    """Each cluster's member under the new thresholds (pipeline/fallback.recut): one pass over the
-    parts collects the members of multi-member clusters (about 100 bytes each: select holds the
-    run's duplicates, as its reclustering holds its candidates)."""
-    score = [s.name for s in stages if s.phase == "score"]
-    members = []
-    for _, part in _parts(run, progress=False):
-        part = _with_dedup(part, dedup)
-        multi = pc.fill_null(pc.greater(part.column("dup_cluster_size"), 1), False)
-        if not pc.any(multi).as_py():
-            continue
-        part = part.filter(multi)
-        was_kept = part.column("keep").to_pylist()
-        own = decide(part.set_column(part.schema.get_field_index("dup_kind"), "dup_kind",
-                                     pa.nulls(part.num_rows, pa.string())), stages)  # its own reasons only
-        for r, kept in zip(own.select(["sample_id", "dup_of", "dup_rank", "sha256", "scored_stages",
-                                       "reject_reasons", "decode_error"]).to_pylist(), was_kept):
-            done = set(r["scored_stages"] or [])
-            first = (r["reject_reasons"] or [None])[0]
-            scored = (first.split(":")[0] not in score or first.split(":")[0] in done) if first else \
-                all(s in done for s in score)  # its stored scores decide it
-            members.append({"key": r["dup_of"] or r["sample_id"], "rank": r["dup_rank"] or 0,
-                            "sample_id": r["sample_id"], "sha256": r["sha256"], "scored": scored,
-                            "passes": first is None, "kept": bool(kept)})
-    d = cfg.get("dedup") or {}
-    choice, counts = fallback.recut(members, int(d.get("max_fallbacks", DEFAULTS.dedup.max_fallbacks) or 0) if score else 0)
-    if counts["promoted"] or counts["unscored"]:
-        log.info("select: %d clusters keep another member than the run did; %d stop at a member the run "
-                 "never scored (rerun `humanset curate` to score it)", counts["promoted"], counts["unscored"])
-    return choice, counts
-
-
-def _resolved(table: pa.Table, dedup: dict | None, choice: dict) -> pa.Table:
-    """The unit's dup columns after a reclustering and the re-cut's choice of kept members."""
-    table = _with_dedup(table, dedup)
-    if not choice:
-        return table
-    got = [choice.get(sid) for sid in table.column("sample_id").to_pylist()]
-    for col in ("dup_of", "dup_kind", "dup_scored"):
-        old = table.column(col).to_pylist()
-        table = table.set_column(table.schema.get_field_index(col), col, pa.array(
-            [g[col] if g else o for g, o in zip(got, old)], SAMPLES.field(col).type))
-    return table
-
-
-def _with_dedup(table: pa.Table, dedup: dict | None) -> pa.Table:
-    """The unit's dup columns from a reclustering (null for rows that were no candidate)."""
-    if dedup is None:
-        return table
-    got = [dedup.get(sid) for sid in table.column("sample_id").to_pylist()]
-    for k, col in enumerate(("dup_of", "dup_kind", "dup_cluster_size", "dup_rank")):
-        idx = table.schema.get_field_index(col)
-        table = table.set_column(idx, col, pa.array([g[k] if g else None for g in got], SAMPLES.field(col).type))
-    return table
-
-
-def _unscored(table: pa.Table, stages) -> dict[str, int]:
-    """Per score stage, samples that now reach it but were never scored by it (the cascade skipped
-    them): a threshold the run's stored scores cannot decide."""
-    order = [s.name for s in stages]
-    scored = table.column("scored_stages").to_pylist()
-    reasons = table.column("reject_reasons").to_pylist()
-    decoded = pc.is_null(table.column("decode_error")).to_pylist()
-    out = {}
-    for s in stages:
-        if s.phase != "score":
-            continue
-        pos = order.index(s.name)
-        missing = sum(1 for sc, rs, ok in zip(scored, reasons, decoded)
-                      if ok and s.name not in (sc or [])
-                      and all(order.index(r.split(":")[0]) >= pos for r in rs or []))
-        if missing:
-            out[s.name] = missing
-    return out
-
-
-def _unit_members(run, unit: str) -> dict[str, tuple[str, int, int]]:
-    """sample_id -> (tar relative to the run, offset, size) of the image member, from the unit's
-    curated shards ({unit}-00000.tar, -00001, ... as engine.write_curated names them)."""
-    run = _store(run)
-    out = {}
-    for i in itertools.count():
-        index = f"shards/{unit}-{i:05d}.parquet"
-        if not run.exists(index):
-            return out
-        for r in pq.read_table(run.fs_path(index), filesystem=run.fs,
-                               columns=["sample_id", "shard", "members"]).to_pylist():
-            m = next(m for m in r["members"] if not m["name"].endswith(".json"))
-            out[r["sample_id"]] = (f"shards/{r['shard']}", m["offset"], m["size"])
-    return out
-
-
-def _images(run, keep: pa.Table, stored: dict) -> dict[str, bytes]:
-    """Original bytes of the kept samples: from the run's shards, else from their sources."""
-    out = {}
-    for sid, uri in zip(keep.column("sample_id").to_pylist(), keep.column("source_uri").to_pylist()):
-        try:
-            out[sid] = _store(run).read_range(*stored[sid]) if sid in stored else read_source(uri)
-        except (FileNotFoundError, OSError) as e:
-            raise SelectError(f"sample {sid}: cannot read its bytes from {run}/shards or {uri}: {e}") from e
-    return out

@@ -239,9 +239,14 @@ def measured_table(run: Path, unit_id: str, t: pa.Table | None = None) -> pa.Tab
         for col in cols:
             t = set_column(t, col, pa.nulls(t.num_rows, SAMPLES.field(col).type))
     alive = pc.and_(pc.fill_null(t.column("_alive"), False), pc.is_null(t.column("dup_kind")))
-    # a dedup candidate goes on to the model stages when it is unique or its cluster's canonical
-    t = set_column(t, "dup_scored", pc.if_else(pc.is_valid(t.column("dup_rank")), alive, pa.scalar(None, pa.bool_())))
-    return set_column(t, "_alive", alive)
+    return set_column(with_dup_scored(t, alive), "_alive", alive)
+
+
+def with_dup_scored(t: pa.Table, alive) -> pa.Table:
+    """dup_scored as the model stages start: a dedup candidate (a row with a verdict) goes on to them
+    when it is unique or its cluster's canonical (`alive`: measured alive and no dup_kind); null for
+    a row that was no candidate. `humanset select` sets it the same way after a reclustering."""
+    return set_column(t, "dup_scored", pc.if_else(pc.is_valid(t.column("dup_rank")), alive, pa.scalar(None, pa.bool_())))
 
 
 def read_for_score(run: Path, unit: Unit, limits: dict, score_all: bool, cfg: dict | None = None) -> pa.Table:

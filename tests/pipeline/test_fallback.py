@@ -24,10 +24,13 @@ def _copy(tmp: Path, photo: str, side: int, caption=None) -> bytes:
 
 @pytest.fixture(scope="module")
 def crawl(tmp_path_factory):
+    return write_crawl(tmp_path_factory.mktemp("fallback"))
+
+
+def write_crawl(tmp: Path) -> Path:
     """Two clusters of near copies (larger = canonical first) and a unique clean photo:
     astronaut: a 900-px captioned copy and a 512-px clean one;
     chelsea: 900- and 700-px captioned copies and a 512-px clean one."""
-    tmp = tmp_path_factory.mktemp("fallback")
     folder = tmp / "crawl"
     folder.mkdir()
     files = {"astro_cap900": _copy(tmp, "astronaut.png", 900, ("HELLO WORLD", "NICE DAY")),

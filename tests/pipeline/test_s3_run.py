@@ -135,3 +135,24 @@ def test_select_recuts_a_run_on_s3_into_another_on_s3(s3_run, tmp_path):
     assert n == n_samples and 0 < kept < was
     assert con.execute("SELECT count(*) FROM shards").fetchone()[0] == kept  # bytes copied into S3 shards
     assert list(tmp_path.iterdir()) == []
+
+
+def test_select_reclusters_partitioned_on_s3_as_in_one_process(s3_run, tmp_path):
+    """A size change re-clusters: the candidate and verdict files are objects of the new run, and
+    the partitioned dedup (forced, 10 kB of room a task) gives the catalog the in-process one does."""
+    from pipeline.dedup_parts import TASK_BASE_BYTES
+    store, _, run, _, _, _, n_shards = s3_run
+    outs = {}
+    for name, extra in (("one", ["dedup.partitioned=false"]),
+                        ("part", ["dedup.partitioned=true", f"dedup.task_memory={TASK_BASE_BYTES + 10_000}"])):
+        outs[name] = store.uri_of(f"runs/r1-{name}")
+        sets = [x for s in ["size.min_short_side=300", *extra] for x in ("--set", s)]
+        p = _cli("select", run, *sets, "--output", outs[name], "--no-progress", cwd=tmp_path)
+        assert p.returncode == 0, p.stderr[-3000:]
+    done = json.loads(store.read_bytes("runs/r1-part/work/dedup/_done.json"))
+    assert done["components"] == "distributed" and done["partitions"] > 1
+    assert sum(1 for _ in store.list("runs/r1-part/work/measure", suffix=".parquet")) == n_shards
+    q = "SELECT * FROM samples ORDER BY sample_id"
+    assert catalog.connect(outs["part"]).sql(q).to_arrow_table().equals(
+        catalog.connect(outs["one"]).sql(q).to_arrow_table())
+    assert list(tmp_path.iterdir()) == []  # nothing of either run on local disk
