@@ -29,6 +29,7 @@ from . import recut_units as U
 from .config import apply_sets
 from .engine import library_versions, funnel_from_counts
 from .fallback_rounds import fold
+from .run_cleanup import SCRATCH, remove_scratch, remove_tree
 from .recut_units import SelectError, unscored as _unscored  # noqa: F401 (the names select had)
 from .settings import DEFAULTS
 from .unit_io import now
@@ -113,6 +114,8 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
               "counts": {"inputs": got["rows"], "kept": got["kept"]}, "fallbacks": fb_counts,
               "reject_reasons": dict(sorted(got["reasons"].items(), key=lambda kv: (-kv[1], kv[0])))}
     out.write_json("manifest.json", result)
+    if not (cfg.get("engine") or {}).get("keep_work", DEFAULTS.engine.keep_work):  # as curate does at its end
+        remove_scratch(out.uri, (*SCRATCH, U.SELECT_DIR))
     return result
 
 
@@ -150,13 +153,8 @@ def _fallback_choice(run_p, dst: str, stages, cfg: dict, names: list[str], redo:
 
 
 def _clear(store, folder: str) -> None:
-    """Remove every file under `folder` of `store` (streamed; one listing when there is none)."""
-    if store.posix:
-        import shutil
-        shutil.rmtree(store.fs_path(folder), ignore_errors=True)
-        return
-    for e in store.list(folder):
-        store.delete(e.path)
+    """Remove every file under `folder` of `store` (streamed, in parallel)."""
+    remove_tree(store, folder)
 
 
 def _sizes(n_units: int, cfg: dict) -> tuple[int, int, int]:

@@ -21,6 +21,7 @@ NEW = ["dedup.max_distance=2", "size.min_short_side=160"]  # fewer near copies; 
 # plan() then cuts these ~40 candidates into 4 hash ranges and batches of ~10 rows (as
 # tests/pipeline/test_dedup_dist.py forces P and batches; select takes only real settings)
 PARTITIONED = ["dedup.partitioned=true", f"dedup.task_memory={TASK_BASE_BYTES + 10_000}"]
+KEEP = ["engine.keep_work=true"]  # keeps OUT/work/select and the dedup's files to look at
 SMALL = ["engine.window_units=3"]  # 4 groups of units: 4 partitions of the fallback exchange
 Q = "SELECT * FROM samples ORDER BY sample_id"
 
@@ -63,7 +64,7 @@ def fresh(crawl, ray_local, tmp_path_factory):
 def test_partitioned_reclustering_equals_in_process_and_a_fresh_curate(run, fresh, tmp_path):
     units = len(list((run / "catalog/samples").glob("*.parquet")))
     assert units >= 8
-    m_part = select(str(run), str(tmp_path / "part"), NEW + PARTITIONED + SMALL, progress=False)
+    m_part = select(str(run), str(tmp_path / "part"), NEW + PARTITIONED + SMALL + KEEP, progress=False)
     m_one = select(str(run), str(tmp_path / "one"), NEW + ["dedup.partitioned=false"], progress=False)
     done = json.loads((tmp_path / "part/work/dedup/_done.json").read_text())
     assert done["partitions"] == 4 and done["components"] == "distributed" and done["batches"] > 1
@@ -73,9 +74,11 @@ def test_partitioned_reclustering_equals_in_process_and_a_fresh_curate(run, fres
     assert len(list((tmp_path / "part/work/dedup").glob("*.parquet"))) == units
     # the choices came back one file per unit holding cluster members, from several partitions (one
     # partition without SMALL)
-    assert len(list((tmp_path / "part/work/select/x").iterdir())) > 1
-    assert [p.name for p in (tmp_path / "one/work/select/x").iterdir()] == ["p00000"]
+    assert len(_filled(tmp_path / "part/work/select/x")) > 1
     assert list((tmp_path / "part/work/select/choice").glob("*.parquet"))
+    # without engine.keep_work the selection's scratch is gone, its verdicts stay (pipeline/run_cleanup.py)
+    assert not (tmp_path / "one/work/select").exists() and not (tmp_path / "one/work/dedup/pairs").exists()
+    assert len(list((tmp_path / "one/work/dedup").glob("*.parquet"))) == units
     before, part, one, new = _catalog(run), _catalog(tmp_path / "part"), _catalog(tmp_path / "one"), _catalog(fresh)
     assert part.equals(one)
     assert part.equals(new)
@@ -91,8 +94,8 @@ def test_partitioned_reclustering_equals_in_process_and_a_fresh_curate(run, fres
 def test_without_ray_every_step_runs_in_process_with_the_same_catalog(run, fresh, tmp_path, monkeypatch):
     import ray
     monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as `humanset select` without a cluster
-    select(str(run), str(tmp_path / "local"), NEW + PARTITIONED + SMALL, progress=False)
-    assert len(list((tmp_path / "local/work/select/x").iterdir())) > 1
+    select(str(run), str(tmp_path / "local"), NEW + PARTITIONED + SMALL + KEEP, progress=False)
+    assert len(_filled(tmp_path / "local/work/select/x")) > 1
     assert json.loads((tmp_path / "local/work/dedup/_done.json").read_text())["nodes"] == 0
     assert _catalog(tmp_path / "local").equals(_catalog(fresh))
     # shards hold exactly the kept samples' bytes
@@ -106,6 +109,13 @@ def test_no_dedup_change_reads_the_stored_clusters(run, tmp_path):
     select(str(run), str(tmp_path / "same"), ["engine.window_units=2"], progress=False)
     assert not (tmp_path / "same/work/measure").exists() and not (tmp_path / "same/work/dedup").exists()
     assert _catalog(tmp_path / "same").equals(_catalog(run))
+
+
+def _filled(folder) -> set[int]:
+    """The partitions (row groups) holding rows, over the exchange files in folder."""
+    import pyarrow.parquet as pq
+    return {q for f in folder.glob("*.parquet") for q in range(pq.ParquetFile(f).num_row_groups)
+            if pq.ParquetFile(f).metadata.row_group(q).num_rows}
 
 
 @pytest.fixture(scope="module")
@@ -126,12 +136,12 @@ def test_fallback_choice_through_partitions_equals_one_partition(fb_run, tmp_pat
     the clusters recomputed by the partitioned dedup, and without Ray."""
     from pathlib import Path
     loose = ["text.max_area_frac=0.5"]
-    one = select(str(fb_run), str(tmp_path / "one"), loose, progress=False)
-    six = select(str(fb_run), str(tmp_path / "six"), loose + ["engine.window_units=1"] + PARTITIONED,
+    one = select(str(fb_run), str(tmp_path / "one"), loose + KEEP, progress=False)
+    six = select(str(fb_run), str(tmp_path / "six"), loose + ["engine.window_units=1"] + PARTITIONED + KEEP,
                  progress=False)
     assert json.loads((tmp_path / "six/work/dedup/_done.json").read_text())["components"] == "distributed"
-    assert [p.name for p in (tmp_path / "one/work/select/x").iterdir()] == ["p00000"]
-    assert len(list((tmp_path / "six/work/select/x").iterdir())) > 1  # the clusters' keys hash apart
+    assert _filled(tmp_path / "one/work/select/x") == {0}
+    assert len(_filled(tmp_path / "six/work/select/x")) > 1  # the clusters' keys hash apart
     assert len(list((tmp_path / "six/work/select/choice").glob("*.parquet"))) == 5  # coffee is alone
     rows = {Path(r["source_uri"]).stem: r for r in _catalog(tmp_path / "six").to_pylist()}
     assert {k for k, r in rows.items() if r["keep"]} == {"astro_cap900", "cat_cap900", "coffee"}
@@ -156,10 +166,10 @@ def test_a_select_into_an_interrupted_output_mixes_in_none_of_its_files(fb_run, 
     """What a select into OUT left before its manifest (here: all but the manifest, with another
     threshold and six partitions) is not read by the next select into OUT."""
     out = tmp_path / "out"
-    select(str(fb_run), str(out), ["text.max_area_frac=0.5", "engine.window_units=1"], progress=False)
+    select(str(fb_run), str(out), ["text.max_area_frac=0.5", "engine.window_units=1"] + KEEP, progress=False)
     (out / "manifest.json").unlink()
-    again = select(str(fb_run), str(out), ["text.max_area_frac=0.04"], progress=False)
-    clean = select(str(fb_run), str(tmp_path / "clean"), ["text.max_area_frac=0.04"], progress=False)
+    again = select(str(fb_run), str(out), ["text.max_area_frac=0.04"] + KEEP, progress=False)
+    clean = select(str(fb_run), str(tmp_path / "clean"), ["text.max_area_frac=0.04"] + KEEP, progress=False)
     assert _catalog(out).equals(_catalog(tmp_path / "clean"))
     assert again["fallbacks"] == clean["fallbacks"]
-    assert [p.name for p in (out / "work/select/x").iterdir()] == ["p00000"]
+    assert _filled(out / "work/select/x") == {0}
