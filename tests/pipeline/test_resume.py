@@ -72,3 +72,16 @@ def test_kill_minus_9_then_resume_equals_clean_run(crawl, clean, tmp_path, kill_
     assert a[1] == b[1], "resumed curated shards differ from the clean run's"
     assert not list(run.rglob(".*.tmp-*")), "temporary files left behind"
     assert catalog.read_json(run / "manifest.json")["status"] == "complete"
+
+
+def test_a_manifest_from_before_a_new_setting_still_resumes():
+    """A run written before a setting existed resumes (the setting at its default reproduces it);
+    a setting that differs still refuses the resume."""
+    import copy
+    from pipeline.engine import with_new_defaults
+    cfg = load_config(sets=["ray.num_cpus=2", "stages=[decode,size,dedup]"])
+    old = copy.deepcopy(cfg)
+    del old["engine"]["keep_work"]
+    assert old != cfg and with_new_defaults(old, cfg) == cfg
+    old["engine"]["window_units"] = cfg["engine"]["window_units"] + 1
+    assert with_new_defaults(old, cfg) != cfg
