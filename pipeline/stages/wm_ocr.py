@@ -77,10 +77,14 @@ class OcrWatermark:
 
     def _candidates(self, boxes, scores, h: int, w: int) -> list[int]:
         """Boxes worth reading: confident, at least 6 px high, not a texture box over half the image."""
+        import cv2
+
         keep = []
         for k, (b, s) in enumerate(zip(boxes, scores)):
             bw, bh = float(np.ptp(b[:, 0])), float(np.ptp(b[:, 1]))
-            if s is not None and s >= self.min_det_score and min(bw, bh) >= 6 and bw * bh <= 0.5 * h * w:
+            # the polygon's own area: a large word at 25 degrees spans more than half the image's bounding box
+            area = abs(float(cv2.contourArea(np.asarray(b, np.float32).reshape(-1, 2))))
+            if s is not None and s >= self.min_det_score and min(bw, bh) >= 6 and area <= 0.5 * h * w:
                 keep.append(k)
         # where marks sit (corner bands, the centre) first, then largest first: a photographer's small
         # corner line must not lose its place to a bus's large ads

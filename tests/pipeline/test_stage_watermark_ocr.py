@@ -127,6 +127,46 @@ def test_watermark_reads_do_not_depend_on_the_other_crops(stages):
     assert list(together[1]) == pytest.approx([a[1][0] for a in alone], abs=1e-6)
 
 
+def _rotated_centre_words() -> dict[str, bytes]:
+    """Tune-family centre words at 25 degrees: 'WATERMARK' over brick, whose box's bounding rectangle covers
+    more than half the image, and 'Dreamstock' over camera, read only in part ('Dreams') by a box off centre."""
+    fonts = {Path(f).name: f for f in marks.family_fonts("tune")}
+    need = ("DejaVuSansMono-BoldOblique.ttf", "DejaVuSans-BoldOblique.ttf")
+    if not all(n in fonts for n in need):
+        return {}
+    base = {"brick": SKIMAGE / "brick.png", "camera": SKIMAGE / "camera.png"}
+    out = {}
+    for name, photo, text, font, size, opacity, colour, shadow, q in (
+            ("wide", "brick", "WATERMARK", need[0], 0.17, 0.58, (0, 0, 0), True, 85),
+            ("part", "camera", "Dreamstock", need[1], 0.165, 0.35, (33, 187, 29), True, 76)):
+        spec = marks.MarkSpec(kind="center", text=text, font=fonts[font], size_rel=size, opacity=opacity,
+                              colour=colour, shadow=shadow, angle=25.0, corner="bl", jpeg_quality=q)
+        out[name] = marks.jpeg(marks.draw_mark(Image.open(base[photo]).convert("RGB"), spec), q)
+    return out
+
+
+def test_rotated_centre_words_are_read_and_rejected(stages):
+    """A box is a candidate by its polygon's area (not its bounding rectangle's), and a box across the
+    image's centre counts as centred: both rotated tune-family words are rejected."""
+    text, wm, _ = stages
+    words = _rotated_centre_words()
+    if not words:
+        pytest.skip("the DejaVu Sans (Mono) Bold Oblique fonts (fonts-dejavu) are not installed")
+    batch = {"image": list(words.values())}
+    t = text.measure(batch)
+    got = wm.measure({**batch, **{c: t[c] for c in SHARED}})
+    reasons = wm.reject(_table(got, len(words)))
+    for k, name in enumerate(words):
+        assert reasons[k] == "watermark>0.8", (name, got["watermark_score"][k], got["watermark_strings"][k])
+        assert got["watermark_center_word"][k] == 1.0, name
+    # the large rotated box: its bounding rectangle holds more than half the image, its polygon less
+    h, w = np.asarray(Image.open(io.BytesIO(words["wide"]))).shape[:2]
+    big = [np.asarray(b, np.float32).reshape(4, 2) for b in t["text_det_boxes"][0]]
+    assert any(np.ptp(b[:, 0]) * np.ptp(b[:, 1]) > 0.5 * h * w for b in big)
+    box = np.array([[0, 60], [200, 0], [220, 40], [20, 100]], np.float32)  # crosses the centre (110, 50)
+    assert wm_evidence.placement(box, 100, 220)[1] and not wm_evidence.placement(box * 0.3, 100, 220)[1]
+
+
 def test_a_sample_the_text_stage_did_not_see_is_detected_again(stages):
     _, wm, _ = stages
     before = wm.ocr.ocr.det_calls
