@@ -20,6 +20,12 @@ declaration the stages' reject() apply) reads its config:
 So for person, precision is "of the kept images, how many really show a person"; for the filters it
 is "of the rejected images, how many really have text / a watermark / are not photos". The
 threshold printed for a target precision is the one with the highest recall among those reaching it.
+
+Two scores are exact only near the configured cut by default: with `text.recognize: needed` and
+`watermark.recognize: needed` (the defaults) the stages stop reading boxes once the verdict at the
+configured cut is settled. The stored score then lies on the right side of that cut, but it can be a
+bound (text_area_frac: either side; watermark_score of a rejected row: the score of the boxes read so
+far). Sweeps far from the configured cut want a run curated with `recognize: all` for that stage.
 """
 from __future__ import annotations
 

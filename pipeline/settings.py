@@ -152,6 +152,9 @@ class WatermarkSettings:
                                         "below 0.3 kept) ...", low=0, high=1)
     min_rec_score: float = setting(0.5, "... and counted as text from this recognition score", low=0, high=1)
     max_boxes: int = setting(8, "ocr: boxes recognised per image, corner/centre boxes first, then largest", low=1)
+    recognize: str = setting("needed", "ocr: needed: read boxes in rounds, an image stops once its score passes\n"
+                                       "max_score (stored evidence: of the boxes read so far) | all: read every box",
+                             choices=("needed", "all"))
     corner_read: bool = setting(False, "ocr: also read the five corner crops of images at or below max_score, no\n"
                                        "box needed (finds corner lines the detector misses; costs ~1 detection pass)")
     batch_size: int = batch_size(16)

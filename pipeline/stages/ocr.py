@@ -23,12 +23,15 @@ log = logging.getLogger(__name__)
 
 TEXT_BOX_THRESH = 0.5  # rapidocr's Det.box_thresh: the boxes the text stage counts
 WEAK_BOX_THRESH = 0.3  # boxes kept (and stored) for the watermark rule
+# rapidocr's recogniser input: crops resized to height 48, padded to >= 320 px, in batches of 6
+REC_HEIGHT, REC_MIN_WIDTH, REC_BATCH = 48, 320, 6
 
 
 class OCR:
     """A loaded PP-OCR detector + recogniser; counts its calls (tests and bench read them)."""
 
-    def __init__(self, max_side: int, threads: int, who: str):
+    def __init__(self, max_side: int, threads: int, who: str, rec_min_width: int = REC_MIN_WIDTH,
+                 rec_batch: int = REC_BATCH):
         try:
             from rapidocr import RapidOCR
         except ImportError as e:
@@ -46,6 +49,10 @@ class OCR:
             "EngineConfig.onnxruntime.intra_op_num_threads": max(1, int(threads)),
             "EngineConfig.onnxruntime.inter_op_num_threads": 1,
             "EngineConfig.onnxruntime.enable_cpu_mem_arena": True,  # reuse buffers between images
+            # recognition resizes crops to a height of 48 and pads every crop of a batch (rec_batch crops, sorted
+            # by width) to the batch's widest, and at least to rec_min_width
+            "Rec.rec_img_shape": [3, REC_HEIGHT, int(rec_min_width)],
+            "Rec.rec_batch_num": max(1, int(rec_batch)),
         }
         try:
             self.engine = RapidOCR(params=params)

@@ -142,8 +142,17 @@ def placement(box: np.ndarray, h: int, w: int) -> tuple[bool, bool]:
     top, bottom = ys.min() <= band * h, ys.max() >= (1 - band) * h
     left, right = xs.min() <= band * w, xs.max() >= (1 - band) * w
     corner = small and (top or bottom) and (left or right or (bottom and abs(cx - 0.5) < 0.15))
-    centred = abs(cx - 0.5) < 0.12 and abs(cy - 0.5) < 0.12
+    # centred: the box's centre near the image's, or the box across the image's centre (a box on part of
+    # a large centred word, e.g. 'Dreams' of 'Dreamstock', sits off centre)
+    centred = (abs(cx - 0.5) < 0.12 and abs(cy - 0.5) < 0.12) or _covers(box, 0.5 * w, 0.5 * h)
     return bool(corner), bool(centred)
+
+
+def _covers(box: np.ndarray, x: float, y: float) -> bool:
+    """The 4x2 box's polygon holds the point (x, y)."""
+    import cv2
+
+    return cv2.pointPolygonTest(np.asarray(box, np.float32).reshape(-1, 1, 2), (float(x), float(y)), False) >= 0
 
 
 def evidence(gray: np.ndarray, boxes: list[np.ndarray], strings: list[str], rec_scores: list[float],

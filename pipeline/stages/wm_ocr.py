@@ -3,10 +3,19 @@
 Per batch: each image is draft-decoded (longer side <= watermark.max_side); its boxes come from the
 text stage's `text_det_boxes` when the text stage saw the sample (one detection pass serves both
 stages), else from this stage's own detection. The boxes that can be text (det score, size) are
-recognised in one call across the batch, at most `watermark.max_boxes` per image (boxes in a corner
-band or centred first, then largest first; boxes down to `watermark.min_det_score`, below the text
-stage's 0.5: pipeline/stages/ocr.py keeps weak boxes for this rule),
-then scored by pipeline/stages/wm_evidence.py.
+recognised, at most `watermark.max_boxes` per image (boxes in a corner band or centred first, then
+largest first; boxes down to `watermark.min_det_score`, below the text stage's 0.5:
+pipeline/stages/ocr.py keeps weak boxes for this rule; boxes the text stage read are not read again),
+and scored by pipeline/stages/wm_evidence.py.
+
+With `watermark.recognize: needed` (default) the boxes are read in rounds: each round, every image
+still open offers its next ROUND_BOXES unread boxes in that order, one recognition call reads the
+offers of the whole batch, and an image closes once its score passes the cut or its boxes are all
+read. So an image ends with the score of all its boxes unless it passed the cut earlier; the rows
+rejected are then a superset of `recognize: all`'s, and the stored evidence of a row closed early is
+that of the boxes read so far (still above the cut: a lower cut re-cuts it the same way; `humanset
+calibrate` sweeps above the cut want `recognize: all`). Crops are recognised one at a time at their
+own width (REC_MIN_WIDTH, REC_BATCH: no padding to the batch's widest or to 320 px).
 
 With `watermark.corner_read: true` the images still at or below the cut (watermark.max_score) are read
 once more, without boxes: the five corner crops (wm_evidence.corner_crops) in one recognition call
@@ -31,6 +40,11 @@ log = logging.getLogger(__name__)
 COLUMNS = ("watermark_score", "watermark_opacity", "watermark_repeat", "watermark_placement",
            "watermark_mark_text", "watermark_center_word", "watermark_corner_text", "watermark_n_boxes",
            "watermark_strings", "watermark_error")
+# recognition one crop at a time at its own width: rapidocr pads every crop of a batch to the batch's
+# widest and to at least 320 px (at height 48), and 96 % of the boxes this stage reads are narrower;
+# unpadded, the same reads cost ~0.6x (docs/watermark.md: Speed)
+REC_MIN_WIDTH, REC_BATCH = 48, 1
+ROUND_BOXES = 1  # recognize: needed reads this many more boxes of each image per round (docs/watermark.md)
 SHARED = ("text_det_boxes", "text_det_scores", "text_det_strings", "text_det_rec_scores")  # from the text stage
 
 
@@ -41,10 +55,13 @@ class OcrWatermark:
         self.min_rec_score = float(cfg.get("min_rec_score", DEFAULTS.watermark.min_rec_score))
         self.max_boxes = int(cfg.get("max_boxes", DEFAULTS.watermark.max_boxes))
         self.corner_read = bool(cfg.get("corner_read", DEFAULTS.watermark.corner_read))
+        self.recognize = str(cfg.get("recognize", DEFAULTS.watermark.recognize))
+        self.round_boxes = ROUND_BOXES
         self.cut = float(WATERMARK.threshold(cfg))
-        self.ocr = OCR(self.max_side, threads, "watermark")
+        self.ocr = OCR(self.max_side, threads, "watermark", rec_min_width=REC_MIN_WIDTH, rec_batch=REC_BATCH)
         self.own_detections = 0  # images this stage detected itself (the text stage had not)
         self.corner_reads = 0  # images whose corner crops were read (watermark.corner_read)
+        self.boxes_read = 0  # picked boxes whose reads the evidence rests on (the text stage's reads included)
 
     def _boxes(self, bgr: np.ndarray, scale: float, shared: list):
         """(boxes, det scores, [(string, rec score) or None per box]): the text stage's where it saw the
@@ -60,10 +77,14 @@ class OcrWatermark:
 
     def _candidates(self, boxes, scores, h: int, w: int) -> list[int]:
         """Boxes worth reading: confident, at least 6 px high, not a texture box over half the image."""
+        import cv2
+
         keep = []
         for k, (b, s) in enumerate(zip(boxes, scores)):
             bw, bh = float(np.ptp(b[:, 0])), float(np.ptp(b[:, 1]))
-            if s is not None and s >= self.min_det_score and min(bw, bh) >= 6 and bw * bh <= 0.5 * h * w:
+            # the polygon's own area: a large word at 25 degrees spans more than half the image's bounding box
+            area = abs(float(cv2.contourArea(np.asarray(b, np.float32).reshape(-1, 2))))
+            if s is not None and s >= self.min_det_score and min(bw, bh) >= 6 and area <= 0.5 * h * w:
                 keep.append(k)
         # where marks sit (corner bands, the centre) first, then largest first: a photographer's small
         # corner line must not lose its place to a bus's large ads
@@ -77,10 +98,7 @@ class OcrWatermark:
         n = len(batch["image"])
         out: dict[str, list] = {c: [None] * n for c in COLUMNS}
         shared = [batch.get(c) or [None] * n for c in SHARED]
-        images: dict[int, tuple] = {}  # row -> (gray, boxes to read)
-        texts: dict[int, list] = {}  # row -> (string, rec score) per picked box, None until read
-        crops: list[np.ndarray] = []
-        owner: list[tuple[int, int]] = []  # (row, index among its picked boxes) of each crop
+        todo: dict[int, dict] = {}  # row -> its gray image, BGR, picked boxes, (string, rec score) or None per box
         pixels: dict[int, object] = {}  # row -> decoded BGR (or its bytes, not decoded yet): corner_read
         for i, data in enumerate(batch["image"]):
             if shared[0][i] is not None and len(shared[0][i]) == 0:  # the text stage saw no text: nothing to decode
@@ -105,36 +123,61 @@ class OcrWatermark:
                 continue
             h, w = rgb.shape[:2]
             ks = self._candidates(boxes, scores, h, w)
-            images[i] = (cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY), [boxes[k] for k in ks])
-            texts[i] = [read[k] for k in ks]
-            for j, k in enumerate(ks):
-                if read[k] is None:  # not read by the text stage
-                    crops.append(crop_box(bgr, boxes[k]))
-                    owner.append((i, j))
-        try:
-            for (i, j), got in zip(owner, zip(*self.ocr.recognize(crops))) if crops else ():
-                texts[i][j] = got
-        except Exception as e:  # a crop that breaks recognition costs only its own image
-            log.warning("watermark: recognition of %d crops failed (%s); retrying image by image", len(crops), e)
-            for i in images:
-                mine = [(o, c) for o, c in zip(owner, crops) if o[0] == i]
-                try:
-                    for ((_, j), _), got in zip(mine, zip(*self.ocr.recognize([c for _, c in mine]))):
-                        texts[i][j] = got
-                except Exception as e1:
-                    out["watermark_error"][i] = f"inference: {e1}"
-        for i, (gray, picked) in images.items():
-            if out["watermark_error"][i] is not None or any(t is None for t in texts[i]):
-                out["watermark_error"][i] = out["watermark_error"][i] or "inference: recognition returned too few results"
-                continue
-            strings = [t for t, _ in texts[i]]
-            ev = wm_evidence.evidence(gray, picked, strings, [s for _, s in texts[i]], self.min_rec_score)
-            for c in COLUMNS[1:-1]:
-                out[c][i] = ev.get(c)
-            out["watermark_score"][i] = wm_evidence.score(ev)
+            todo[i] = {"gray": cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY), "bgr": bgr, "boxes": [boxes[k] for k in ks],
+                       "texts": [read[k] for k in ks]}  # the text stage's reads are reused, not read again
+        # reading in rounds (recognize: needed): each image offers its next unread boxes in priority order, one
+        # recognition call reads the offers of all images, and an image stops once its score passes the cut
+        # (reading more can only matter for the rows at or below it); recognize: all reads every box at once
+        per_round = self.max_boxes if self.recognize == "all" else self.round_boxes
+        while todo:
+            offers = []  # (row, index among its picked boxes)
+            for i, t in todo.items():
+                offers += [(i, j) for j, x in enumerate(t["texts"]) if x is None][:per_round]
+            self._read(todo, offers, out)
+            for i in list(todo):
+                t = todo[i]
+                if out["watermark_error"][i] is not None:
+                    del todo[i]
+                    continue
+                known = [j for j, x in enumerate(t["texts"]) if x is not None]
+                ev = wm_evidence.evidence(t["gray"], [t["boxes"][j] for j in known], [t["texts"][j][0] for j in known],
+                                          [t["texts"][j][1] for j in known], self.min_rec_score)
+                sc = wm_evidence.score(ev)
+                if len(known) == len(t["texts"]) or sc > self.cut:
+                    for c in COLUMNS[1:-1]:
+                        out[c][i] = ev.get(c)
+                    out["watermark_score"][i] = sc
+                    self.boxes_read += len(known)
+                    del todo[i]
         if self.corner_read:
             self._read_corners(out, pixels)
         return out
+
+    def _read(self, todo: dict[int, dict], offers: list[tuple[int, int]], out: dict[str, list]) -> None:
+        """Recognise the offered boxes in one call across the batch; a crop that breaks recognition costs only
+        its own image (the call is retried image by image)."""
+        if not offers:
+            return
+        crops = [crop_box(todo[i]["bgr"], todo[i]["boxes"][j]) for i, j in offers]
+        try:
+            got = list(zip(*self.ocr.recognize(crops)))
+            if len(got) != len(crops):
+                raise RuntimeError(f"recognition returned {len(got)} results for {len(crops)} crops")
+            for (i, j), g in zip(offers, got):
+                todo[i]["texts"][j] = g
+            return
+        except Exception as e:
+            log.warning("watermark: recognition of %d crops failed (%s); retrying image by image", len(crops), e)
+        for i in dict.fromkeys(i for i, _ in offers):
+            mine = [(o, c) for o, c in zip(offers, crops) if o[0] == i]
+            try:
+                got = list(zip(*self.ocr.recognize([c for _, c in mine])))
+                if len(got) != len(mine):
+                    raise RuntimeError("recognition returned too few results")
+                for ((_, j), _), g in zip(mine, got):
+                    todo[i]["texts"][j] = g
+            except Exception as e1:
+                out["watermark_error"][i] = f"inference: {e1}"
 
     def _read_corners(self, out: dict[str, list], pixels: dict[int, object]) -> None:
         """watermark_corner_text for the rows still at or below the cut: their five corner crops, read

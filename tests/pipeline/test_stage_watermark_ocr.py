@@ -87,6 +87,86 @@ def test_one_detection_pass_serves_both_stages(scored, stages):
     assert stage.reject(_table(shared, len(names))) == stage.reject(_table(own, len(names)))
 
 
+def test_reading_in_rounds_stops_past_the_cut_with_the_same_verdicts(scored, stages):
+    """recognize: needed reads fewer boxes than recognize: all, rejects the same rows (a superset in
+    general), and a row it keeps has exactly all's evidence (it read every box of it)."""
+    names, t, shared, _, _, _ = scored
+    wm = stages[1]
+    full = WatermarkStage({**default_config()["watermark"], "recognize": "all"})
+    full.setup()
+    images = {**{k: p.read_bytes() for k, p in {**SCENE_TEXT, **CLEAN}.items()}, **_marked()}
+    batch = {"image": [images[n] for n in names], **{c: t[c] for c in SHARED}}
+    r0, f0 = wm.ocr.ocr.rec_crops, full.ocr.ocr.rec_crops
+    needed, every = wm.measure(batch), full.measure(batch)
+    assert wm.ocr.ocr.rec_crops - r0 < full.ocr.ocr.rec_crops - f0
+    rej_needed, rej_all = wm.reject(_table(needed, len(names))), full.reject(_table(every, len(names)))
+    assert rej_needed == rej_all
+    for k, n in enumerate(names):
+        if rej_all[k] is None:
+            assert needed["watermark_score"][k] == every["watermark_score"][k], n
+            assert needed["watermark_strings"][k] == every["watermark_strings"][k], n
+        else:
+            assert needed["watermark_n_boxes"][k] <= every["watermark_n_boxes"][k], n
+    assert every["watermark_repeat"][names.index("tiled")] >= 3  # all the tiles read
+    with pytest.raises(ConfigError, match="watermark.recognize"):
+        load_config(sets=["watermark.recognize=some"])
+
+
+def test_watermark_reads_do_not_depend_on_the_other_crops(stages):
+    """The watermark stage recognises each crop at its own width (no padding to a batch's widest or to
+    320 px): a crop reads the same alone as among others, so the reading rounds change no read."""
+    rng = np.random.default_rng(5)
+    crops = [np.ascontiguousarray(rng.integers(0, 255, (32, w, 3), dtype=np.uint8)) for w in (40, 300, 90)]
+    spec = marks.sample_spec(rng, "center", "tune", opacity=0.6)
+    word = np.asarray(marks.draw_mark(Image.new("RGB", (400, 200), (90, 90, 90)), spec))[..., ::-1]
+    crops.append(np.ascontiguousarray(word[60:140]))
+    ocr = stages[1].ocr.ocr
+    together = ocr.recognize(crops)
+    alone = [ocr.recognize([c]) for c in crops]
+    assert list(together[0]) == [a[0][0] for a in alone]
+    assert list(together[1]) == pytest.approx([a[1][0] for a in alone], abs=1e-6)
+
+
+def _rotated_centre_words() -> dict[str, bytes]:
+    """Tune-family centre words at 25 degrees: 'WATERMARK' over brick, whose box's bounding rectangle covers
+    more than half the image, and 'Dreamstock' over camera, read only in part ('Dreams') by a box off centre."""
+    fonts = {Path(f).name: f for f in marks.family_fonts("tune")}
+    need = ("DejaVuSansMono-BoldOblique.ttf", "DejaVuSans-BoldOblique.ttf")
+    if not all(n in fonts for n in need):
+        return {}
+    base = {"brick": SKIMAGE / "brick.png", "camera": SKIMAGE / "camera.png"}
+    out = {}
+    for name, photo, text, font, size, opacity, colour, shadow, q in (
+            ("wide", "brick", "WATERMARK", need[0], 0.17, 0.58, (0, 0, 0), True, 85),
+            ("part", "camera", "Dreamstock", need[1], 0.165, 0.35, (33, 187, 29), True, 76)):
+        spec = marks.MarkSpec(kind="center", text=text, font=fonts[font], size_rel=size, opacity=opacity,
+                              colour=colour, shadow=shadow, angle=25.0, corner="bl", jpeg_quality=q)
+        out[name] = marks.jpeg(marks.draw_mark(Image.open(base[photo]).convert("RGB"), spec), q)
+    return out
+
+
+def test_rotated_centre_words_are_read_and_rejected(stages):
+    """A box is a candidate by its polygon's area (not its bounding rectangle's), and a box across the
+    image's centre counts as centred: both rotated tune-family words are rejected."""
+    text, wm, _ = stages
+    words = _rotated_centre_words()
+    if not words:
+        pytest.skip("the DejaVu Sans (Mono) Bold Oblique fonts (fonts-dejavu) are not installed")
+    batch = {"image": list(words.values())}
+    t = text.measure(batch)
+    got = wm.measure({**batch, **{c: t[c] for c in SHARED}})
+    reasons = wm.reject(_table(got, len(words)))
+    for k, name in enumerate(words):
+        assert reasons[k] == "watermark>0.8", (name, got["watermark_score"][k], got["watermark_strings"][k])
+        assert got["watermark_center_word"][k] == 1.0, name
+    # the large rotated box: its bounding rectangle holds more than half the image, its polygon less
+    h, w = np.asarray(Image.open(io.BytesIO(words["wide"]))).shape[:2]
+    big = [np.asarray(b, np.float32).reshape(4, 2) for b in t["text_det_boxes"][0]]
+    assert any(np.ptp(b[:, 0]) * np.ptp(b[:, 1]) > 0.5 * h * w for b in big)
+    box = np.array([[0, 60], [200, 0], [220, 40], [20, 100]], np.float32)  # crosses the centre (110, 50)
+    assert wm_evidence.placement(box, 100, 220)[1] and not wm_evidence.placement(box * 0.3, 100, 220)[1]
+
+
 def test_a_sample_the_text_stage_did_not_see_is_detected_again(stages):
     _, wm, _ = stages
     before = wm.ocr.ocr.det_calls
@@ -105,8 +185,9 @@ def test_marks_are_rejected_scene_text_and_clean_photos_are_not(scored, stages):
     for n in ("tiled", "corner", "center", "demo"):
         assert reasons[n] == "watermark>0.8", (n, score[n], shared["watermark_strings"][names.index(n)])
     assert min(score[n] for n in ("tiled", "corner", "center", "demo")) > max(score[n] for n in (*SCENE_TEXT, *CLEAN))
-    # the evidence columns say why: the tiled mark repeats, the demo's "(c) stockphoto" reads as a mark
-    assert shared["watermark_repeat"][names.index("tiled")] >= 3
+    # the evidence columns say why: the tiled mark repeats (reading stops once past the cut, so with
+    # recognize: needed its count is of the boxes read so far), the demo's "(c) stockphoto" reads as a mark
+    assert shared["watermark_repeat"][names.index("tiled")] >= 2
     assert shared["watermark_mark_text"][names.index("demo")] == 1.0
     assert shared["watermark_opacity"][names.index("bus")] > shared["watermark_opacity"][names.index("tiled")]
 
