@@ -98,10 +98,12 @@ def route(store, folder: str, w: int, dest, columns: list[str]) -> int:
     return len(units)
 
 
-def fold(fn, args, limit: int, retries: int = 0, add=operator.add, total=0, done=None):
+def fold(fn, args, limit: int, retries: int = 0, add=operator.add, total=0, done=None, memory: int = 0,
+         fix: str = ""):
     """fn(*a) for every a of the iterable `args` (streamed: the caller's windows are never listed),
     their results folded into `total` with `add`: Ray tasks, at most `limit` in flight, when Ray is
-    initialised, else one after another in this process. done(result) after each, e.g. a bar."""
+    initialised, else one after another in this process. done(result) after each, e.g. a bar.
+    memory: the bytes each task declares to Ray (0: none), refused with `fix` when no node has them."""
     import sys
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
@@ -111,7 +113,14 @@ def fold(fn, args, limit: int, retries: int = 0, add=operator.add, total=0, done
             if done:
                 done(got)
         return total
-    task = ray.remote(num_cpus=1, max_retries=retries)(fn)
+    opts = {"num_cpus": 1, "max_retries": retries}
+    if memory:
+        node = max((n["Resources"].get("memory", 0) for n in ray.nodes() if n.get("Alive")), default=0)
+        if node and memory > node:
+            raise RuntimeError(f"a {fn.__name__} task needs {memory / 2**30:.1f} GiB, more than any node has "
+                               f"({node / 2**30:.1f} GiB); {fix or 'use nodes with more memory'}")
+        opts["memory"] = int(memory)
+    task = ray.remote(**opts)(fn)
     pending: list = []
 
     def take(n_left: int) -> None:

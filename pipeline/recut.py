@@ -31,6 +31,7 @@ from .engine import library_versions, funnel_from_counts
 from .fallback_rounds import fold
 from .run_cleanup import SCRATCH, remove_scratch, remove_tree
 from .recut_units import SelectError, unscored as _unscored  # noqa: F401 (the names select had)
+from .dedup_parts import TASK_BASE_BYTES
 from .settings import DEFAULTS
 from .unit_io import now
 from .stages import REGISTRY
@@ -143,9 +144,13 @@ def _fallback_choice(run_p, dst: str, stages, cfg: dict, names: list[str], redo:
     members = step(U.map_members, args, {}, "clusters").get("members", 0)
     counts = {"promoted": 0, "unscored": 0, "lost": 0}
     if members:
+        # each partition and window holds ~1 / groups of the members: declared, so Ray never packs
+        # more of them on a node than fit
+        mem = TASK_BASE_BYTES + U.MEMBER_BYTES * U.SKEW * math.ceil(members / groups)
+        fix = "lower engine.window_units (more, smaller partitions)"
         counts = _unwrapped(fold, U.recut_partition, ((dst, p, n_fb, groups) for p in range(groups)), limit, retries, _add,
-                            counts)
-        _unwrapped(fold, U.route_choices, ((dst, g) for g in range(groups)), limit, retries, _add, 0)
+                            counts, None, mem, fix)
+        _unwrapped(fold, U.route_choices, ((dst, g) for g in range(groups)), limit, retries, _add, 0, None, mem, fix)
     if counts["promoted"] or counts["unscored"]:
         log.info("select: %d clusters keep another member than the run did; %d stop at a member the run "
                  "never scored (rerun `humanset curate` to score it)", counts["promoted"], counts["unscored"])

@@ -36,6 +36,9 @@ from .stages import build_stages
 from .unit_io import now, run_store, with_dup_scored, write_curated
 
 SELECT_DIR = "work/select"
+# a recut or route task's peak per cluster member it holds (member records as dicts and the choices;
+# tracemalloc, 100k members, docs/dedup.md "Select"), and the skew of a hash partition allowed for
+MEMBER_BYTES, SKEW = 1200, 2
 MEMBER = pa.schema([("key", pa.string()), ("rank", pa.int32()), ("sample_id", pa.string()), ("sha256", pa.string()),
                     ("scored", pa.bool_()), ("passes", pa.bool_()), ("kept", pa.bool_()), ("unit", pa.string()),
                     ("win", pa.int64())])

@@ -173,3 +173,12 @@ def test_a_select_into_an_interrupted_output_mixes_in_none_of_its_files(fb_run, 
     assert _catalog(out).equals(_catalog(tmp_path / "clean"))
     assert again["fallbacks"] == clean["fallbacks"]
     assert _filled(out / "work/select/x") == {0}
+
+
+def test_fold_declares_memory_and_refuses_a_task_no_node_can_hold(ray_local):
+    """select's recut and route tasks declare memory= (pipeline/recut._fallback_choice); one larger
+    than every node is refused with the setting to change, never left pending."""
+    from pipeline.fallback_rounds import fold
+    assert fold(lambda x: 2 * x, [(1,), (2,), (3,)], 2, memory=64 << 20) == 12
+    with pytest.raises(RuntimeError, match="lower engine.window_units"):
+        fold(lambda x: x, [(1,)], 1, memory=1 << 50, fix="lower engine.window_units")
