@@ -5,16 +5,24 @@ Trained ONLY on generated tune-family marks (pipeline/marks.py: tune photos, Dej
 strings) over the tune photos plus other shipped backgrounds that are not eval photos (scikit-learn's
 china and flower; scikit-image's text, page and moon). Seeded, so a rerun gives the same weights on
 the same torch build. The image is resized to SIZE x SIZE (RGB); five 3x3 convolutions (four of
-stride 2) give a 16 x 16 map of 32 features, i.e. one cell per tile of 16 px; its mean and max go
-to a linear layer -> a logit, so the score is driven by the most mark-like tiles.
+stride 2, batch norm, ReLU) give a 16 x 16 map of 32 features, one cell per tile of 16 px; a 1 x 1
+convolution gives each tile a logit. It is taught per tile (BCE; a tile is marked where the mark's
+pixels, marks.mark_mask, cover >= 5 % of it), and an image's tile score is the mean probability of
+its 3 most mark-like tiles. 24,801 parameters (~110 KB as a state dict).
 
 The evaluation combines the tile score as its own noisy-OR term with the OCR rule's stored evidence
-(the rows `bench/watermark.py --rows` writes): score = 1 - (1 - ocr_score) * (1 - W * tile), W and
-the tile's calibration chosen on the tune family's bench set (seed 1, which the training, seeds 1000+,
-never drew), then measured once on the eval family.
+(the rows `bench/watermark.py --rows` writes): score = 1 - (1 - ocr_score) * (1 - W * tile), W
+chosen on the tune family's bench set (seed 1, which the training, seeds 1000+, never drew) as the
+largest recall with <= 5 % of clean photos rejected, then measured once on the eval family.
 
-usage: python bench/wm_tile.py --tune-rows T.jsonl [--eval-rows E.jsonl] [--n-train 2400] [--epochs 8]
-                               [--save FILE.npz]
+usage: python bench/wm_tile.py [--tune-rows T.jsonl] [--eval-rows E.jsonl] [--n-train 2000] [--epochs 12]
+                               [--cache FILE.npz] [--save FILE.pt | --load FILE.pt]
+  (T, E: `python bench/watermark.py --family tune|eval --no-own --rows T|E.jsonl`)
+
+Result (2026-12-01, docs/watermark.md "Tile classifier (tried)"): tile ROC AUC 0.78 on the tune bench
+set but 0.54 on eval, where it scores nearly every photo, clean or marked, near 1; at the W chosen on
+tune (0.8) eval recall at opacity >= 0.2 rose 0.43 -> 0.73 only by rejecting 8 of 60 clean photos and
+8 of 22 scene-text photos. Not wired in.
 """
 from __future__ import annotations
 
@@ -179,6 +187,7 @@ def figures(rows, ocr, tile, w, cut=0.8) -> dict:
     hi = (lab == 1) & (op >= 0.2)
     out = {"w": w, "recall_opacity_ge_0.2": round(float(f[hi].mean()), 3),
            "clean_rejected": f"{int(f[lab == 0].sum())}/{int((lab == 0).sum())}",
+           "clean_rejected_frac": round(float(f[lab == 0].mean()), 4),
            "scene_text_rejected": f"{int(f[scene].sum())}/{int(scene.sum())}",
            "by_kind": {k: round(float(f[hi & np.array([r['kind'] == k for r in rows])].mean()), 3) for k in marks.KINDS}}
     return out
@@ -203,8 +212,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tune-rows", default=None)
     ap.add_argument("--eval-rows", default=None)
-    ap.add_argument("--n-train", type=int, default=2400)
-    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--n-train", type=int, default=2000)
+    ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--save", default=None)
     ap.add_argument("--load", default=None)
     ap.add_argument("--cache", default=None, help="keep the generated training set in this .npz (reruns skip drawing)")
@@ -213,7 +222,8 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(2)
     res = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "load_avg": [round(x, 2) for x in os.getloadavg()],
-           "size": SIZE, "n_train": a.n_train, "epochs": a.epochs}
+           "size": SIZE, "n_train": None if a.load else a.n_train, "epochs": None if a.load else a.epochs,
+           "weights": a.load}
     if a.load:
         net = build_net()
         net.load_state_dict(torch.load(a.load, weights_only=True))
@@ -249,8 +259,9 @@ def main(argv=None) -> int:
              "scene_tile": [round(float(t), 3) for t, r in zip(tile, rows) if r["label"] == 0 and r["photo"] in marks.SCENE_TEXT][:22],
              "ocr_only": figures(rows, ocr, tile, 0.0),
              "combined": [figures(rows, ocr, tile, w) for w in WS]}
-        if fam == "tune":  # W: the largest tune recall with no tune clean photo rejected (ties: the smaller W)
-            ok = [c for c in d["combined"] if c["clean_rejected"].startswith("0/")]
+        if fam == "tune":  # W: the largest tune recall with <= 5 % of tune clean photos rejected (the issue's
+            # bound; ties: the smaller W), fixed before the eval family is scored
+            ok = [c for c in d["combined"] if c["clean_rejected_frac"] <= 0.05]
             res["chosen_w"] = max(ok, key=lambda c: (c["recall_opacity_ge_0.2"], -c["w"]))["w"] if ok else 0.0
         d["at_chosen_w"] = figures(rows, ocr, tile, res.get("chosen_w", 0.0))
         res[fam] = d
