@@ -43,7 +43,7 @@ _ROUTED = pa.schema([("sample_id", pa.string()), ("unit", pa.string()), ("win", 
                      ("dup_kind", pa.string())])
 
 
-def _part(key: str, parts: int) -> int:
+def key_partition(key: str, parts: int) -> int:
     return int(key[:12], 16) % parts if parts > 1 else 0  # sample ids are blake2b hex digests
 
 
@@ -64,7 +64,7 @@ def map_files(store, folder: str) -> list[str]:
 def write_by_key(store, folder: str, name: str, recs: list[dict], schema: pa.Schema, parts: int) -> None:
     """Map side: recs into ONE file FOLDER/{name}.parquet whose row group p holds hash partition p
     of their cluster key."""
-    part = np.array([_part(rec["key"], parts) for rec in recs], np.int64)
+    part = np.array([key_partition(rec["key"], parts) for rec in recs], np.int64)
     write_row_groups(store.uri_of(folder), f"{name}.parquet", pa.Table.from_pylist(recs, schema=schema), part, parts)
 
 

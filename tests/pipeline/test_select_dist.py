@@ -74,7 +74,7 @@ def test_partitioned_reclustering_equals_in_process_and_a_fresh_curate(run, fres
     assert len(list((tmp_path / "part/work/dedup").glob("*.parquet"))) == units
     # the choices came back one file per unit holding cluster members, from several partitions (one
     # partition without SMALL)
-    assert len(_filled(tmp_path / "part/work/select/x")) > 1
+    assert _groups(tmp_path / "part/work/select/x") == {4} and _filled(tmp_path / "part/work/select/x")
     assert list((tmp_path / "part/work/select/choice").glob("*.parquet"))
     # without engine.keep_work the selection's scratch is gone, its verdicts stay (pipeline/run_cleanup.py)
     assert not (tmp_path / "one/work/select").exists() and not (tmp_path / "one/work/dedup/pairs").exists()
@@ -95,7 +95,7 @@ def test_without_ray_every_step_runs_in_process_with_the_same_catalog(run, fresh
     import ray
     monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as `humanset select` without a cluster
     select(str(run), str(tmp_path / "local"), NEW + PARTITIONED + SMALL + KEEP, progress=False)
-    assert len(_filled(tmp_path / "local/work/select/x")) > 1
+    assert _groups(tmp_path / "local/work/select/x") == {4} and _filled(tmp_path / "local/work/select/x")
     assert json.loads((tmp_path / "local/work/dedup/_done.json").read_text())["nodes"] == 0
     assert _catalog(tmp_path / "local").equals(_catalog(fresh))
     # shards hold exactly the kept samples' bytes
@@ -116,6 +116,12 @@ def _filled(folder) -> set[int]:
     import pyarrow.parquet as pq
     return {q for f in folder.glob("*.parquet") for q in range(pq.ParquetFile(f).num_row_groups)
             if pq.ParquetFile(f).metadata.row_group(q).num_rows}
+
+
+def _groups(folder) -> set[int]:
+    """The row-group (partition) counts of the exchange files in folder."""
+    import pyarrow.parquet as pq
+    return {pq.ParquetFile(f).num_row_groups for f in folder.glob("*.parquet")}
 
 
 @pytest.fixture(scope="module")
@@ -141,9 +147,14 @@ def test_fallback_choice_through_partitions_equals_one_partition(fb_run, tmp_pat
                  progress=False)
     assert json.loads((tmp_path / "six/work/dedup/_done.json").read_text())["components"] == "distributed"
     assert _filled(tmp_path / "one/work/select/x") == {0}
-    assert len(_filled(tmp_path / "six/work/select/x")) > 1  # the clusters' keys hash apart
     assert len(list((tmp_path / "six/work/select/choice").glob("*.parquet"))) == 5  # coffee is alone
     rows = {Path(r["source_uri"]).stem: r for r in _catalog(tmp_path / "six").to_pylist()}
+    # six partitions (a row group each in every map file), each cluster's members in its key's
+    # partition (the canonicals' sample ids, which depend on the crawl's paths: they may share one)
+    from pipeline.fallback_rounds import key_partition
+    assert _groups(tmp_path / "six/work/select/x") == {6}
+    keys = {rows["astro_cap900"]["sample_id"], rows["cat_cap900"]["sample_id"]}
+    assert _filled(tmp_path / "six/work/select/x") == {key_partition(k, 6) for k in keys}
     assert {k for k, r in rows.items() if r["keep"]} == {"astro_cap900", "cat_cap900", "coffee"}
     assert rows["astro_clean"]["dup_of"] == rows["astro_cap900"]["sample_id"]
     assert rows["astro_clean"]["reject_reason"] == "dedup:near_duplicate" and not rows["astro_clean"]["dup_scored"]
