@@ -22,10 +22,27 @@ def default_config() -> dict:
     return loader.defaults_of(CurateSettings)
 
 
+def _fill(given: dict, defaults: dict) -> dict:
+    """`given` with the keys it lacks taken from `defaults`, at every depth."""
+    out = dict(given)
+    for k, v in defaults.items():
+        if k not in out:
+            out[k] = v
+        elif isinstance(v, dict) and isinstance(out[k], dict):
+            out[k] = _fill(out[k], v)
+    return out
+
+
+def with_defaults(cfg):
+    """A whole config completed with the defaults: a manifest written before a setting existed reads as
+    the config that reproduces it (resume compares this to the new run's). Not a dict: as it is."""
+    return _fill(cfg, default_config()) if isinstance(cfg, dict) else cfg
+
+
 def section(cfg: dict | None, name: str) -> dict:
     """Section `name` of a whole config, completed with its defaults: code given a partial config (tests,
     an old manifest) reads every key, the missing ones from the dataclass, never from a fallback in code."""
-    return {**default_config()[name], **((cfg or {}).get(name) or {})}
+    return _fill((cfg or {}).get(name) or {}, default_config()[name])
 
 
 def validate(cfg: dict) -> dict:
@@ -41,4 +58,4 @@ def load_config(path: str | Path | None = None, sets: list[str] | None = None) -
     return loader.load(default_config(), path, sets, CHECKS)
 
 
-__all__ = ["CHECKS", "ConfigError", "apply_sets", "default_config", "load_config", "section", "validate"]
+__all__ = ["CHECKS", "ConfigError", "apply_sets", "default_config", "load_config", "section", "validate", "with_defaults"]

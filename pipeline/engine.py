@@ -47,7 +47,7 @@ from . import console
 from . import dedup as dedup_mod, dedup_dist, fallback, fallback_rounds, run_cleanup
 from .adapter import apply_stage, run_on_unit, run_stage  # noqa: F401 (engine's API)
 from .columns import unit_meta, with_meta  # noqa: F401 (engine's API)
-from .config import load_config, section
+from .config import load_config, section, with_defaults
 from .settings import DEFAULTS
 from .errors import EnvironmentFault, RunError, environment_fault
 from .blocks import measure_block, retries_of, score_ds, unit_blocks, units_ds
@@ -217,30 +217,12 @@ def check_stages(cfg: dict) -> None:
                        "or [decode,size,dedup,person])")
 
 
-def with_new_defaults(old: dict | None, cfg: dict) -> dict | None:
-    """An older manifest's config with the settings added since (keys it lacks) at their defaults, so a
-    run written before a new setting resumes under the default that reproduces it."""
-    if not isinstance(old, dict):
-        return old
-    from .config import default_config
-
-    def fill(o: dict, d: dict) -> dict:
-        out = dict(o)
-        for k, v in d.items():
-            if k not in out:
-                out[k] = v
-            elif isinstance(v, dict) and isinstance(out[k], dict):
-                out[k] = fill(out[k], v)
-        return out
-    return fill(old, default_config())
-
-
 def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress: bool, held=None) -> dict:
     store = run_store(run)
     manifest = {"config": cfg, "inputs": [str(i) for i in inputs], "score_all": score_all}
     if store.exists("manifest.json"):
         old = store.read_json("manifest.json")
-        if with_new_defaults(old.get("config"), cfg) != cfg or old.get("inputs") != manifest["inputs"] or old.get("score_all") != score_all:
+        if with_defaults(old.get("config")) != cfg or old.get("inputs") != manifest["inputs"] or old.get("score_all") != score_all:
             raise RunError(f"{run}: holds a run with other inputs or config; resume it with the same "
                            "command, or pass a new --output")
         manifest["started"] = old.get("started")

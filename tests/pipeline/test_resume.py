@@ -78,10 +78,10 @@ def test_a_manifest_from_before_a_new_setting_still_resumes():
     """A run written before a setting existed resumes (the setting at its default reproduces it);
     a setting that differs still refuses the resume."""
     import copy
-    from pipeline.engine import with_new_defaults
+    from pipeline.config import with_defaults
     cfg = load_config(sets=["ray.num_cpus=2", "stages=[decode,size,dedup]"])
     old = copy.deepcopy(cfg)
     del old["engine"]["keep_work"]
-    assert old != cfg and with_new_defaults(old, cfg) == cfg
+    assert old != cfg and with_defaults(old) == cfg
     old["engine"]["window_units"] = cfg["engine"]["window_units"] + 1
-    assert with_new_defaults(old, cfg) != cfg
+    assert with_defaults(old) != cfg
