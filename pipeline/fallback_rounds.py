@@ -98,6 +98,19 @@ def route(store, folder: str, w: int, dest, columns: list[str]) -> int:
     return len(units)
 
 
+TASKS_PER_CPU = 4  # a driver's streamed Ray tasks in flight per CPU of the cluster: enough queued that no CPU
+# waits on the driver, few enough that the driver holds a bounded number of refs and arguments
+
+
+def tasks_in_flight() -> int:
+    """The `limit` of fold for this driver: TASKS_PER_CPU per CPU of the Ray cluster; without Ray, as
+    for one CPU (the tasks then run one after another in this process)."""
+    import sys
+    ray = sys.modules.get("ray")
+    cpus = ray.cluster_resources().get("CPU", 1) if ray is not None and ray.is_initialized() else 1
+    return max(1, int(TASKS_PER_CPU * cpus))
+
+
 def fold(fn, args, limit: int, retries: int = 0, add=operator.add, total=0, done=None, memory: int = 0,
          fix: str = ""):
     """fn(*a) for every a of the iterable `args` (streamed: the caller's windows are never listed),
@@ -193,12 +206,11 @@ def route_window(run: str, step: str, w: int) -> int:
 def exchange(run, step: str, window: int, retries: int, map_round: int | None) -> dict:
     """One exchange (module docstring): map round `map_round`'s files (0: the members; None: no map),
     reduce for `step` ('m' has no reduce), route. Returns its counts, from its marker when it ran."""
-    import ray
     store = run_store(run)
     marker = f"{fb.FALLBACK_DIR}/_{step}.json"
     if store.exists(marker):
         return store.read_json(marker)
-    limit = max(1, int(4 * ray.cluster_resources().get("CPU", 1)))
+    limit = tasks_in_flight()
     windows = None if step == "m" else store.read_json(f"{fb.FALLBACK_DIR}/_m.json")["windows"]
     if map_round is not None:
         have = NameSet((store, fb.scored_dir(map_round)), ".parquet") if map_round else None

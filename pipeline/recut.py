@@ -28,7 +28,7 @@ from . import console
 from . import recut_units as U
 from .config import apply_sets
 from .engine import library_versions, funnel_from_counts
-from .fallback_rounds import fold
+from .fallback_rounds import fold, tasks_in_flight
 from .run_cleanup import SCRATCH, remove_scratch, remove_tree
 from .recut_units import SelectError, unscored as _unscored  # noqa: F401 (the names select had)
 from .dedup_parts import TASK_BASE_BYTES
@@ -163,17 +163,12 @@ def _clear(store, folder: str) -> None:
 
 
 def _sizes(n_units: int, cfg: dict) -> tuple[int, int, int]:
-    """(units per task, tasks in flight, engine.window_units). 4 tasks per CPU in flight (Ray), each
+    """(units per task, tasks in flight, engine.window_units). fallback_rounds.tasks_in_flight, each
     with at most window_units / (tasks in flight) units, so the driver holds at most
     max(window_units, tasks in flight) unit ids; fewer per task when the run is small, so every CPU
     gets work."""
     window = int((cfg.get("engine") or {}).get("window_units") or DEFAULTS.engine.window_units)
-    cpus = 1
-    import sys
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    limit = 4 * cpus
+    limit = tasks_in_flight()
     return max(1, min(window // limit, math.ceil(n_units / limit))), limit, window
 
 
