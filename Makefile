@@ -16,11 +16,12 @@ $(STAMP): pyproject.toml scripts/install.sh $(wildcard deps/*.txt)
 demo: install
 	$(VENV)/bin/humanset demo --output runs/demo
 
-# lint first (rules in pyproject.toml), then the suite; a hung test must not hang CI: after 45 minutes
-# pytest is interrupted and reports what it ran
+# lint first (rules in pyproject.toml), then the suite; a hung test must not hang CI: after 52 minutes
+# pytest is interrupted and reports what it ran (the suite takes ~30 min on a quiet 2-core machine and
+# was measured at ~46 min on a slower one; CI allows 60 min for the install and the suite together)
 test: install
 	$(VENV)/bin/ruff check .
-	timeout --signal=INT --kill-after=60 2700 $(PY) -m pytest tests
+	timeout --signal=INT --kill-after=60 3120 $(PY) -m pytest tests
 
 bench: install
 	$(PY) bench/curate.py
