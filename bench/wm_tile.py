@@ -100,13 +100,13 @@ def make_train(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return X, y, M
 
 
-def build_net():
+def build_net(in_channels: int = 3):
     import torch.nn as nn
 
     class TileNet(nn.Module):
         def __init__(self):
             super().__init__()
-            ch = [3, 8, 16, 32, 32, 32]
+            ch = [in_channels, 8, 16, 32, 32, 32]
             layers = []
             for i in range(5):
                 layers += [nn.Conv2d(ch[i], ch[i + 1], 3, stride=2 if i < 4 else 1, padding=1),
@@ -162,16 +162,30 @@ def train(X, M, epochs: int, seed: int):
     return net
 
 
-def tile_scores(net, images: list[bytes]) -> tuple[np.ndarray, float]:
-    """Sigmoid scores and CPU seconds per image (decode to SIZE + forward, one image at a time, 1 thread)."""
+def tile_scores(net, images: list[bytes], make_input=None, make_batch=None) -> tuple[np.ndarray, float]:
+    """Sigmoid scores and CPU seconds per image (decode to SIZE + forward, one image at a time, 1 thread);
+    make_input / make_batch: another input (bench/wm_tile2.py), else this file's to_input / prep."""
     import torch
 
+    make_input, make_batch = make_input or to_input, make_batch or prep
     out = []
     c0 = time.process_time()
     with torch.no_grad():
         for b in images:
-            out.append(float(image_score(net(prep(to_input(b)[None])))[0]))
+            out.append(float(image_score(net(make_batch(make_input(b)[None])))[0]))
     return np.array(out), (time.process_time() - c0) / max(1, len(images))
+
+
+def cached_arrays(path: str | None, names: tuple[str, ...], make) -> tuple:
+    """The arrays `names` from the .npz at `path` when it exists, else make()'s (saved there if a path is given)."""
+    cache = Path(path) if path else None
+    if cache and cache.is_file():
+        z = np.load(cache)
+        return tuple(z[n] for n in names)
+    arrays = make()
+    if cache:
+        np.savez(cache, **dict(zip(names, arrays)))
+    return arrays
 
 
 def load_rows(path: str) -> list[dict]:
@@ -229,14 +243,7 @@ def main(argv=None) -> int:
         net.load_state_dict(torch.load(a.load, weights_only=True))
     else:
         t0 = time.perf_counter()
-        cache = Path(a.cache) if a.cache else None
-        if cache and cache.is_file():
-            z = np.load(cache)
-            X, y, M = z["X"], z["y"], z["M"]
-        else:
-            X, y, M = make_train(a.n_train, TRAIN_SEED)
-            if cache:
-                np.savez(cache, X=X, y=y, M=M)
+        X, y, M = cached_arrays(a.cache, ("X", "y", "M"), lambda: make_train(a.n_train, TRAIN_SEED))
         res["gen_s"] = round(time.perf_counter() - t0, 1)
         t0 = time.perf_counter()
         net = train(X, M, a.epochs, TRAIN_SEED)

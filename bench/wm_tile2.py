@@ -219,24 +219,8 @@ def make_pairs(n: int, seed: int, plain: bool) -> tuple[np.ndarray, np.ndarray, 
 
 
 def build_net():
-    import torch.nn as nn
-
-    class TileNet(nn.Module):
-        def __init__(self):
-            super().__init__()
-            ch = [1, 8, 16, 32, 32, 32]
-            layers = []
-            for i in range(5):
-                layers += [nn.Conv2d(ch[i], ch[i + 1], 3, stride=2 if i < 4 else 1, padding=1),
-                           nn.BatchNorm2d(ch[i + 1]), nn.ReLU()]
-            self.body = nn.Sequential(*layers)
-            self.head = nn.Conv2d(32, 1, 1)
-
-        def forward(self, x):
-            """Per-tile logits, N x GRID x GRID."""
-            return self.head(self.body(x)).squeeze(1)
-
-    return TileNet()
+    """wm_tile.py's net on one grey channel."""
+    return wt.build_net(1)
 
 
 def prep(X: np.ndarray):
@@ -290,14 +274,7 @@ def train(X, M, op, epochs: int, seed: int, pair_loss: bool, topk_loss: bool = F
 
 def tile_scores(net, images: list[bytes]) -> tuple[np.ndarray, float]:
     """Scores and CPU seconds per image (decode to SIZE grey, high-pass, forward; one image at a time)."""
-    import torch
-
-    out = []
-    c0 = time.process_time()
-    with torch.no_grad():
-        for b in images:
-            out.append(float(wt.image_score(net(prep(to_input(b)[None])))[0]))
-    return np.array(out), (time.process_time() - c0) / max(1, len(images))
+    return wt.tile_scores(net, images, to_input, prep)
 
 
 def figures(rows, ocr, tile, w) -> dict:
@@ -346,14 +323,8 @@ def main(argv=None) -> int:
         net.load_state_dict(torch.load(a.load, weights_only=True))
     else:
         t0 = time.perf_counter()
-        cache = Path(a.cache) if a.cache else None
-        if cache and cache.is_file():
-            z = np.load(cache)
-            X, M, op = z["X"], z["M"], z["op"]
-        else:
-            X, M, op = make_pairs(a.n_pairs, TRAIN_SEED, a.plain_backgrounds)
-            if cache:
-                np.savez(cache, X=X, M=M, op=op)
+        X, M, op = wt.cached_arrays(a.cache, ("X", "M", "op"),
+                                    lambda: make_pairs(a.n_pairs, TRAIN_SEED, a.plain_backgrounds))
         X = np.stack([highpass(Image.fromarray(g)) for g in X]).astype(np.float16)
         res["gen_s"] = round(time.perf_counter() - t0, 1)
         print(f"drawn {len(op)} pairs in {res['gen_s']} s", file=sys.stderr, flush=True)
