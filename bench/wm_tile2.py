@@ -22,8 +22,14 @@ tile score (mean probability of its 3 most mark-like tiles), the noisy-OR term
 (seed 1; training draws seed 1000) as the largest recall with <= 5 % of clean photos rejected, then
 measured once on eval. Seeded; torch on one thread.
 
+Third try (`--dead-leaves F`, `--scene-text F`, `--hdris`): more backgrounds of a photo's edge
+statistics (dead-leaves images: opaque shapes of random colours, radii from a 1/r^3 density), the bpy
+wheel's eight world HDRIs, and opaque perspective scene text (a sign on a plate, a print) painted on
+the background before the pair is split, so both copies hold it.
+
 usage: python bench/wm_tile2.py [--tune-rows T.jsonl] [--eval-rows E.jsonl] [--n-pairs 1000] [--epochs 12]
                                 [--norm global|local] [--no-pair-loss] [--topk-loss] [--plain-backgrounds]
+                                [--dead-leaves F] [--scene-text F] [--hdris]
                                 [--cache FILE.npz] [--save FILE.pt | --load FILE.pt]
   (T, E: `python bench/watermark.py --family tune|eval --no-own --rows T|E.jsonl`; pass only
    --tune-rows while trying settings, --eval-rows once, with the weights chosen)
@@ -35,6 +41,12 @@ tune (A: pair loss; B: A + --topk-loss; C: B + --norm local), B was picked (tune
 tune recall 0.601 -> 0.652 at 3/60 clean). On eval, measured once: tile AUC 0.699 (first try 0.54),
 marked copies above clean ones on 7 of 8 photos, but at W 0.85 recall 0.427 -> 0.720 only with 15 of
 60 clean and 6 of 22 scene-text photos rejected. 7.0 ms per image (2.5 % of the text stage). Not taken.
+
+Third try (2026-12-02, docs/watermark.md "Tile classifier, third try"): of two settings scored on tune,
+D2 (`--topk-loss --dead-leaves 0.4 --scene-text 0.4 --hdris --n-pairs 2000`) was picked (tune AUC 0.767,
+W 1.0, tune recall 0.601 -> 0.709 at 2/60 clean). On eval, measured once: tile AUC 0.792, marked copies
+above clean ones on all 8 photos, but at W 1.0 recall 0.427 -> 0.793 only with 20 of 60 clean and 13 of
+22 scene-text photos rejected. Not taken.
 """
 from __future__ import annotations
 
@@ -48,7 +60,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageEnhance, ImageFilter, ImageOps
+from PIL import Image, ImageDraw, ImageEnhance, ImageFilter, ImageOps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -111,6 +123,81 @@ def smooth_field(rng: np.random.Generator) -> Image.Image:
     return im
 
 
+def dead_leaves(rng: np.random.Generator) -> Image.Image:
+    """A synthetic background with a photo's edge statistics: the dead-leaves model, opaque discs,
+    ellipses and boxes of random colours with radii drawn from a 1/r^3 density, painted over each
+    other (Baradad et al., NeurIPS 2021, train features on such images). Edges everywhere, no text."""
+    w, h = int(rng.integers(300, 520)), int(rng.integers(300, 520))
+    im = Image.new("RGB", (w, h), tuple(int(c) for c in rng.integers(0, 256, 3)))
+    d = ImageDraw.Draw(im)
+    rmin, rmax = 3.0, 0.4 * min(w, h)
+    for _ in range(int(rng.integers(300, 4000))):
+        u = float(rng.random())
+        r = (rmin ** -2 - u * (rmin ** -2 - rmax ** -2)) ** -0.5
+        x, y = float(rng.uniform(-r, w + r)), float(rng.uniform(-r, h + r))
+        col = tuple(int(c) for c in rng.integers(0, 256, 3))
+        e = float(rng.uniform(0.4, 1.0))
+        if rng.random() < 0.7:
+            d.ellipse([x - r, y - r * e, x + r, y + r * e], fill=col)
+        else:
+            d.rectangle([x - r, y - r * e, x + r, y + r * e], fill=col)
+    if rng.random() < 0.5:
+        im = im.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.3, 1.5))))
+    return im
+
+
+SCENE_WORDS = ("OPEN", "BUS 42", "CAFE", "EXIT", "SALE 50%", "Main St", "PIZZA", "Hotel", "No 7", "TAXI", "STOP",
+               "Bakery", "Line 12", "POLICE", "Metro", "KEEP LEFT", "Gate B", "ZOO", "Radio", "FRESH")
+
+
+def scene_text(im: Image.Image, rng: np.random.Generator) -> Image.Image:
+    """Opaque text that is part of the scene (a sign on a plate or a print on a surface), in perspective:
+    painted on the background before the pair is split, so both copies hold it (a hard negative)."""
+    import cv2
+
+    w, h = im.size
+    txt = SCENE_WORDS[int(rng.integers(len(SCENE_WORDS)))]
+    fonts = marks.family_fonts("tune")
+    fs = max(8, int(h * rng.uniform(0.04, 0.15)))
+    fnt = marks.font(fonts[int(rng.integers(len(fonts)))], fs)
+    tw, th = fnt.getbbox(txt)[2:]
+    pad = int(fs * 0.3)
+    layer = Image.new("RGBA", (tw + 2 * pad, th + 2 * pad), (0, 0, 0, 0))
+    d = ImageDraw.Draw(layer)
+    fg = tuple(int(c) for c in rng.integers(0, 256, 3))
+    if rng.random() < 0.6:  # a plate
+        bg = tuple(int(255 - c) for c in fg) if rng.random() < 0.7 else tuple(int(c) for c in rng.integers(0, 256, 3))
+        d.rectangle([0, 0, layer.size[0], layer.size[1]], fill=bg + (255,))
+    d.text((pad, pad), txt, font=fnt, fill=fg + (255,))
+    lw, lh = layer.size
+    src = np.float32([[0, 0], [lw, 0], [lw, lh], [0, lh]])
+    dst = src + rng.uniform(-0.2, 0.2, (4, 2)).astype(np.float32) * np.float32([lw, lh])
+    dst -= dst.min(0)
+    ww, hh = int(dst[:, 0].max()) + 1, int(dst[:, 1].max()) + 1
+    if ww >= w or hh >= h:
+        return im
+    warped = Image.fromarray(cv2.warpPerspective(np.asarray(layer), cv2.getPerspectiveTransform(src, dst), (ww, hh)))
+    out = im.copy()
+    out.paste(warped, (int(rng.integers(0, w - ww)), int(rng.integers(0, h - hh))), warped)
+    return out
+
+
+def hdri_backgrounds() -> dict[str, Image.Image]:
+    """The eight CC0 world HDRIs in the bpy wheel (1024 x 512 panoramas), tone-mapped to 8 bits."""
+    os.environ.setdefault("OPENCV_IO_ENABLE_OPENEXR", "1")  # OpenCV reads .exr only when this is set
+    import cv2
+
+    f = _pkg_file("bpy", "4.2/datafiles/studiolights/world/city.exr")
+    out = {}
+    for exr in sorted(f.parent.glob("*.exr")) if f is not None else ():
+        a = cv2.imread(str(exr), cv2.IMREAD_UNCHANGED)
+        if a is None:
+            continue
+        a = np.clip(a[:, :, ::-1] / (1.0 + a[:, :, ::-1]) * 1.6, 0, 1) ** (1 / 2.2)
+        out["h_" + exr.stem] = Image.fromarray((255 * a).astype(np.uint8))
+    return out
+
+
 def augment(im: Image.Image, rng: np.random.Generator) -> Image.Image:
     """Random crop (40-100 % per side), flips, rescale to a max side of 256-512, photometric jitter."""
     w, h = im.size
@@ -142,7 +229,15 @@ def augment(im: Image.Image, rng: np.random.Generator) -> Image.Image:
 
 
 def draw_background(base: dict[str, Image.Image], names: list[str], rng: np.random.Generator,
-                    plain: bool) -> Image.Image:
+                    plain: bool, leaves: float = 0.0, text: float = 0.0) -> Image.Image:
+    im = _draw_background(base, names, rng, plain, leaves)
+    return scene_text(im, rng) if text and rng.random() < text else im
+
+
+def _draw_background(base: dict[str, Image.Image], names: list[str], rng: np.random.Generator,
+                     plain: bool, leaves: float) -> Image.Image:
+    if leaves and rng.random() < leaves:
+        return augment(dead_leaves(rng), rng)
     if plain:  # wm_tile.py's draw: the photo or a clean_view of it
         im = base[names[int(rng.integers(0, len(names)))]]
         im = marks.clean_view(im, rng) if rng.random() < 0.7 else im
@@ -199,17 +294,19 @@ def tile_mask(size, spec) -> np.ndarray:
     return np.asarray(mask.resize((GRID, GRID), Image.BOX), np.float32) / 255.0
 
 
-def make_pairs(n: int, seed: int, plain: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def make_pairs(n: int, seed: int, plain: bool, leaves: float = 0.0, text: float = 0.0,
+               hdris: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """G: 2n grey SIZE x SIZE inputs (2i marked, 2i+1 its clean copy, same JPEG quality; highpass()
     makes the net's input), M: per-tile mark cover of each, op: each pair's mark opacity."""
     rng = np.random.default_rng(seed)
-    base = {**marks.family_photos("tune"), **(wt.extra_backgrounds() if plain else more_backgrounds())}
+    base = {**marks.family_photos("tune"), **(wt.extra_backgrounds() if plain else more_backgrounds()),
+            **(hdri_backgrounds() if hdris else {})}
     names = sorted(base)
     X = np.zeros((2 * n, SIZE, SIZE), np.uint8)
     M = np.zeros((2 * n, GRID, GRID), np.float32)
     op = np.zeros(n, np.float32)
     for i in range(n):
-        im = draw_background(base, names, rng, plain)
+        im = draw_background(base, names, rng, plain, leaves, text)
         spec = marks.sample_spec(rng, marks.KINDS[i % 3], "tune")
         X[2 * i] = np.asarray(to_grey(marks.jpeg(marks.draw_mark(im, spec), spec.jpeg_quality)))
         X[2 * i + 1] = np.asarray(to_grey(marks.jpeg(im, spec.jpeg_quality)))
@@ -305,6 +402,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-pair-loss", action="store_true")
     ap.add_argument("--topk-loss", action="store_true", help="also BCE on each copy's image score logit")
     ap.add_argument("--plain-backgrounds", action="store_true", help="wm_tile.py's backgrounds and draw")
+    ap.add_argument("--dead-leaves", type=float, default=0.0, metavar="F",
+                    help="draw this share of the backgrounds as dead-leaves images (third try)")
+    ap.add_argument("--scene-text", type=float, default=0.0, metavar="F",
+                    help="paint opaque perspective scene text on this share of the backgrounds, both copies")
+    ap.add_argument("--hdris", action="store_true", help="add the bpy wheel's eight world HDRIs to the backgrounds")
     ap.add_argument("--save", default=None)
     ap.add_argument("--load", default=None)
     ap.add_argument("--cache", default=None, help="keep the generated training set in this .npz")
@@ -317,14 +419,16 @@ def main(argv=None) -> int:
            "size": SIZE, "norm": a.norm, "blur": BLUR, "weights": a.load,
            "n_pairs": None if a.load else a.n_pairs, "epochs": None if a.load else a.epochs,
            "pair_loss": None if a.load else not a.no_pair_loss, "topk_loss": None if a.load else a.topk_loss,
-           "backgrounds": None if a.load else ("plain" if a.plain_backgrounds else "more")}
+           "backgrounds": None if a.load else ("plain" if a.plain_backgrounds else "more"),
+           "dead_leaves": a.dead_leaves, "scene_text": a.scene_text, "hdris": a.hdris}
     if a.load:
         net = build_net()
         net.load_state_dict(torch.load(a.load, weights_only=True))
     else:
         t0 = time.perf_counter()
         X, M, op = wt.cached_arrays(a.cache, ("X", "M", "op"),
-                                    lambda: make_pairs(a.n_pairs, TRAIN_SEED, a.plain_backgrounds))
+                                    lambda: make_pairs(a.n_pairs, TRAIN_SEED, a.plain_backgrounds,
+                                                               a.dead_leaves, a.scene_text, a.hdris))
         X = np.stack([highpass(Image.fromarray(g)) for g in X]).astype(np.float16)
         res["gen_s"] = round(time.perf_counter() - t0, 1)
         print(f"drawn {len(op)} pairs in {res['gen_s']} s", file=sys.stderr, flush=True)
