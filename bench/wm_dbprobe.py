@@ -62,10 +62,7 @@ class Features:
         from pipeline.stages.ocr import OCR
 
         self.ocr = OCR(960, 1, "probe")
-        self.det = rc.det_model(self.ocr.engine)
-        import rapidocr
-
-        path = sorted(Path(rapidocr.__file__).parent.glob("models/*det*.onnx"))[0]
+        path = rc.det_model_path(self.ocr.engine)
         m = onnx.load(str(path))
         for t in TAPS:
             m.graph.output.append(onnx.helper.make_empty_tensor_value_info(t))
@@ -76,9 +73,8 @@ class Features:
         self.inp = self.sess.get_inputs()[0].name
 
     def __call__(self, rgb: np.ndarray) -> np.ndarray:
-        eng = self.ocr.engine
-        img, _ = eng.preprocess_img(eng.load_img(np.ascontiguousarray(rgb[:, :, ::-1])))
-        outs = self.sess.run(None, {self.inp: self.det.get_preprocess()(img)})
+        pre = self.ocr.det_input(np.ascontiguousarray(rgb[:, :, ::-1]))[3]
+        outs = self.sess.run(None, {self.inp: pre})
         return np.concatenate([outs[1][0], outs[2][0]], 0)  # C x H/4 x W/4
 
 

@@ -16,6 +16,13 @@ def det_model(engine):
     return engine._load_det_model()
 
 
+def det_model_path(engine):
+    """The ONNX file the detector of a `RapidOCR` was loaded from (onnxruntime keeps it on the session)."""
+    from pathlib import Path
+
+    return Path(det_model(engine).session.session._model_path)
+
+
 def rec_model(engine):
     """The loaded PP-OCR recogniser of a `RapidOCR`: called with a `TextRecInput` of crops."""
     return engine._load_rec_model()

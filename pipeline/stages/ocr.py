@@ -63,10 +63,9 @@ class OCR:
         self.det_calls = self.rec_calls = self.rec_crops = 0
         log.info("%s: PP-OCR (rapidocr) det+rec, max side %d px, %d thread(s)", who, self.max_side, threads)
 
-    def detect(self, bgr: np.ndarray) -> tuple[list[np.ndarray], list[float], list[np.ndarray]]:
-        """PP-OCR detection as rapidocr runs it -> (4x2 boxes in `bgr` pixels, det scores, crops for
-        recognition). The scores stay aligned with the boxes (rapidocr's own sort reorders boxes only)."""
-        self.det_calls += 1
+    def det_input(self, bgr: np.ndarray):
+        """rapidocr's steps up to the detector -> (the loaded image, the resized one, its op record, the
+        detector's input tensor, None where rapidocr finds nothing to detect)."""
         ocr = self.engine
         ori = ocr.load_img(bgr)
         img, op = ocr.preprocess_img(ori)
@@ -74,10 +73,17 @@ class OCR:
             img, op = rc.apply_vertical_padding(img, op, ocr.width_height_ratio, ocr.min_height)
         else:
             op["padding_1"] = {"top": 0, "left": 0}
-        det = rc.det_model(ocr)
-        pre = det.get_preprocess()(img)
+        return ori, img, op, rc.det_model(ocr).get_preprocess()(img)
+
+    def detect(self, bgr: np.ndarray) -> tuple[list[np.ndarray], list[float], list[np.ndarray]]:
+        """PP-OCR detection as rapidocr runs it -> (4x2 boxes in `bgr` pixels, det scores, crops for
+        recognition). The scores stay aligned with the boxes (rapidocr's own sort reorders boxes only)."""
+        self.det_calls += 1
+        ocr = self.engine
+        ori, img, op, pre = self.det_input(bgr)
         if pre is None:
             return [], [], []
+        det = rc.det_model(ocr)
         boxes, scores = det.postprocess_op(det.session(pre), img.shape[:2])
         if boxes is None or len(boxes) == 0:
             return [], [], []

@@ -35,6 +35,8 @@ def test_detector_and_recogniser_run_through_the_compat_calls():
     det = rc.det_model(engine)
     for name in ("get_preprocess", "session", "postprocess_op", "sorted_boxes"):
         assert callable(getattr(det, name)), f"rapidocr's detector lost {name}"
+    path = rc.det_model_path(engine)
+    assert path.suffix == ".onnx" and path.is_file(), f"the detector's model file is not where it says: {path}"
     # a black image with a white bar of text-like strokes: the steps run and return their shapes
     img = np.zeros((96, 320, 3), np.uint8)
     for x in range(20, 300, 14):
