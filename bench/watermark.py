@@ -20,7 +20,7 @@ shared) / text alone, in wall seconds and (`speed.cpu_s`) in the process's CPU s
 shared machine's load moves far less.
 
 usage: python bench/watermark.py [--family eval|tune] [--n-marked 180] [--n-clean 60]
-                                 [--seed N] [--set KEY=VALUE ...] [--out FILE] [--rows FILE]
+                                 [--seed N] [--set KEY=VALUE ...] [--out FILE] [--rows FILE] [--det-model FILE.onnx]
 """
 from __future__ import annotations
 
@@ -212,11 +212,25 @@ def main(argv=None) -> int:
     ap.add_argument("--no-own", action="store_true", help="skip the pass that detects in the watermark stage")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override, as humanset curate's (e.g. watermark.min_det_score=0.5)")
+    ap.add_argument("--det-model", default=None, metavar="FILE.onnx",
+                    help="experiments: this ONNX DB detector instead of rapidocr's shipped one, in both stages "
+                         "(bench/wm_detft.py --onnx writes one)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--rows", default=None, help="also write each image's label, kind, opacity and evidence columns "
                     "(JSON lines): re-scoring them needs no OCR")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if a.det_model:
+        import rapidocr
+
+        if not Path(a.det_model).is_file():
+            raise SystemExit(f"--det-model {a.det_model}: no such file")
+        shipped = rapidocr.RapidOCR
+
+        def with_model(params=None, **kw):
+            return shipped(params={**(params or {}), "Det.model_path": a.det_model}, **kw)
+
+        rapidocr.RapidOCR = with_model  # pipeline.stages.ocr imports it when a stage sets up
     from pipeline.stages.text import TextStage
     from pipeline.stages.watermark import WatermarkStage
     from pipeline.stages.wm_ocr import SHARED
@@ -243,7 +257,7 @@ def main(argv=None) -> int:
     cpu = {k: CPU_S[id(v)] for k, v in (("text", t_out), ("wm", w_out), ("text_clean", c_out), ("wm_clean", wc_out))}
     n = len(rows)
     evs = [{c: w_out[c][i] for c in w_out} for i in range(n)]
-    result = {"family": a.family, "seed": seed, "set": a.set, "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+    result = {"family": a.family, "seed": seed, "set": a.set, "det_model": a.det_model, "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
               "load_avg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
               "fonts": len(marks.family_fonts(a.family))}
     scores = w_out["watermark_score"]

@@ -1,5 +1,6 @@
-"""Experiment: rendered scene text, as negatives for the watermark tile classifier (docs/watermark.md,
-"Tile classifier, fourth try"). Writes PNG frames to a folder; prints one JSON object.
+"""Experiment: rendered scene text, as backgrounds for the watermark experiments (bench/wm_tile2.py
+--rendered, bench/wm_detft.py --rendered; docs/watermark.md, "Fine-tuning the detector"). Writes PNG
+frames to a folder; prints one JSON object.
 
 Every learned watermark model tried so far scores real scene text (the bus's ad, the motorcycles'
 brand) like a mark, and text painted flat on a photo did not teach it otherwise. These frames hold
@@ -11,8 +12,10 @@ SCENE_WORDS; fonts: the tune family's only (marks.family_fonts("tune")), so the 
 Cycles on the CPU, plain bpy (no BlenderProc: nothing here is a humanset render). Seeded: frame i
 draws from seed (SEED, i).
 
+Cost: 8-9 s a frame at 384 px, 32 samples, one thread (2026-12-02, load ~2).
+
 usage: python bench/wm_scenes.py OUT_DIR [--n 300] [--start 0] [--size 384] [--samples 32] [--threads 2]
-then: python bench/wm_tile2.py ... --rendered OUT_DIR --rendered-share F
+then: python bench/wm_tile2.py ... --rendered OUT_DIR --rendered-share F  (or bench/wm_detft.py --rendered OUT_DIR)
 """
 from __future__ import annotations
 
