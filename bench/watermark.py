@@ -25,6 +25,7 @@ usage: python bench/watermark.py [--family eval|tune] [--n-marked 180] [--n-clea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import logging
@@ -41,6 +42,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from catalog.rules import WATERMARK  # noqa: E402
 from pipeline import marks  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
+
+@contextlib.contextmanager
+def det_model(path: str | None):
+    """While inside, rapidocr builds its detector from the ONNX file `path` (None: its shipped one), so
+    experiments (--det-model, bench/wm_detectors.py) can swap the detector of the OCR they load."""
+    if path is None:
+        yield
+        return
+    import rapidocr
+
+    if not Path(path).is_file():
+        raise SystemExit(f"--det-model {path}: no such file")
+    shipped = rapidocr.RapidOCR
+
+    def with_model(params=None, **kw):
+        return shipped(params={**(params or {}), "Det.model_path": path}, **kw)
+
+    rapidocr.RapidOCR = with_model  # pipeline.stages.ocr imports it when an OCR is built
+    try:
+        yield
+    finally:
+        rapidocr.RapidOCR = shipped
+
 
 def build_set(family: str, n_marked: int, n_clean: int, seed: int) -> list[dict]:
     """Rows of {image, label, kind, photo, opacity, spec}: marked images then clean ones."""
@@ -220,17 +244,6 @@ def main(argv=None) -> int:
                     "(JSON lines): re-scoring them needs no OCR")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    if a.det_model:
-        import rapidocr
-
-        if not Path(a.det_model).is_file():
-            raise SystemExit(f"--det-model {a.det_model}: no such file")
-        shipped = rapidocr.RapidOCR
-
-        def with_model(params=None, **kw):
-            return shipped(params={**(params or {}), "Det.model_path": a.det_model}, **kw)
-
-        rapidocr.RapidOCR = with_model  # pipeline.stages.ocr imports it when a stage sets up
     from pipeline.stages.text import TextStage
     from pipeline.stages.watermark import WatermarkStage
     from pipeline.stages.wm_ocr import SHARED
@@ -238,12 +251,10 @@ def main(argv=None) -> int:
     seed = marks.SEEDS[a.family] if a.seed is None else a.seed
     rows = build_set(a.family, a.n_marked, a.n_clean, seed)
     cfg = load_config(sets=a.set)
-    text = TextStage(cfg["text"])
-    text.setup()
-    wm = WatermarkStage(cfg["watermark"])
-    wm.setup()
-    wm_own = WatermarkStage(cfg["watermark"])
-    wm_own.setup()
+    text, wm, wm_own = TextStage(cfg["text"]), WatermarkStage(cfg["watermark"]), WatermarkStage(cfg["watermark"])
+    with det_model(a.det_model):  # the stages load their OCR models in setup()
+        for stage in (text, wm, wm_own):
+            stage.setup()
     measure(text, rows[:4], a.batch)  # warm-up: the recogniser loads on first text
     measure(wm_own, rows[:4], a.batch)
     t_out, t_text = measure(text, rows, a.batch)

@@ -40,23 +40,26 @@ from pipeline import rapidocr_compat as rc  # noqa: E402
 
 def detector(model: str | None):
     """The text stage's OCR, its detector replaced by `model` (None: rapidocr's shipped one)."""
-    import rapidocr
+    from pipeline.stages.ocr import OCR
 
-    from pipeline.stages import ocr as ocrmod
+    with bw.det_model(model):
+        return OCR(960, 1, "bench")
 
-    orig = rapidocr.RapidOCR
 
-    def with_model(params=None, **kw):
-        params = dict(params or {})
-        if model:
-            params["Det.model_path"] = model
-        return orig(params=params, **kw)
+def decode(rows: list[dict]) -> list[np.ndarray]:
+    """Each row's image as BGR, as the stages pass it to OCR."""
+    return [np.ascontiguousarray(np.asarray(Image.open(io.BytesIO(r["image"])).convert("RGB"))[:, :, ::-1])
+            for r in rows]
 
-    rapidocr.RapidOCR = with_model
-    try:
-        return ocrmod.OCR(960, 1, "bench")
-    finally:
-        rapidocr.RapidOCR = orig
+
+def detect_rows(ocr, images: list[np.ndarray]) -> tuple[list[list], list[list[float]]]:
+    """Each image's detected boxes (flat 8-float polygons) and their detector scores."""
+    polys, scores = [], []
+    for im in images:
+        b, s, _ = ocr.detect(im)
+        polys.append([x.reshape(-1).tolist() for x in b])
+        scores.append(s)
+    return polys, scores
 
 
 def count(rows: list[dict], polys: list[list]) -> dict:
@@ -77,8 +80,7 @@ def main(argv=None) -> int:
     ap.add_argument("models", nargs="*", help="ONNX DB detectors to compare with rapidocr's shipped one")
     a = ap.parse_args(argv)
     rows = bw.build_set("tune", 180, 60, marks.SEEDS["tune"])
-    bgr = [np.ascontiguousarray(np.asarray(Image.open(io.BytesIO(r["image"])).convert("RGB"))[:, :, ::-1])
-           for r in rows]
+    bgr = decode(rows)
     res = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
            "load_avg": [round(x, 2) for x in os.getloadavg()], "family": "tune", "detectors": {}}
     boxes = {}
@@ -86,7 +88,7 @@ def main(argv=None) -> int:
         ocr = detector(model)
         name = "shipped: " + rc.det_model_path(ocr.engine).name if model is None else model
         c0 = time.process_time()
-        polys = [[b.reshape(-1).tolist() for b in ocr.detect(im)[0]] for im in bgr]
+        polys = detect_rows(ocr, bgr)[0]
         cpu = time.process_time() - c0
         boxes[name] = polys
         clean = [len(p) for p, r in zip(polys, rows) if not r["label"]]

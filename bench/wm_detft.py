@@ -137,13 +137,12 @@ def sample(ocr, rng, base, names, rendered, marked_share):
     return pre, tgt, wgt
 
 
-def train(net, ocr, a) -> dict:
+def train(net, ocr, a, rendered: list) -> dict:
     import torch
 
     rng = np.random.default_rng(a.seed)
     base = {**marks.family_photos("tune"), **wt2.more_backgrounds(), **wt2.hdri_backgrounds()}
     names = sorted(n for n in base if n not in wt2.TEXT_CHECK)
-    rendered = wt2.rendered_frames(a.rendered)
     opt = torch.optim.Adam(net.parameters(), lr=a.lr)
     net.train()
     t0 = time.perf_counter()
@@ -172,8 +171,8 @@ def train(net, ocr, a) -> dict:
             "loss_last_100": round(float(np.mean(run[-100:])), 4) if run else None}
 
 
-def detect_all(ocr, rows, net=None):
-    """Boxes (>= 0.3) and their scores for every row, with the shipped session or the torch net."""
+def detect_all(ocr, images, net=None):
+    """Boxes (>= 0.3) and their scores for every image, with the shipped session or the torch net."""
     import torch
 
     det = rc.det_model(ocr.engine)
@@ -188,15 +187,9 @@ def detect_all(ocr, rows, net=None):
 
         det.session = run
     try:
-        polys, scores = [], []
-        for r in rows:
-            bgr = np.ascontiguousarray(np.asarray(Image.open(io.BytesIO(r["image"])).convert("RGB"))[:, :, ::-1])
-            b, s, _ = ocr.detect(bgr)
-            polys.append([x.reshape(-1).tolist() for x in b])
-            scores.append(s)
+        return wd.detect_rows(ocr, images)
     finally:
         det.session = saved
-    return polys, scores
 
 
 def summary(rows, polys, scores) -> dict:
@@ -234,18 +227,21 @@ def main(argv=None) -> int:
     net = torch_detector(path)
     res = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "load_avg": [round(x, 2) for x in os.getloadavg()],
            "detector": path.name, "params": int(sum(p.numel() for p in net.parameters())), "lr": a.lr,
-           "marked": a.marked, "seed": a.seed, "loss": a.loss, "pos_weight": a.pos_weight, "rendered": len(wt2.rendered_frames(a.rendered)) if a.rendered else 0}
+           "marked": a.marked, "seed": a.seed, "loss": a.loss, "pos_weight": a.pos_weight, "rendered": None}
     if a.load:
         net.load_state_dict(torch.load(a.load, weights_only=True))
     else:
-        res["train"] = train(net, ocr, a)
+        rendered = wt2.rendered_frames(a.rendered)
+        res["rendered"] = len(rendered)
+        res["train"] = train(net, ocr, a, rendered)
         if a.save:
             torch.save(net.state_dict(), a.save)
     torch.set_num_threads(1)
     rows = bw.build_set("tune", 180, 60, marks.SEEDS["tune"])
     res["load_avg_measure"] = [round(x, 2) for x in os.getloadavg()]
-    res["tune_shipped"] = summary(rows, *detect_all(ocr, rows))
-    res["tune_tuned"] = summary(rows, *detect_all(ocr, rows, net))
+    images = wd.decode(rows)
+    res["tune_shipped"] = summary(rows, *detect_all(ocr, images))
+    res["tune_tuned"] = summary(rows, *detect_all(ocr, images, net))
     print(json.dumps(res, indent=1), flush=True)
     if a.onnx:  # the TorchScript exporter (dynamo=False): the dynamo one needs onnxscript
         net.eval()

@@ -214,6 +214,8 @@ class Scene:
             sc.collection.objects.link(so)
         sc.render.filepath = str(out)
         bpy.ops.render.render(write_still=True)
+        for png in self.tmp.glob(f"s{i}_*.png"):  # the frame's sign textures: rendered, not kept
+            png.unlink()
 
 
 def main(argv=None) -> int:

@@ -482,7 +482,10 @@ def main(argv=None) -> int:
     ap.add_argument("--load", default=None)
     ap.add_argument("--cache", default=None, help="keep the generated training set in this .npz")
     a = ap.parse_args(argv)
+    if a.size % 16:
+        raise SystemExit(f"--size {a.size}: must be a multiple of 16 (tiles of 16 px)")
     NORM, NET, SIZE, GRID = a.norm, a.net, a.size, a.size // 16
+    frames = rendered_frames(a.rendered)
     import torch
 
     torch.set_num_threads(1)
@@ -492,7 +495,7 @@ def main(argv=None) -> int:
            "pair_loss": None if a.load else not a.no_pair_loss, "topk_loss": None if a.load else a.topk_loss,
            "backgrounds": None if a.load else ("plain" if a.plain_backgrounds else "more"),
            "dead_leaves": a.dead_leaves, "scene_text": a.scene_text, "hdris": a.hdris, "text_check": a.text_check,
-           "rendered": None if not a.rendered else len(rendered_frames(a.rendered)), "rendered_share": a.rendered_share}
+           "rendered": len(frames) if a.rendered else None, "rendered_share": a.rendered_share}
     if a.load:
         net = build_net()
         net.load_state_dict(torch.load(a.load, weights_only=True))
@@ -502,7 +505,7 @@ def main(argv=None) -> int:
                                     lambda: make_pairs(a.n_pairs, TRAIN_SEED, a.plain_backgrounds,
                                                                a.dead_leaves, a.scene_text, a.hdris,
                                                                TEXT_CHECK if a.text_check else (),
-                                                               rendered_frames(a.rendered), a.rendered_share))
+                                                               frames, a.rendered_share))
         X = np.stack([highpass(Image.fromarray(g)) for g in X]).astype(np.float16)
         res["gen_s"] = round(time.perf_counter() - t0, 1)
         print(f"drawn {len(op)} pairs in {res['gen_s']} s", file=sys.stderr, flush=True)
