@@ -21,6 +21,7 @@ shared machine's load moves far less.
 
 usage: python bench/watermark.py [--family eval|tune] [--n-marked 180] [--n-clean 60]
                                  [--seed N] [--set KEY=VALUE ...] [--out FILE] [--rows FILE] [--det-model FILE.onnx]
+                                 [--det-levels L[,L...]]
 """
 from __future__ import annotations
 
@@ -64,6 +65,55 @@ def det_model(path: str | None):
         yield
     finally:
         rapidocr.RapidOCR = shipped
+
+
+class LevelBoxes:
+    """Experiments (--det-levels): DB's postprocess run on the same probability map at higher
+    binarisation levels too (box score >= the level), adding each box that overlaps no box found so
+    far by IoU 0.5 or more. At the default level 0.3 a strong line can merge with weak haze around it
+    into one component whose box scores below 0.3, so the line is lost; a higher level splits them.
+    The added boxes' scores are capped below TEXT_BOX_THRESH, so the text stage does not count them and
+    only the watermark rule reads them. No second network pass."""
+
+    def __init__(self, post, levels: list[float]):
+        self.post, self.levels = post, levels
+
+    def __call__(self, pred, shape):
+        from pipeline.stages.ocr import TEXT_BOX_THRESH
+
+        boxes, scores = self.post(pred, shape)
+        boxes = [np.asarray(b, np.float32) for b in (boxes if boxes is not None else [])]
+        scores = [float(x) for x in scores]
+        thresh, box_thresh = self.post.thresh, self.post.box_thresh
+        for level in self.levels:
+            self.post.thresh = self.post.box_thresh = level
+            try:
+                extra, extra_scores = self.post(pred, shape)
+            finally:
+                self.post.thresh, self.post.box_thresh = thresh, box_thresh
+            for b, x in zip(extra if extra is not None else [], extra_scores):
+                b = np.asarray(b, np.float32)
+                if all(iou(b, o) < 0.5 for o in boxes):
+                    boxes.append(b)
+                    scores.append(min(float(x), TEXT_BOX_THRESH - 1e-3))
+        return np.asarray(boxes, np.float32).reshape(-1, 4, 2), scores
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> float:
+    """Intersection over union of two convex 4x2 float32 boxes."""
+    import cv2
+
+    inter = cv2.intersectConvexConvex(a, b)[0]
+    union = abs(cv2.contourArea(a)) + abs(cv2.contourArea(b)) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def with_levels(ocr, levels: list[float]) -> None:
+    """Give a loaded pipeline.stages.ocr.OCR the --det-levels postprocess (LevelBoxes)."""
+    from pipeline import rapidocr_compat as rc
+
+    det = rc.det_model(ocr.engine)
+    det.postprocess_op = LevelBoxes(det.postprocess_op, levels)
 
 
 def build_set(family: str, n_marked: int, n_clean: int, seed: int) -> list[dict]:
@@ -239,6 +289,9 @@ def main(argv=None) -> int:
     ap.add_argument("--det-model", default=None, metavar="FILE.onnx",
                     help="experiments: this ONNX DB detector instead of rapidocr's shipped one, in both stages "
                          "(bench/wm_detft.py --onnx writes one)")
+    ap.add_argument("--det-levels", default=None, metavar="L[,L...]",
+                    help="experiments: also binarise the detector's map at these levels (e.g. 0.7) and add the boxes "
+                         "found there (LevelBoxes), in both stages")
     ap.add_argument("--out", default=None)
     ap.add_argument("--rows", default=None, help="also write each image's label, kind, opacity and evidence columns "
                     "(JSON lines): re-scoring them needs no OCR")
@@ -255,6 +308,9 @@ def main(argv=None) -> int:
     with det_model(a.det_model):  # the stages load their OCR models in setup()
         for stage in (text, wm, wm_own):
             stage.setup()
+    if a.det_levels:
+        for ocr in (text.ocr, wm.ocr.ocr, wm_own.ocr.ocr):
+            with_levels(ocr, [float(x) for x in a.det_levels.split(",")])
     measure(text, rows[:4], a.batch)  # warm-up: the recogniser loads on first text
     measure(wm_own, rows[:4], a.batch)
     t_out, t_text = measure(text, rows, a.batch)
@@ -268,7 +324,7 @@ def main(argv=None) -> int:
     cpu = {k: CPU_S[id(v)] for k, v in (("text", t_out), ("wm", w_out), ("text_clean", c_out), ("wm_clean", wc_out))}
     n = len(rows)
     evs = [{c: w_out[c][i] for c in w_out} for i in range(n)]
-    result = {"family": a.family, "seed": seed, "set": a.set, "det_model": a.det_model, "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+    result = {"family": a.family, "seed": seed, "set": a.set, "det_model": a.det_model, "det_levels": a.det_levels, "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
               "load_avg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
               "fonts": len(marks.family_fonts(a.family))}
     scores = w_out["watermark_score"]
