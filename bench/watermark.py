@@ -76,7 +76,12 @@ class LevelBoxes:
     only the watermark rule reads them. No second network pass."""
 
     def __init__(self, post, levels: list[float]):
-        self.post, self.levels = post, levels
+        import copy
+
+        self.post = post
+        self.at_levels = [copy.copy(post) for _ in levels]  # rapidocr's DBPostProcess, one per level
+        for p, level in zip(self.at_levels, levels):
+            p.thresh = p.box_thresh = level
 
     def __call__(self, pred, shape):
         from pipeline.stages.ocr import TEXT_BOX_THRESH
@@ -84,13 +89,8 @@ class LevelBoxes:
         boxes, scores = self.post(pred, shape)
         boxes = [np.asarray(b, np.float32) for b in (boxes if boxes is not None else [])]
         scores = [float(x) for x in scores]
-        thresh, box_thresh = self.post.thresh, self.post.box_thresh
-        for level in self.levels:
-            self.post.thresh = self.post.box_thresh = level
-            try:
-                extra, extra_scores = self.post(pred, shape)
-            finally:
-                self.post.thresh, self.post.box_thresh = thresh, box_thresh
+        for post in self.at_levels:
+            extra, extra_scores = post(pred, shape)
             for b, x in zip(extra if extra is not None else [], extra_scores):
                 b = np.asarray(b, np.float32)
                 if all(iou(b, o) < 0.5 for o in boxes):
