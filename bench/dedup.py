@@ -7,7 +7,7 @@ RSS at the start (sampled every 5 ms; in-process the input table exists before t
 --ray the driver reads the measure files after it; Ray workers are not counted), candidate pairs, and the recall of the planted copies (share of them
 in their original's cluster; the target is 1.0).
 
-    python bench/dedup.py --n 1000000 4000000 16000000          # pipeline.dedup.cluster, in process
+    python bench/dedup.py --n 1000000 4000000 16000000          # pipeline.dedup.clusters.cluster, in process
     python bench/dedup.py --n 4000000 --ray --num-cpus 8         # run_dedup: measure files, Ray tasks
     python bench/dedup.py --n 4000000 --ray --components-memory 0   # ... components on Ray too
     python bench/dedup.py --distributed --n 1000000 4000000 16000000   # partitioned by hash, end to end
@@ -127,7 +127,7 @@ def _rss() -> int:
 
 
 def run_inprocess(table: pa.Table, k: int, blocks: int | None) -> tuple[pa.Table, dict]:
-    from pipeline.dedup import cluster_stats
+    from pipeline.dedup.clusters import cluster_stats
     return cluster_stats(table, k, blocks=blocks)
 
 
@@ -153,7 +153,7 @@ def prepare_ray(table: pa.Table, unit_rows: int, num_cpus: int, workdir: Path) -
 def run_ray(run: Path, units: list[str], k: int, blocks: int | None, components_memory: int | None
             ) -> tuple[pa.Table, dict]:
     """run_dedup as the engine calls it: tables as Ray tasks, verdicts per unit."""
-    from pipeline.dedup import read_verdicts, run_dedup
+    from pipeline.dedup.clusters import read_verdicts, run_dedup
     stats = run_dedup(run, units, {"dedup": {"max_distance": k, "blocks": blocks,
                                              "components_memory": components_memory}})
     return pa.concat_tables([read_verdicts(run, u) for u in units]), stats
@@ -161,9 +161,9 @@ def run_ray(run: Path, units: list[str], k: int, blocks: int | None, components_
 
 def run_distributed(run: Path, units: list[str], k: int, blocks: int | None, task_memory: int
                     ) -> tuple[pa.Table, dict]:
-    """run_dedup with dedup.partitioned: true (pipeline/dedup_dist.py), verdicts per unit."""
-    from pipeline.dedup import read_verdicts
-    from pipeline.dedup_dist import run_dedup
+    """run_dedup with dedup.partitioned: true (pipeline/dedup/partitioned.py), verdicts per unit."""
+    from pipeline.dedup.clusters import read_verdicts
+    from pipeline.dedup.partitioned import run_dedup
     stats = run_dedup(run, units, {"dedup": {"max_distance": k, "blocks": blocks, "partitioned": True,
                                              "task_memory": task_memory}})
     return pa.concat_tables([read_verdicts(run, u) for u in units]), stats
@@ -181,7 +181,7 @@ def main() -> None:
     ap.add_argument("--components-memory", type=int,
                     help="with --ray: dedup.components_memory in bytes (0: components on Ray)")
     ap.add_argument("--distributed", action="store_true",
-                    help="dedup partitioned by hash end to end (pipeline/dedup_dist.py) over per-unit files")
+                    help="dedup partitioned by hash end to end (pipeline/dedup/partitioned.py) over per-unit files")
     ap.add_argument("--task-memory", type=int, default=(256 + 768) << 20,
                     help="with --distributed: dedup.task_memory in bytes (sets the partitions)")
     ap.add_argument("--workdir", help="with --ray: where the run folder goes (default: a temp dir)")

@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.dedup import Layout, choose_blocks, tables  # noqa: E402
+from pipeline.dedup.clusters import Layout, choose_blocks, tables  # noqa: E402
 
 PHOTOS = {"skimage": ("data", ["astronaut.png", "camera.png", "coffee.png", "chelsea.png", "rocket.jpg",
                                "motorcycle_left.png", "motorcycle_right.png", "hubble_deep_field.jpg",
@@ -141,9 +141,9 @@ def _vm_hwm_mb() -> float:
 
 
 def _table_task(n: int, m: int, seed: int) -> dict:
-    """One (table, range) task on n uniform distinct hashes, as pipeline.dedup_parts runs it."""
+    """One (table, range) task on n uniform distinct hashes, as pipeline.dedup.ranges runs it."""
 
-    from pipeline.dedup_parts import range_table
+    from pipeline.dedup.ranges import range_table
     h = np.unique(np.random.default_rng(seed).integers(0, 2**64, n, dtype=np.uint64, endpoint=False))
     base = _vm_hwm_mb()
     import tempfile

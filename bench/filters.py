@@ -9,7 +9,7 @@
   plain_cascade: the loop a user would write for the same cascade, in one process: that predict
               loop over all inputs, then rapidocr (same detection size and thresholds) on the
               images passing the person rule, batches of text.batch_size; its verdicts.
-  cascade:    `pipeline.engine.curate` on the mixed crawl (default config: decode -> size -> dedup
+  cascade:    `pipeline.engine.driver.curate` on the mixed crawl (default config: decode -> size -> dedup
               -> person -> text; watermark/art skipped without weights, watermark.method=laion unless
               --set says otherwise). Ray start-up is timed
               apart; `breakdown` splits the run with its own stats (RUN/stats/*.json): work seconds
@@ -51,8 +51,8 @@ from PIL import Image, ImageDraw, ImageFont
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.config import load_config  # noqa: E402
-from pipeline.demo_crawl import encode, flat_graphic, photo_like, shipped_photos, with_caption  # noqa: E402
-from pipeline.images import probe  # noqa: E402
+from pipeline.demo.crawl import encode, flat_graphic, photo_like, shipped_photos, with_caption  # noqa: E402
+from pipeline.inputs.images import probe  # noqa: E402
 
 CASCADE = ("decode", "size", "dedup", "person", "text", "watermark", "art")
 HUMAN = ("bus", "zidane", "astronaut", "camera")
@@ -137,7 +137,7 @@ def bench_stage(stage, files: list[Path]) -> dict:
 def random_checkpoints(folder: Path, with_art: bool) -> dict:
     import torch
 
-    from pipeline.stages.watermark import build_model
+    from pipeline.stages.watermark.stage import build_model
     out = {}
     torch.manual_seed(0)
     out["watermark"] = folder / "watermark_random.pt"
@@ -247,7 +247,7 @@ def bench_plain_cascade(weights: str, files: list[Path], cfg: dict) -> dict:
 def bench_cascade(crawl: Path, out: Path, cfg: dict) -> dict:
     import ray
 
-    from pipeline import engine
+    from pipeline.engine import driver as engine
     t0 = time.perf_counter()
     engine.init_ray(cfg)  # cluster start-up is timed apart from the throughput
     startup = time.perf_counter() - t0

@@ -41,8 +41,8 @@ def synthetic_batch(task: str, b: int, hw, n_out: int, device) -> dict:
 
 def bench_task(task: str, args, device) -> dict:
     from training.data import normalize
-    from training.finetune import FinetuneConfig, build_model, build_optimizer, task_loss
-    from training.vocab import load
+    from training.tasks.finetune import FinetuneConfig, build_model, build_optimizer, task_loss
+    from training.tasks.vocab import load
 
     cfg = FinetuneConfig(task=task, model=args.model, image_size=args.image_size, head_width=args.head_width,
                          batch_size=args.batch_size, steps=1000)
@@ -76,7 +76,7 @@ def bench_task(task: str, args, device) -> dict:
 
 
 def bench_render_data(args) -> dict:
-    from training.task_data import Augment, RenderFrames
+    from training.tasks.data import Augment, RenderFrames
 
     ds = RenderFrames(args.render, args.image_size, Augment(train=True))
     n = min(len(ds), args.data_samples)
@@ -88,7 +88,7 @@ def bench_render_data(args) -> dict:
 
 
 def main():
-    from training.finetune import parse_hw
+    from training.tasks.finetune import parse_hw
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny")

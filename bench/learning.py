@@ -6,12 +6,12 @@
 
 1. renders N training and M held-out frames of generated anny bodies with `humanset render` (two run seeds:
    distinct bodies, checked from the frame catalogs), small frames at few samples;
-2. curates the demo crawl (pipeline.demo_crawl, as `make demo`) and MAE-pretrains the tiny encoder with
+2. curates the demo crawl (pipeline.demo.crawl, as `make demo`) and MAE-pretrains the tiny encoder with
    `humanset pretrain` on its curated photos plus the training renders (never the held-out ones);
 3. fine-tunes each head (depth, normal, seg, pose from the renders' keypoints) (a) from that encoder and
    (b) from random initialisation, with the same recipe, steps and seed;
-4. scores each on the held-out frames with `training.evaluate` and the trivial baselines of
-   `training.baselines` (statistics of the training frames, scored by the same code).
+4. scores each on the held-out frames with `training.tasks.evaluate` and the trivial baselines of
+   `training.tasks.baselines` (statistics of the training frames, scored by the same code).
 
 Prints one JSON object: per task and init the held-out metrics, the best baseline's, the relative gain on
 the task's error (AbsRel, mean angle, 1 - mIoU, 1 - PCK@0.1; target >= 0.10), steps and seconds; per task
@@ -92,7 +92,7 @@ def pretrain(work: Path, train_renders: Path, args) -> Path:
         return out / "encoder.pth"
     demo = work / "demo"
     if not (demo / "run" / "shards").is_dir():
-        code = f"from pipeline.demo_crawl import run; run({str(demo)!r}, progress=False)"
+        code = f"from pipeline.demo.crawl import run; run({str(demo)!r}, progress=False)"
         with open(work / "demo.log", "w") as fh:
             subprocess.check_call([sys.executable, "-c", code], stdout=fh, stderr=subprocess.STDOUT,
                                   cwd=Path(__file__).resolve().parents[1])
@@ -114,8 +114,8 @@ def pretrain(work: Path, train_renders: Path, args) -> Path:
 
 
 def finetune_and_score(task: str, init: str, encoder: str, train: Path, test: Path, work: Path, args) -> dict:
-    from training.evaluate import evaluate
-    from training.finetune import FinetuneConfig, finetune
+    from training.tasks.evaluate import evaluate
+    from training.tasks.finetune import FinetuneConfig, finetune
     out = work / "finetune" / f"{task}-{init}"
     cfg = FinetuneConfig(task=task, data=str(train), output=str(out), encoder=encoder if init == "mae" else "",
                          model="tiny", image_size=tuple(args.size), head_width=args.head_width, batch_size=4,
@@ -246,7 +246,7 @@ def merge(reports: list[dict]) -> dict:
 
 
 def error_of(task: str, figures: dict) -> float:
-    from training.scoring import error_of as task_error
+    from training.tasks.scoring import error_of as task_error
     return task_error(task, figures)
 
 

@@ -4,7 +4,7 @@ Sapiens-style libraries are photogrammetry scans of hundreds of thousands of fac
 textures, so loading a scan costs seconds. For one resolution this renders the same frames (same seed:
 every frame's scan, HDRI, light and camera are identical across modes) of >= 4 heavy generated scans
 (bench/heavy_scans.py: 438,720 triangles, 4096^2 albedo) four ways:
-  scan_major  one warm worker (render.job.ShardRenderer), shards planned scan-major
+  scan_major  one warm worker (render.run.job.ShardRenderer), shards planned scan-major
               (schedule.frames_per_scan_visit = --visit): the scan stays loaded between its frames
   per_frame   one warm worker, frames in index order (frames_per_scan_visit = 1): a scan is reloaded
               whenever the next frame shows another one (today's order)
@@ -48,7 +48,7 @@ def settings(h, w, samples, denoiser, device, visit, per_shard):
 
 def prepare(out: Path, scans: Path, frames: int, sets: list[str], index_from: Path | None = None):
     from render.config import load_config
-    from render.job import prepare_run
+    from render.run.job import prepare_run
     if index_from is not None:  # the same scan index: indexing imports every heavy scan once, untimed
         for sub in ("scans", "hdris"):
             shutil.copytree(index_from / "catalog" / sub, out / "catalog" / sub)
@@ -64,7 +64,7 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 def read_run(out: Path) -> tuple[dict, dict]:
     """RGB and timings of every rendered frame of a run, by frame index."""
     import catalog
-    from render.output import load_png
+    from render.run.output import load_png
     rgb, timings = {}, {}
     for tar in catalog.list_shards(out / "shards"):
         for rec in catalog.iter_tar(tar):
@@ -74,7 +74,7 @@ def read_run(out: Path) -> tuple[dict, dict]:
 
 
 def warm(spec) -> tuple[float, dict, dict]:
-    from render.job import ShardRenderer
+    from render.run.job import ShardRenderer
     worker = ShardRenderer(spec)
     worker.renderer.unload()  # Blender initialised before timing (a warm worker), but no scan loaded yet
     t = time.time()
@@ -87,12 +87,12 @@ def warm(spec) -> tuple[float, dict, dict]:
 
 def render_one(args) -> int:
     """--single: one frame in a fresh process (the naive way); writes its RGB (.npy) and timings (.json)."""
-    from render.job import RunSpec, ShardRenderer
+    from render.run.job import RunSpec, ShardRenderer
     import catalog
     spec = RunSpec(**{k: v for k, v in catalog.read_json(Path(args.single_run) / "render.json").items()
                       if k in RunSpec.__dataclass_fields__})
     frame, members, _ = ShardRenderer(spec).render_frame(args.single)
-    from render.output import load_png
+    from render.run.output import load_png
     np.save(args.single_out, load_png(members["rgb.png"])[..., :3])
     Path(args.single_out).with_suffix(".json").write_text(json.dumps(frame["timings"]))
     return 0

@@ -207,7 +207,7 @@ QUERIES = {
 
 def measure(run: Path) -> dict:
     """Time every statistic, the whole `stats`, a few queries and the report (charts only)."""
-    from catalog import report, stats
+    from explore import report, stats
 
     res = {"timings_s": {}}
     con, (p,) = stats.open_runs(run)

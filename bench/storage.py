@@ -1,4 +1,4 @@
-"""Throughput of catalog/storage.py on one store, against pyarrow and boto3 alone: prints JSON.
+"""Throughput of catalog/storage/__init__.py on one store, against pyarrow and boto3 alone: prints JSON.
 
     python bench/storage.py --uri s3://bucket/bench --mb 64      # endpoint + credentials from AWS_* variables
     python bench/storage.py --uri /tmp/bench --mb 64

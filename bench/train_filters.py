@@ -8,7 +8,7 @@ images, stage throughput, generator speed and a GPU estimate. Prints JSON.
 Clean photos default to the ones shipped in installed packages (scikit-image, ultralytics, matplotlib);
 --images takes a curation run instead. Real images (named in the output with their package):
 - watermark: the shipped photos are real negatives; as positives the same photos carry the demo crawl's
-  tiled watermark (pipeline/demo_crawl.py with_watermark: Pillow's default font, a generator the filter never
+  tiled watermark (pipeline/demo/crawl.py with_watermark: Pillow's default font, a generator the filter never
   saw). No real watermarked photo ships in any installed package.
 - art: the shipped photos are real photos; the real non-photos found are scikit-image's logo, horse
   (silhouette), page (scanned text), text, phantom and color, and matplotlib's logo2 and
@@ -94,9 +94,9 @@ def generator_rate(task: str, photos: list[np.ndarray], gen_px: int, input_px: i
 
 
 def bench_filter(task: str, args, images: str, photos_real: dict, non_photos: dict) -> dict:
-    from pipeline.demo_crawl import with_watermark
+    from pipeline.demo.crawl import with_watermark
     from pipeline.stages.art import ArtStage
-    from pipeline.stages.watermark import WatermarkStage
+    from pipeline.stages.watermark.stage import WatermarkStage
     from PIL import Image
     from training.filters import FilterConfig, at_threshold, read_photos, roc_auc, train_filter
 
@@ -124,7 +124,7 @@ def bench_filter(task: str, args, images: str, photos_real: dict, non_photos: di
         marked_s = score(stage, marked, "watermark_score")
         s = np.array(list(clean.values()) + list(marked_s.values()))
         y = np.array([False] * len(clean) + [True] * len(marked_s))
-        real = {"negatives": sorted(clean), "positives": "the same photos + pipeline/demo_crawl.py with_watermark",
+        real = {"negatives": sorted(clean), "positives": "the same photos + pipeline/demo/crawl.py with_watermark",
                 "roc_auc": roc_auc(s, y), "at_threshold": at_threshold(s, y, thr),
                 "false_positive_rate_on_photos": float(np.mean(np.array(list(clean.values())) > thr)),
                 "scores": {**clean, **marked_s}}

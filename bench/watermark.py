@@ -1,7 +1,7 @@
 """Benchmark of the OCR watermark rule (watermark.method=ocr). Prints one JSON object.
 
 The set is generated from the photos shipped in installed packages (ultralytics' bus and zidane,
-scikit-image's photos; marks.PHOTOS splits them by family) with marks drawn by pipeline/marks.py: kinds tiled, corner,
+scikit-image's photos; marks.PHOTOS splits them by family) with marks drawn by pipeline/stages/watermark/marks.py: kinds tiled, corner,
 center; installed fonts (fc-list); sizes; opacities 0.1-0.8; colours; shadows; level and diagonal;
 JPEG re-encoding at quality 60-95. Clean images are the photos and random crops/rescales of them.
 
@@ -41,7 +41,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catalog.rules import WATERMARK  # noqa: E402
-from pipeline import marks  # noqa: E402
+from pipeline.stages.watermark import marks  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
 
 @contextlib.contextmanager
@@ -110,7 +110,7 @@ def iou(a: np.ndarray, b: np.ndarray) -> float:
 
 def with_levels(ocr, levels: list[float]) -> None:
     """Give a loaded pipeline.stages.ocr.OCR the --det-levels postprocess (LevelBoxes)."""
-    from pipeline import rapidocr_compat as rc
+    from pipeline.stages import rapidocr_compat as rc
 
     det = rc.det_model(ocr.engine)
     det.postprocess_op = LevelBoxes(det.postprocess_op, levels)
@@ -234,7 +234,7 @@ def of_mark(s: str, text: str) -> bool:
     """A read string is a fragment of the mark's text (OCR of a translucent mark loses letters)."""
     from difflib import SequenceMatcher
 
-    from pipeline.stages.wm_evidence import norm
+    from pipeline.stages.watermark.evidence import norm
     a, b = norm(s), norm(text)
     if len(a) < 3:
         return False
@@ -298,8 +298,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from pipeline.stages.text import TextStage
-    from pipeline.stages.watermark import WatermarkStage
-    from pipeline.stages.wm_ocr import SHARED
+    from pipeline.stages.watermark.stage import WatermarkStage
+    from pipeline.stages.watermark.ocr_rule import SHARED
 
     seed = marks.SEEDS[a.family] if a.seed is None else a.seed
     rows = build_set(a.family, a.n_marked, a.n_clean, seed)

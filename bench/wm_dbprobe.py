@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import wm_tile as wt  # noqa: E402
 import wm_tile2 as wt2  # noqa: E402
 
-from pipeline import marks  # noqa: E402
+from pipeline.stages.watermark import marks  # noqa: E402
 
 TAPS = ("p2o.pd_op.relu.18.0", "p2o.pd_op.concat.1.0")  # DB head's hidden layer (24 ch), neck (96 ch)
 CUT = 0.8
@@ -58,7 +58,7 @@ class Features:
         import onnx
         import onnxruntime as ort
 
-        from pipeline import rapidocr_compat as rc
+        from pipeline.stages import rapidocr_compat as rc
         from pipeline.stages.ocr import OCR
 
         self.ocr = OCR(960, 1, "probe")

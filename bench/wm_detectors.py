@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import watermark as bw  # noqa: E402
 
-from pipeline import marks  # noqa: E402
-from pipeline import rapidocr_compat as rc  # noqa: E402
+from pipeline.stages.watermark import marks  # noqa: E402
+from pipeline.stages import rapidocr_compat as rc  # noqa: E402
 
 
 def detector(model: str | None):

@@ -59,8 +59,8 @@ import watermark as bw  # noqa: E402
 import wm_detectors as wd  # noqa: E402
 import wm_tile2 as wt2  # noqa: E402
 
-from pipeline import marks  # noqa: E402
-from pipeline import rapidocr_compat as rc  # noqa: E402
+from pipeline.stages.watermark import marks  # noqa: E402
+from pipeline.stages import rapidocr_compat as rc  # noqa: E402
 
 
 def explicit_pads(model) -> int:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import wm_tile2 as wt2  # noqa: E402
 
-from pipeline import marks  # noqa: E402
+from pipeline.stages.watermark import marks  # noqa: E402
 
 SEED = 3000
 

@@ -1,7 +1,7 @@
 """Experiment: a tiny CNN on the downscaled image as extra watermark evidence (docs/watermark.md,
 "Tile classifier (tried)"). Prints one JSON object.
 
-Trained ONLY on generated tune-family marks (pipeline/marks.py: tune photos, DejaVu fonts, tune
+Trained ONLY on generated tune-family marks (pipeline/stages/watermark/marks.py: tune photos, DejaVu fonts, tune
 strings) over the tune photos plus other shipped backgrounds that are not eval photos (scikit-learn's
 china and flower; scikit-image's text, page and moon). Seeded, so a rerun gives the same weights on
 the same torch build. The image is resized to SIZE x SIZE (RGB); five 3x3 convolutions (four of
@@ -39,7 +39,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline import marks  # noqa: E402
+from pipeline.stages.watermark import marks  # noqa: E402
 
 SIZE = 256
 TRAIN_SEED = 1000

@@ -79,7 +79,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import wm_tile as wt  # noqa: E402
 
-from pipeline import marks  # noqa: E402
+from pipeline.stages.watermark import marks  # noqa: E402
 
 SIZE, GRID, TOPK = wt.SIZE, wt.GRID, wt.TOPK
 TRAIN_SEED = 1000

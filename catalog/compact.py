@@ -22,8 +22,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .io import atomic_path, write_json
-from .schema import CURATED_INDEX, SAMPLES, conform
+from catalog.io import atomic_path, write_json
+from catalog.schema import CURATED_INDEX, SAMPLES, conform
 
 FOLDER = "catalog/compact"
 MARKER = "catalog/compact.json"

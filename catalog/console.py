@@ -35,7 +35,7 @@ NATIVE_NOISE = (
     b"Warp CUDA warning: Could not find or load the NVIDIA CUDA driver",
     # Ray's core worker: an actor with constructor arguments in the object store may fail to restart (Ray
     # Data passes every actor pool its map function that way; a unit whose actors fail is re-run sample
-    # by sample, pipeline/isolate.py)
+    # by sample, pipeline/engine/isolate.py)
     b"has constructor arguments in the object store and max_restarts > 0",
     # Ray's GCS, forwarded: an actor pool's actor had already exited when the pool was shut down at the
     # end of a phase (a race at shutdown, seen once in a demo run; the run's results are unaffected)

@@ -36,7 +36,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from .schema import CURATED_INDEX, FRAMES, HDRIS, SAMPLES, SCANS, SCHEMAS
+from catalog.schema import CURATED_INDEX, FRAMES, HDRIS, SAMPLES, SCANS, SCHEMAS
 
 # view name -> glob inside a run directory
 VIEWS = {
@@ -102,7 +102,7 @@ def _pattern(run, view: str) -> str:
     """The view's files inside the run: a finished local run's samples and shard index from their
     compacted copy (catalog/compact.py), else the parts."""
     if view in ("samples", "shards"):
-        from .compact import FOLDER, is_compacted
+        from catalog.compact import FOLDER, is_compacted
         if is_compacted(run):
             return f"{FOLDER}/{view}/*.parquet"
     return VIEWS[view]
@@ -133,7 +133,7 @@ def typed_scan(glob: str, schema: pa.Schema) -> str:
 def run_location(run_dir):
     """A local run as a Path, a run on an object store (s3://...) as its URI string: DuckDB reads
     the latter through the storage layer registered as an fsspec file system (duckdb_connect_for)."""
-    from .storage import is_uri, run_root
+    from catalog.storage import is_uri, run_root
     text = os.fspath(run_dir)
     return run_root(text) if is_uri(text) else Path(run_dir)
 
@@ -146,7 +146,7 @@ def run_exists(run) -> bool:
     """A local run folder, or a URI under which the run has written its manifest or a catalog part."""
     if not _remote(run):
         return run.is_dir()
-    from .storage import storage_for
+    from catalog.storage import storage_for
     store = storage_for(run)
     return store.exists("manifest.json") or next(iter(store.list("catalog")), None) is not None
 
@@ -162,7 +162,7 @@ def _parts(run, view: str):
     a folder may hold 10^6 parts; on an object store one page of keys at a time). Our writers'
     temporary files start with a dot."""
     if _remote(run):
-        from .storage import storage_for
+        from catalog.storage import storage_for
         store = storage_for(run)
         folder, pattern = VIEWS[view].rsplit("/", 1)
         for e in store.list(folder):
@@ -205,7 +205,7 @@ def _declared_for(view: str, part_schema: pa.Schema) -> pa.Schema:
 def _part_schema(path) -> pa.Schema:
     import pyarrow.parquet as pq
 
-    from .storage import is_uri, read_schema_at
+    from catalog.storage import is_uri, read_schema_at
     try:
         return read_schema_at(path) if is_uri(os.fspath(path)) else pq.read_schema(path)
     except (pa.ArrowInvalid, OSError) as e:
@@ -268,7 +268,7 @@ def register(con: duckdb.DuckDBPyConnection, run_dir, prefix: str = "", by_gener
     A run on an object store: its store is registered on `con` (an fsspec file system) first."""
     run = run_location(run_dir)
     if _remote(run):
-        from .storage import duckdb_connect_for
+        from catalog.storage import duckdb_connect_for
         duckdb_connect_for(run, con)
     made = []
     for view in VIEWS:
@@ -297,7 +297,7 @@ def estimated_rows(run_dir, view: str) -> int:
     directory listing, counted, not kept)."""
     import pyarrow.parquet as pq
 
-    from .storage import locate
+    from catalog.storage import locate
     run = run_location(run_dir)
     n, rows = 0, None
     for path in _parts(run, view):

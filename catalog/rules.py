@@ -16,7 +16,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
-from .config import Check
+from catalog.config import Check
 
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 _NEGATE = {">": "<=", ">=": "<", "<": ">=", "<=": ">"}

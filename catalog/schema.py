@@ -94,7 +94,7 @@ SAMPLE_TEXT = [
 ]
 SAMPLE_WATERMARK = [
     f("watermark_score", pa.float32(), "watermark probability (method ocr: the evidence model's, see "
-      "pipeline/stages/wm_evidence.py)"),
+      "pipeline/stages/watermark/evidence.py)"),
     f("watermark_opacity", pa.float32(), "ocr: estimated opacity of the read text (median over boxes)"),
     f("watermark_repeat", pa.int32(), "ocr: largest group of same or near-same strings (tiling)"),
     f("watermark_placement", pa.float32(), "ocr: 1 if a small box sits in a corner band or a box is centred"),

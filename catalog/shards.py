@@ -17,9 +17,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .io import atomic_path, commit, tmp_name
-from .schema import conform
-from .tars import ShardTruncated, TarRecord, iter_tar, readable_name, split_member, unsafe_member  # noqa: F401
+from catalog.io import atomic_path, commit, tmp_name
+from catalog.schema import conform
+from catalog.tars import ShardTruncated, TarRecord, iter_tar, readable_name, split_member, unsafe_member  # noqa: F401
 
 _KEY_RE = re.compile(r"^[^.]+$")
 
@@ -72,7 +72,7 @@ class ShardWriter:
 
     def __init__(self, folder, prefix: str, schema: pa.Schema, max_count: int = 10_000,
                  max_bytes: int = 1 << 30):
-        from .storage import Storage
+        from catalog.storage import Storage
         # a folder on an object store (a catalog.Storage that is not posix): each tar is one open_output
         # (on S3 a streamed multipart upload: parts go up while the next members are written; the object
         # appears only when the tar closes), its index after it; locally, temp + fsync + rename as always
@@ -172,7 +172,7 @@ def list_shards(folder) -> list[Path]:
 def list_shard_names(folder) -> list[str]:
     """Names of the complete shards (a tar with its index) in a local folder or under a URI
     (s3://bucket/runs/r1/shards: one streamed listing), sorted."""
-    from .storage import is_uri, storage_for
+    from catalog.storage import is_uri, storage_for
     if not is_uri(os.fspath(folder)):
         return [p.name for p in list_shards(folder)]
     tars, indexes = set(), set()
@@ -185,7 +185,7 @@ def list_shard_names(folder) -> list[str]:
 def open_shard_file(folder, name: str):
     """A random-access binary file of one file of a shard folder, local or on an object store (where
     each read of a member is one ranged GET: no copy of the shard on local disk)."""
-    from .storage import is_uri, storage_for
+    from catalog.storage import is_uri, storage_for
     if is_uri(os.fspath(folder)):
         return storage_for(os.fspath(folder)).open_input(name)
     return open(Path(folder) / name, "rb")

@@ -32,7 +32,7 @@ def is_uri(path: str) -> bool:
 def _open(path: str):
     """A seekable binary file for a local path or a pyarrow-filesystem URI."""
     if is_uri(path) and not path.startswith("file://"):
-        from .storage import locate
+        from catalog.storage import locate
         store, name = locate(path)  # the storage layer's client, endpoint and retries
         return store.open_input(name)
     return open(path.removeprefix("file://"), "rb")
@@ -44,7 +44,7 @@ def _tar_members(tar: str) -> dict[str, tuple[int, int]]:
 
     A damaged tar keeps the members before the damage readable, as the curation did.
     """
-    from .tars import ShardTruncated, iter_tar
+    from catalog.tars import ShardTruncated, iter_tar
     found = {}
     with _open(tar) as raw:
         # a large read buffer turns header-seek-header into one request per MiB on object stores

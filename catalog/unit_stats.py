@@ -30,7 +30,7 @@ def error_kind(marker: dict) -> str | None:
 def _markers(folder):
     """(name, marker or None when unreadable) for every stats marker, from a lazily read listing
     (on an object store: one page of keys at a time, each marker one GET)."""
-    from .storage import is_uri, storage_for
+    from catalog.storage import is_uri, storage_for
     if is_uri(folder):
         store = storage_for(folder)
         for e in store.list():
@@ -69,7 +69,7 @@ def unit_outcomes(run_dir, max_listed: int = MAX_LISTED) -> dict:
     units = failed = empty = unreadable = 0
     kinds: dict[str, list] = {}  # kind -> [units, example]
     first: list[tuple] = []  # max-heap of the smallest names (negated order via a wrapper)
-    from .storage import is_uri, join
+    from catalog.storage import is_uri, join
     for name, marker in _markers(join(run_dir, "stats") if is_uri(run_dir) else Path(run_dir) / "stats"):
         units += 1
         if marker is None:

@@ -8,15 +8,15 @@ import argparse
 import importlib
 import sys
 
-from .argparse_compat import command_actions, hide_command_list
+from humanset.argparse_compat import command_actions, hide_command_list
 
 # rooms and their modules exposing register(subparsers); each adds its commands with
 # set_defaults(func=...). `humanset --help` lists the commands under these headings.
 ROOMS = {
     "start here": ["humanset.demo"],
-    "curation (pipeline/)": ["pipeline.cli", "pipeline.cli_calibrate"],
-    "catalogs: statistics, queries, reports (catalog/)": ["catalog.cli"],
-    "training (training/)": ["training.cli", "training.cli_finetune", "training.filters.cli"],
+    "curation (pipeline/)": ["pipeline.cli", "pipeline.select.cli_calibrate"],
+    "catalogs: statistics, queries, reports (catalog/)": ["explore.cli"],
+    "training (training/)": ["training.cli", "training.tasks.cli", "training.filters.cli"],
     "synthetic humans (render/)": ["render.cli"],
 }
 COMMAND_MODULES = [m for modules in ROOMS.values() for m in modules]
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .console import native_noise_filtered, setup_logging
+    from humanset.console import native_noise_filtered, setup_logging
 
     setup_logging(args.verbose)
     if not getattr(args, "func", None):

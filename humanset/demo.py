@@ -26,10 +26,10 @@ log = logging.getLogger("humanset.demo")
 
 def run(output: str = "runs/demo", progress: bool = True, pretrain_steps: int = 40, frames: int = 4,
         finetune_steps: int = 30, filter_steps: int = 300) -> int:
-    from pipeline.demo_crawl import run as curate_demo
+    from pipeline.demo.crawl import run as curate_demo
     from render.demo_renders import run as render_demo
     out = Path(output)
-    from catalog.report import write_report
+    from explore.report import write_report
 
     curate_demo(str(out), progress=progress)
     run_dir = out / "run"
@@ -101,7 +101,7 @@ def pretrain_demo(data, output, steps: int = 40) -> dict:
 def finetune_demo_config(task: str, data, output, steps: int = 30, encoder: str = ""):
     """A short CPU run: tiny preset at 128x96 with narrow heads; the lr is raised so a few dozen steps
     show the loss falling. Everything else is the real recipe."""
-    from training.finetune import FinetuneConfig
+    from training.tasks.finetune import FinetuneConfig
 
     return FinetuneConfig(task=task, data=str(data), output=str(output), encoder=encoder, model="tiny",
                           image_size=(128, 96), head_width=32, batch_size=4, steps=steps,
@@ -115,9 +115,9 @@ def finetune_demo(render_dir, out_dir, steps: int = 30, encoder: str = "") -> di
     from PIL import Image
 
     import catalog
-    from training.finetune import finetune
-    from training.predict import predict
-    from training.task_data import RenderFrames
+    from training.tasks.finetune import finetune
+    from training.tasks.predict import predict
+    from training.tasks.data import RenderFrames
 
     out_dir = Path(out_dir)
     frames = RenderFrames(render_dir, (128, 96))
@@ -139,9 +139,9 @@ def filters_demo(out: Path, crawl: Path, run_dir: Path, renders: Path, encoder: 
                  steps: int = 60) -> Path:
     """Train the watermark and art filters on the curated photos of `run_dir` (and the renders), then curate
     `crawl` again into OUT/run-filters with their cards at their chosen thresholds. Returns that folder."""
-    from pipeline.demo_crawl import demo_config
-    from pipeline.engine import curate
-    from pipeline.report import print_funnel
+    from pipeline.demo.crawl import demo_config
+    from pipeline.engine.driver import curate
+    from pipeline.engine.funnel import print_funnel
     from training.filters import demo_config as filter_config
     from training.filters import summary_line, train_filter
 

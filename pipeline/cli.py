@@ -31,11 +31,11 @@ def add_curate_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_curate(args) -> int:
-    from .config import load_config
-    from .engine import curate
-    from .errors import EXIT_ENVIRONMENT, EXIT_RUN_ERROR, EnvironmentFault, RunError
-    from .report import print_funnel
-    from .sources import InputError
+    from pipeline.config import load_config
+    from pipeline.engine.driver import curate
+    from pipeline.engine.errors import EXIT_ENVIRONMENT, EXIT_RUN_ERROR, EnvironmentFault, RunError
+    from pipeline.engine.funnel import print_funnel
+    from pipeline.sources import InputError
     try:
         cfg = load_config(args.config, args.set)
         manifest = curate(args.input, args.output, cfg, score_all=args.score_all, progress=not args.no_progress,
@@ -102,8 +102,8 @@ dedup change re-clusters partitioned by hash as `dedup.partitioned` says (docs/d
 
 
 def run_select(args) -> int:
-    from .report import print_funnel
-    from .recut import SelectError, connect_ray, select
+    from pipeline.engine.funnel import print_funnel
+    from pipeline.select.recut import SelectError, connect_ray, select
     try:
         connect_ray(args.run)
         manifest = select(args.run, args.output, args.set, progress=not args.no_progress)

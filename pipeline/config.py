@@ -10,7 +10,7 @@ from pathlib import Path
 from catalog import config as loader
 from catalog.config import Check, ConfigError
 
-from .settings import CurateSettings
+from pipeline.settings import CurateSettings
 
 DEFAULT_PATH = resources.files("pipeline") / "default.yaml"
 

@@ -10,6 +10,6 @@ import sys
 
 if __name__ == "__main__":
     # run as a script, this file's folder is sys.path[0]: no module in it shares a name with a
-    # standard-library or PyPI module (hence pipeline/recut.py and pipeline/images.py)
+    # standard-library or PyPI module (hence pipeline/select/recut.py and pipeline/inputs/images.py)
     from pipeline.cli import main_curate
     sys.exit(main_curate())

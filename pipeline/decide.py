@@ -6,7 +6,7 @@ import pyarrow as pa
 from catalog import SAMPLES
 from catalog.rules import INPUT_STAGE
 
-from .stages.decode import input_reason
+from pipeline.stages.decode import input_reason
 
 
 def stage_reasons(table: pa.Table, stages) -> dict[str, list[str | None]]:

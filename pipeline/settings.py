@@ -16,7 +16,7 @@ Thresholds follow the Sapiens paper where it gives them (person score > 0.9, box
 The effective config is saved in RUN/manifest.json.
 Generated from pipeline/settings.py (python -m humanset.settings_files --write): edit the dataclasses there."""
 
-WATERMARK_METHODS = ("auto", "ocr", "laion", "card")  # watermark.method (pipeline/stages/watermark.py)
+WATERMARK_METHODS = ("auto", "ocr", "laion", "card")  # watermark.method (pipeline/stages/watermark/stage.py)
 CONCURRENCY = ("actors: auto = autoscale from 1 to what the cluster's CPUs (GPUs) hold at\n"
                "these resources; N = a fixed pool; [min, max]. Each uses num_cpus threads")
 _RESOURCE_KEYS = {"num_cpus": Check(("number",), low=0), "num_gpus": Check(("number",), low=0)}
@@ -85,7 +85,7 @@ class DedupSettings:
                     "union-find; more pairs: components computed iteratively on Ray, the\n"
                     "driver then holds no pair (README: dedup)", low=0)
     partitioned: bool | str = setting(
-        "auto", "dedup partitioned by hash end to end (pipeline/dedup_dist.py): Ray tasks\n"
+        "auto", "dedup partitioned by hash end to end (pipeline/dedup/partitioned.py): Ray tasks\n"
                 "that each hold O(n / P) samples and declare memory=; auto: when one\n"
                 "process would need more than task_memory (~520 B a sample); docs/dedup.md",
         kinds=("bool",), words=("auto",))

@@ -1,19 +1,19 @@
 """The inputs of a curation run in one import, for code outside these modules (the engine, tests, bench):
 
-  - pipeline/unit_inputs.py   the inputs (tars, image folders, Parquet manifests) cut into units;
-  - pipeline/unit_listing.py  the run's listing of units (RUN/units.jsonl: streamed, external sort);
-  - pipeline/reading.py       a unit's samples, read one at a time.
+  - pipeline/inputs/units.py   the inputs (tars, image folders, Parquet manifests) cut into units;
+  - pipeline/inputs/listing.py  the run's listing of units (RUN/units.jsonl: streamed, external sort);
+  - pipeline/inputs/reading.py       a unit's samples, read one at a time.
 
 None of the three imports this module, so the facade closes no import circle.
 """
 from __future__ import annotations
 
-from . import reading, unit_inputs, unit_listing
-from .reading import DEFAULT_LIMITS, ROW_FIELDS, UnitReader, file_row, read_members, read_unit  # noqa: F401
-from .unit_inputs import (IMAGE_EXTS, MANIFEST_COLUMNS, InputError, Unit, is_uri, check_inputs,  # noqa: F401
-                          iter_units, open_input, sample_id)
-from .unit_listing import (FAN_IN, RUN_SIZE, count_new, iter_listing, list_units, load_unit,  # noqa: F401
-                           read_listing, write_listing)
+from pipeline.inputs import reading, units as unit_inputs, listing as unit_listing
+from pipeline.inputs.reading import (DEFAULT_LIMITS, ROW_FIELDS, UnitReader, file_row, read_members, read_unit)  # noqa: F401
+from pipeline.inputs.units import (IMAGE_EXTS, MANIFEST_COLUMNS, InputError, Unit, is_uri, check_inputs, iter_units,
+                                   open_input, sample_id)  # noqa: F401
+from pipeline.inputs.listing import (FAN_IN, RUN_SIZE, count_new, iter_listing, list_units, load_unit, read_listing,
+                                     write_listing)  # noqa: F401
 
 
 def __getattr__(name: str):

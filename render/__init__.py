@@ -1,7 +1,7 @@
 """Synthetic humans: BlenderProc renders of scans (or random `anny` bodies) under HDRI light, with exact
 depth, normal and mask ground truth, written as WebDataset shards with Parquet catalogs.
 
-Public surface: `prepare_run` / `run_local` / `summary` (render.job), `run_ray` (render.distributed),
+Public surface: `prepare_run` / `run_local` / `summary` (render.run.job), `run_ray` (render.run.distributed),
 `load_config`, `render.demo_renders.run` and `render.export.export` (`humanset render export`). Only
 render/blender/ imports Blender. Names load lazily, so `humanset --help` does not import pyarrow,
 duckdb or numpy through here.

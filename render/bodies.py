@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .sampling import STREAM_BODY, STREAM_TEXTURE, BodyConfig, frame_rng, sample_phenotype
+from render.sampling import STREAM_BODY, STREAM_TEXTURE, BodyConfig, frame_rng, sample_phenotype
 
 # Joint ranges in degrees for anny's default "local-ref" pose parameterisation, whose rotation axes are
 # the world axes of the rest pose (x: body's left, y: body's back, z: up). (axis index, lo, hi) per bone.
@@ -110,7 +110,7 @@ def _part_map() -> tuple[np.ndarray, dict]:
 @lru_cache(maxsize=1)
 def face_parts() -> np.ndarray:
     """(F,) Sapiens-28 class per anny triangle, from the skinning bone of its corners (render/parts.json)."""
-    from . import parts
+    from render import parts
     model = anny_model()
     bone_class = parts.bone_classes(list(model.bone_labels))
     vc = parts.vertex_classes(model.vertex_bone_weights.cpu().numpy(), model.vertex_bone_indices.cpu().numpy(),

@@ -53,8 +53,8 @@ def add_render_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_render(args) -> int:
-    from .config import load_config
-    from .job import prepare_run, run_local, summary
+    from render.config import load_config
+    from render.run.job import prepare_run, run_local, summary
     if args.frames is None or args.output is None:
         print("humanset render: error: --frames and --output are required (see humanset render --help)",
               file=sys.stderr)
@@ -67,7 +67,7 @@ def run_render(args) -> int:
         print(f"humanset render: error: {e}", file=sys.stderr)
         return 2
     if args.ray:
-        from .distributed import run_ray
+        from render.run.distributed import run_ray
         run_ray(spec, args.workers, args.cpus_per_worker, args.gpus_per_worker, args.address,
                 progress=not args.no_progress)
     else:
@@ -80,7 +80,7 @@ def run_render(args) -> int:
 def run_scan_index(args) -> int:
     from catalog import SCANS, conform, write_parquet
 
-    from .scans import index_scans
+    from render.scans import index_scans
     try:
         rows = index_scans(args.scans_dir)
     except FileNotFoundError as e:
@@ -101,13 +101,13 @@ def run_scan_index(args) -> int:
 def run_config(args) -> int:
     import yaml
 
-    from .config import load_config
+    from render.config import load_config
     print(yaml.safe_dump(load_config(args.config, args.set).to_dict(), sort_keys=False), end="")
     return 0
 
 
 def run_demo(args) -> int:
-    from .demo_renders import run
+    from render.demo_renders import run
     print(json.dumps(run(args.output, frames=args.frames, progress=not args.no_progress)))
     return 0
 
@@ -140,7 +140,7 @@ examples:
 
 
 def run_export(args) -> int:
-    from .export import ExportError, export
+    from render.export import ExportError, export
     try:
         result = export(args.out, args.format, args.to, args.normal_frame, progress=not args.no_progress)
     except (ExportError, FileNotFoundError) as e:

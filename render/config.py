@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass, field
 
 from catalog import config as loader
 
-from .scene import RenderSettings
-from .sampling import SamplingConfig
+from render.scene import RenderSettings
+from render.sampling import SamplingConfig
 
 
 @dataclass
@@ -22,7 +22,7 @@ class OutputConfig:
 
 @dataclass
 class ScheduleConfig:
-    # frames of one scan rendered back to back by one worker, scan kept loaded (render.plan); 1 = per-frame
+    # frames of one scan rendered back to back by one worker, scan kept loaded (render.run.plan); 1 = per-frame
     # order. Sapiens rendered ~830 frames per scan, so a scan is visited ~26 times at the default.
     frames_per_scan_visit: int = 32
     max_restarts: int = 4  # times a Ray render actor is restarted after its process died (Blender crash)

@@ -16,7 +16,7 @@ with an image is whole, and a rerun skips it.
 
 coco (FILE.json): see render/export_coco.py.
 
-Every byte of the run is read through `RunReader.open` (render/run_reader.py), the one place a path of
+Every byte of the run is read through `RunReader.open` (render/export_reader.py), the one place a path of
 OUT is opened (OUT may be a URI, s3://bucket/runs/synth: read through catalog.storage, each shard as one
 buffered stream); shards are streamed member by member with catalog.iter_tar, one frame in memory at a
 time.
@@ -31,8 +31,8 @@ import numpy as np
 
 import catalog
 
-from . import output as outfmt
-from .run_reader import FRAME_KEY, ExportError, RunReader, frame_arrays, frame_records, run_fingerprint  # noqa: F401
+from render.run import output as outfmt
+from render.export_reader import (FRAME_KEY, ExportError, RunReader, frame_arrays, frame_records, run_fingerprint)  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +170,6 @@ def export(out, fmt: str, to, normal_frame: str | None = None, progress: bool = 
     if fmt == "coco":
         if normal_frame is not None:
             raise ExportError("--normal-frame applies to --format sapiens only (COCO keypoints have no normals)")
-        from .export_coco import export_coco
+        from render.export_coco import export_coco
         return export_coco(out, to, progress)
     raise ExportError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")

@@ -1,7 +1,7 @@
 """Part-segmentation ground truth: anny's skinning bones -> the Sapiens 28-class vocabulary (pure numpy).
 
 The mapping is data, in render/parts.json: the vocabulary's class names (id = position, 0 = Background,
-the same list as training/vocab/sapiens28.json) and ordered (bone glob, class) rules; the first rule
+the same list as training/tasks/vocab/sapiens28.json) and ordered (bone glob, class) rules; the first rule
 that matches a bone wins. A vertex takes the class of the bone with the largest skinning weight; a
 triangle takes the class most of its three corners have (the first corner's on a three-way tie), so
 labels are constant per face and the renderer and the oracle agree on every pixel centre.

@@ -90,7 +90,7 @@ def obj_texture_refs(path: Path) -> list[Path]:
 def _inspect_worker(list_file: str, start: int, out_file: str) -> None:
     """Child process: import scans start.. of the list, one JSON line each ("begin" first, so a crash
     inside an import leaves a begin without its result)."""
-    from . import blender
+    from render import blender
     paths = json.loads(Path(list_file).read_text())
     with open(out_file, "a") as out:
         for i in range(start, len(paths)):
@@ -177,7 +177,7 @@ class _Crash(Exception):
 
 def index_hdris(hdris) -> list[dict]:
     """HDRIS rows for a folder of .hdr/.exr files, or 'builtin' (the studio lights inside the bpy wheel)."""
-    from . import blender
+    from render import blender
     if str(hdris) == "builtin":
         root, prefix = blender.builtin_hdri_dir(), "builtin/"
     else:

@@ -22,7 +22,7 @@ def ray_local():
 
 @pytest.fixture(scope="session")
 def demo_crawl(tmp_path_factory):
-    from pipeline.demo_crawl import demo_samples, write_webdataset
+    from pipeline.demo.crawl import demo_samples, write_webdataset
     folder = tmp_path_factory.mktemp("demo") / "crawl"
     samples = demo_samples()
     write_webdataset(folder, samples)
@@ -32,8 +32,8 @@ def demo_crawl(tmp_path_factory):
 @pytest.fixture(scope="session")
 def demo_run(demo_crawl, ray_local, tmp_path_factory):
     """The demo crawl curated with the demo config, all seven stages (the run `make demo` makes)."""
-    from pipeline.demo_crawl import demo_config
-    from pipeline.engine import curate
+    from pipeline.demo.crawl import demo_config
+    from pipeline.engine.driver import curate
     run = tmp_path_factory.mktemp("demo") / "run"
     manifest = curate([str(demo_crawl[0])], str(run), demo_config(), progress=False)
     return run, manifest

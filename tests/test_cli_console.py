@@ -18,7 +18,7 @@ with native_noise_filtered():
     os.write(2, b"\x1b[36m(pid=gcs_server)\x1b[0m [2026-11-30 15:29:27,019 E 21170 21170] (gcs_server) "
                 b"gcs_actor_scheduler.cc:538: Failed to kill actor c6bf, return status: Invalid: KillActor RPC "
                 b"failed for actor c6bf: RpcError: RPC error: Socket closed rpc_code: 14\n")
-    logging.getLogger("render.job").warning("our warning")
+    logging.getLogger("render.run.job").warning("our warning")
     sys.stderr.write("bar 1/2\rbar 2/2\r")
     sys.stderr.flush()
     os.write(2, b"bar 3/3\rlibpng warning: eXIf: duplicate\n")  # a noise line right after a bar's refresh
@@ -34,7 +34,7 @@ def test_native_noise_is_dropped_and_the_rest_passes():
                           env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr.decode()
     assert proc.stderr.decode().split("\n") == [
-        "Error: a real Blender error", "WARNING render.job: our warning",
+        "Error: a real Blender error", "WARNING render.run.job: our warning",
         "bar 1/2\rbar 2/2\rbar 3/3\rpartial line without newline", "after the block", ""]
 
 
@@ -44,7 +44,7 @@ def test_compact_log_lines_keep_the_level_of_warnings_only():
     from humanset.console import Compact
 
     def line(level, msg):
-        return Compact().format(logging.LogRecord("render.job", level, __file__, 1, msg, None, None))
+        return Compact().format(logging.LogRecord("render.run.job", level, __file__, 1, msg, None, None))
 
     assert line(logging.INFO, "4 rendered").split(" ", 1)[1] == "4 rendered"
     assert line(logging.WARNING, "stage art skipped").split(" ", 1)[1] == "WARNING stage art skipped"
@@ -108,7 +108,7 @@ def test_libraries_log_warnings_only_and_ours_log_info():
     def rec(name, level):
         return logging.LogRecord(name, level, __file__, 1, "m", None, None)
 
-    assert keep(rec("humanset.curate", logging.INFO)) and keep(rec("render.job", logging.INFO))
+    assert keep(rec("humanset.curate", logging.INFO)) and keep(rec("render.run.job", logging.INFO))
     assert keep(rec("training.trainer", logging.INFO)) and keep(rec("catalog.storage", logging.INFO))
     assert not keep(rec("matplotlib.font_manager", logging.INFO))  # "generated new fontManager"
     assert not keep(rec("anny", logging.INFO)) and not keep(rec("humansetx", logging.INFO))

@@ -127,7 +127,7 @@ def test_write_script_runs():
 
 
 def test_code_reads_the_config_value_and_the_dataclass_default_when_it_is_missing():
-    from pipeline.blocks import retries_of
+    from pipeline.engine.blocks import retries_of
     from pipeline.config import section
     from pipeline.settings import DEFAULTS
 

@@ -146,7 +146,7 @@ SPHERE_JOINTS = [("head", (0, 0.1, -1)), ("head", (0.35, -0.25, -0.9)), ("head",
 
 def sphere_parts(fr: dict) -> np.ndarray:
     """sapiens28 label map of a sphere frame: the head, the body's upper and lower halves."""
-    from training.vocab import load
+    from training.tasks.vocab import load
     names = load("sapiens28").names
     h = fr["which"].shape[0]
     (c, r), _ = fr["spheres"]
@@ -180,7 +180,7 @@ def write_sphere_renders(folder, n_frames: int = 8, hw=(96, 72), per_shard: int 
     rng = np.random.default_rng(seed)
     shards = Path(folder) / "shards"
     if people:
-        from training.vocab import load
+        from training.tasks.vocab import load
         catalog.write_json(Path(folder) / "render.json", {"part_vocabulary": {"names": list(load("sapiens28").names)}})
     with catalog.ShardWriter(shards, prefix, catalog.FRAMES, max_count=per_shard) as writer:
         for i in range(n_frames):
@@ -224,7 +224,7 @@ def write_coco_person(folder) -> tuple[Path, Path]:
     part polygons on the astronaut, its flipped copy too). Returns (keypoints.json, parts.json)."""
     import skimage.data as sd
 
-    from training.vocab import load
+    from training.tasks.vocab import load
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,7 @@ FLAG_TYPES = {"batch_size": int, "steps": int, "workers": int, "gpus_per_worker"
 def add_setting_flags(p: argparse.ArgumentParser, command: str, flags: dict) -> None:
     """One --flag per setting (`image_size` -> --image-size): {setting: help text or (text, type)}; the
     help ends with the setting's default (training/config.py flag_help), so it cannot drift from it."""
-    from .config import flag_help
+    from training.config import flag_help
 
     for key, text in flags.items():
         text, kind = text if isinstance(text, tuple) else (text, FLAG_TYPES.get(key))
@@ -74,7 +74,7 @@ def add_config_args(p: argparse.ArgumentParser, yaml_name: str, example: str) ->
 
 def config_from_args(args):
     """training/pretrain.yaml, then --config, then --set, then the flags given (training/config.py)."""
-    from .config import load_config
+    from training.config import load_config
 
     return load_config("pretrain", args.config, args.set, flags_from(args, PRETRAIN_FLAGS))
 
@@ -97,7 +97,7 @@ def user_errors(fn):
 
 @user_errors
 def cmd_pretrain(args) -> int:
-    from .pretrain import pretrain
+    from training.pretrain import pretrain
 
     if not args.data or not args.output:
         raise ValueError("--data and --output are required (or use `humanset pretrain vis|export`)")
@@ -108,7 +108,7 @@ def cmd_pretrain(args) -> int:
 
 @user_errors
 def cmd_pretrain_vis(args) -> int:
-    from .vis import pretrain_vis
+    from training.vis import pretrain_vis
 
     print(pretrain_vis(args.checkpoint, args.image, args.out, args.mask_ratio, args.seed))
     return 0
@@ -116,7 +116,7 @@ def cmd_pretrain_vis(args) -> int:
 
 @user_errors
 def cmd_pretrain_export(args) -> int:
-    from .checkpoint import export_encoder
+    from training.checkpoint import export_encoder
 
     print(export_encoder(args.checkpoint, args.out))
     return 0

@@ -28,7 +28,7 @@ YAML = {"pretrain": "pretrain.yaml", "finetune": "finetune.yaml", "train-filter"
 HEADER = ("humanset {command}: every setting and its default (training/config.py loads it). Override with\n"
           "--config FILE (a YAML of some of these keys), then --set KEY=VALUE, then the command's flags.\n"
           "Generated from {source} (python -m humanset.settings_files --write): edit the dataclass there.")
-SOURCES = {"pretrain": "training/pretrain.py PretrainConfig", "finetune": "training/finetune.py FinetuneConfig",
+SOURCES = {"pretrain": "training/pretrain.py PretrainConfig", "finetune": "training/tasks/finetune.py FinetuneConfig",
            "train-filter": "training/filters/train.py FilterConfig"}
 YAML_COLUMN = 32  # where the YAMLs' comments start
 
@@ -36,11 +36,11 @@ YAML_COLUMN = 32  # where the YAMLs' comments start
 def config_class(command: str):
     """The command's config dataclass (imports torch: only when a run is configured)."""
     if command == "pretrain":
-        from .pretrain import PretrainConfig as cls
+        from training.pretrain import PretrainConfig as cls
     elif command == "finetune":
-        from .finetune import FinetuneConfig as cls
+        from training.tasks.finetune import FinetuneConfig as cls
     elif command == "train-filter":
-        from .filters.train import FilterConfig as cls
+        from training.filters.train import FilterConfig as cls
     else:
         raise KeyError(f"no training command {command!r}; known: {', '.join(YAML)}")
     return cls
@@ -88,11 +88,11 @@ def load_config(command: str, path=None, sets: list[str] | None = None, flags: d
     """Steps 1-6: the command's typed config."""
     values = load_settings(command, path, sets, flags)
     if command == "pretrain":
-        from .pretrain import config_from
+        from training.pretrain import config_from
     elif command == "finetune":
-        from .finetune import config_from
+        from training.tasks.finetune import config_from
     else:
-        from .filters.train import config_from
+        from training.filters.train import config_from
     return config_from(values)
 
 

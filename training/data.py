@@ -25,8 +25,8 @@ import torch
 import catalog
 import catalog.storage
 
-from .image_decode import (IMAGENET_MEAN, IMAGENET_STD, augment, decode_augment_batch, decode_image, read_image_member,
-                     sample_rng)
+from training.image_decode import (IMAGENET_MEAN, IMAGENET_STD, augment, decode_augment_batch, decode_image,
+                                   read_image_member, sample_rng)
 
 log = logging.getLogger(__name__)
 

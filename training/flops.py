@@ -5,7 +5,7 @@ model cards quote `encoder_linear_macs` at 1024 px (4096 tokens, no masking): 1.
 """
 from __future__ import annotations
 
-from .vit import preset
+from training.vit import preset
 
 
 def block_macs(tokens: int, width: int, mlp: int, attention: bool = True) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .vit import Block, VisionTransformer, init_linear_and_norm, preset, rows, run_block, sincos_pos_embed
+from training.vit import Block, VisionTransformer, init_linear_and_norm, preset, rows, run_block, sincos_pos_embed
 
 
 class MaskedAutoencoder(nn.Module):
@@ -165,7 +165,7 @@ def compile_blocks(model: MaskedAutoencoder) -> None:
     """torch.compile each transformer block. The blocks share Dynamo's cache for Block.forward, and the
     decoder's first and last blocks take extra arguments, so with batch-size changes the variants can
     pass Dynamo's default limit of 8 (after which the rest run eagerly): the limit is raised to 32."""
-    from .torch_compat import raise_recompile_limit
+    from training.torch_compat import raise_recompile_limit
 
     raise_recompile_limit(32)
     for block in list(model.encoder.blocks) + list(model.decoder_blocks):

@@ -17,13 +17,13 @@ import torch
 import catalog
 from catalog.config import setting
 
-from . import checkpoint as ckpt
-from . import trainer
-from .data import ShardStream, normalize, ray_dataset
-from .trainer import Context, RunConfig
-from .lr import adamw, param_groups, scaled_lr, warmup_cosine
-from .mae import MaskedAutoencoder, compile_blocks, count_params
-from .vit import preset
+from training import checkpoint as ckpt
+from training import trainer
+from training.data import ShardStream, normalize, ray_dataset
+from training.trainer import Context, RunConfig
+from training.lr import adamw, param_groups, scaled_lr, warmup_cosine
+from training.mae import MaskedAutoencoder, compile_blocks, count_params
+from training.vit import preset
 
 log = logging.getLogger(__name__)
 

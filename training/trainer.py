@@ -26,9 +26,9 @@ from torch import nn
 
 import catalog
 
-from . import checkpoint as ckpt
-from .lr import clip_and_step
-from .run_config import RunConfig, config_from  # noqa: F401 (the engine's API; the settings every run has)
+from training import checkpoint as ckpt
+from training.lr import clip_and_step
+from training.run_config import RunConfig, config_from  # noqa: F401 (the engine's API; the settings every run has)
 
 log = logging.getLogger(__name__)
 

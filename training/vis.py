@@ -13,10 +13,10 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from .checkpoint import load_checkpoint
-from .data import normalize
-from .image_decode import IMAGENET_MEAN, IMAGENET_STD, center_resize, decode_image
-from .mae import MaskedAutoencoder
+from training.checkpoint import load_checkpoint
+from training.data import normalize
+from training.image_decode import IMAGENET_MEAN, IMAGENET_STD, center_resize, decode_image
+from training.mae import MaskedAutoencoder
 
 log = logging.getLogger(__name__)
 

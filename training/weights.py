@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import checkpoint as ckpt
-from .vit import VisionTransformer
+from training import checkpoint as ckpt
+from training.vit import VisionTransformer
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 
-from .base import Resources, Stage
+from pipeline.stages.base import Resources, Stage
 
 REGISTRY = {
     "decode": "pipeline.stages.decode:DecodeStage",
@@ -11,7 +11,7 @@ REGISTRY = {
     "dedup": "pipeline.stages.dedup:DedupStage",
     "person": "pipeline.stages.person:PersonStage",
     "text": "pipeline.stages.text:TextStage",
-    "watermark": "pipeline.stages.watermark:WatermarkStage",
+    "watermark": "pipeline.stages.watermark.stage:WatermarkStage",
     "art": "pipeline.stages.art:ArtStage",
 }
 

@@ -21,11 +21,11 @@ import numpy as np
 
 from catalog.rules import RULES
 
-from ..images import load_rgb
-from ..settings import DEFAULTS
-from .base import Stage
-from .batching import infer_each
-from .card import locate_weights
+from pipeline.inputs.images import load_rgb
+from pipeline.settings import DEFAULTS
+from pipeline.stages.base import Stage
+from pipeline.stages.batching import infer_each
+from pipeline.stages.card import locate_weights
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class ArtStage(Stage):
     def _setup_card(self, card_path: Path) -> None:
         """A classifier from `humanset train-filter art` in OpenCLIP's place: its classes are the groups,
         art_score = 1 - P(photo), art_label = the most probable class (see card.ArtAdapter)."""
-        from .card import ArtAdapter, CardClassifier
+        from pipeline.stages.card import ArtAdapter, CardClassifier
 
         clf = CardClassifier(card_path, "art", "art.weights")
         if clf.card["keep_class"] != PHOTO:

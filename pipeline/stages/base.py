@@ -5,7 +5,7 @@ row it sees; `reject` turns stored measurements plus the config's thresholds int
 `reject` serves `humanset curate` and `humanset select`, so re-thresholding never runs a model.
 A stage's thresholds are data: `rules` points at its entry of catalog.rules.RULES (column, config
 key, comparison, kept side), the one declaration stats, the report and calibrate read too.
-The Ray wiring lives in pipeline/engine.py only.
+The Ray wiring lives in pipeline/engine/driver.py only.
 """
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ import hashlib
 
 import pyarrow as pa
 
-from ..images import ImageError, probe
-from ..settings import DEFAULTS
-from .base import Stage
+from pipeline.inputs.images import ImageError, probe
+from pipeline.settings import DEFAULTS
+from pipeline.stages.base import Stage
 
 # kind -> what it means. Input: the source never had bytes for this sample (reported under the
 # 'input' reason prefix, first in the funnel); reading: the sample's bytes could not be had;
@@ -43,7 +43,7 @@ REASON_KINDS = {
 
 INPUT_KINDS = ("download_failed",)  # reasons of the 'input' prefix (pipeline/decide.py)
 
-# unit-level errors ("KIND: detail", pipeline/reading.py UnitReader.error): kind -> what it means.
+# unit-level errors ("KIND: detail", pipeline/inputs/reading.py UnitReader.error): kind -> what it means.
 # The unit's whole samples before the damage are curated; its stats marker records the error.
 UNIT_ERROR_KINDS = {
     "cannot_open_shard": "the shard could not be opened (missing, permission, object store)",

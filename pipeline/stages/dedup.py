@@ -1,7 +1,7 @@
 """dedup: per sample, a 64-bit pHash (of the decode stage's thumbnail); across the run, clusters
 by sha256 and pHash distance.
 
-The per-sample part runs here; the clustering runs once over the whole run (pipeline/dedup.py)
+The per-sample part runs here; the clustering runs once over the whole run (pipeline/dedup/clusters.py)
 and fills dup_of / dup_kind / dup_cluster_size.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image
 
-from ..images import THUMB
-from .base import Stage
+from pipeline.inputs.images import THUMB
+from pipeline.stages.base import Stage
 
 
 def phash64(image: Image.Image) -> int:

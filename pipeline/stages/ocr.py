@@ -17,7 +17,7 @@ import logging
 
 import numpy as np
 
-from .. import rapidocr_compat as rc
+from pipeline.stages import rapidocr_compat as rc
 
 log = logging.getLogger(__name__)
 

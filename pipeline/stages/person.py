@@ -37,11 +37,11 @@ import pyarrow as pa
 
 from catalog.rules import BOX_RULES, PERSON_BOX, PERSON_SCORE, RULES, box_side
 
-from ..images import load_rgb
-from ..settings import DEFAULTS
-from .base import Stage
-from .person_model import (BACKENDS, MAX_DET, NMS_IOU, cache_dir, export_onnx, file_sha256,  # noqa: F401 (API)
-                           import_ultralytics_offline, onnx_path)
+from pipeline.inputs.images import load_rgb
+from pipeline.settings import DEFAULTS
+from pipeline.stages.base import Stage
+from pipeline.stages.person_model import (BACKENDS, MAX_DET, NMS_IOU, cache_dir, export_onnx, file_sha256,
+                                          import_ultralytics_offline, onnx_path)  # noqa: F401 (API)
 
 log = logging.getLogger(__name__)
 

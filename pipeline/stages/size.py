@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from catalog.rules import RULES
 
-from ..settings import DEFAULTS
-from .base import Stage
+from pipeline.settings import DEFAULTS
+from pipeline.stages.base import Stage
 
 COLUMNS = ("short_side", "aspect", "upscaled", "resolution_scale")
 

@@ -38,10 +38,10 @@ import numpy as np
 
 from catalog.rules import RULES, TEXT_AREA
 
-from ..images import load_rgb
-from ..settings import DEFAULTS
-from .base import Stage
-from .ocr import OCR, TEXT_BOX_THRESH, to_column
+from pipeline.inputs.images import load_rgb
+from pipeline.settings import DEFAULTS
+from pipeline.stages.base import Stage
+from pipeline.stages.ocr import OCR, TEXT_BOX_THRESH, to_column
 
 log = logging.getLogger(__name__)
 

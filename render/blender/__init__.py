@@ -3,7 +3,7 @@
 No other module of humanset imports bpy or blenderproc; the scene it renders is plain data
 (render/scene.py). A `BlenderRenderer` is one warm Blender per process: `init` once, then
 `render(scene)` per frame. A scan file stays loaded (mesh, materials, textures) while consecutive
-frames show the same scan (scan-major plans, render.plan); only the camera and the world change.
+frames show the same scan (scan-major plans, render.run.plan); only the camera and the world change.
 HDRIs are loaded once and kept; the world's nodes are built once and re-pointed. Generated meshes
 (anny bodies, a new body per frame) are replaced every frame.
 
@@ -23,10 +23,10 @@ Conventions of what `render` returns (the rest of humanset never sees Blender's 
   parts   uint8 H×W class ids (render.parts vocabulary), 0 = background, set exactly where mask is; only
           for meshes that carry per-face labels (MeshInput.face_labels), else absent
 """
-from ..scene import FileMeshInput, MeshInput, RenderSettings, SceneInput
-from .compat import import_blenderproc
-from .probe import image_size, inspect_mesh_file
-from .renderer import BACKGROUND_DEPTH, CV_TO_GL, BlenderRenderer, builtin_hdri_dir, get_renderer
+from render.scene import FileMeshInput, MeshInput, RenderSettings, SceneInput
+from render.blender.compat import import_blenderproc
+from render.blender.probe import image_size, inspect_mesh_file
+from render.blender.renderer import BACKGROUND_DEPTH, CV_TO_GL, BlenderRenderer, builtin_hdri_dir, get_renderer
 
 __all__ = ["BACKGROUND_DEPTH", "CV_TO_GL", "BlenderRenderer", "FileMeshInput", "MeshInput", "RenderSettings",
            "SceneInput", "builtin_hdri_dir", "get_renderer", "image_size", "import_blenderproc",

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..scene import FileMeshInput, MeshInput
-from .materials import PART_ATTRIBUTE
+from render.scene import FileMeshInput, MeshInput
+from render.blender.materials import PART_ATTRIBUTE
 
 
 def blender_mesh(m: MeshInput):

@@ -5,10 +5,10 @@ import sys
 
 import numpy as np
 
-from ..scene import FileMeshInput
-from . import meshes
-from .compat import import_blenderproc
-from .renderer import quiet
+from render.scene import FileMeshInput
+from render.blender import meshes
+from render.blender.compat import import_blenderproc
+from render.blender.renderer import quiet
 
 
 def image_size(path) -> tuple[int, int]:

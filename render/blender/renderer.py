@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..scene import MeshInput, RenderSettings, SceneInput, scan_key
-from . import materials, meshes
-from .compat import import_blenderproc
-from .materials import PART_AOV
+from render.scene import MeshInput, RenderSettings, SceneInput, scan_key
+from render.blender import materials, meshes
+from render.blender.compat import import_blenderproc
+from render.blender.materials import PART_AOV
 
 log = logging.getLogger("render.blender")
 

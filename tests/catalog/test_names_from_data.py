@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 import catalog
-from catalog import stats
+from explore import stats
 from stats_run import make_run
 
 
@@ -88,7 +88,7 @@ def test_report_draws_labels_from_data_literally(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from catalog.report import render_report
+    from explore.report import render_report
 
     run, rows = make_run(tmp_path, n=20)
     path = run / "catalog" / "samples" / "part-00000.parquet"
@@ -102,7 +102,7 @@ def test_report_draws_labels_from_data_literally(tmp_path):
 
 # --- a background file name containing '#' ------------------------------------------------------------
 def test_background_file_name_with_hash_reads(tmp_path):
-    from training.task_data import BackgroundPool
+    from training.tasks.data import BackgroundPool
 
     photo = tmp_path / "beach #3.jpg"
     photo.write_bytes(_jpeg(48, seed=1))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from catalog import cli
+from explore import cli
 from stats_run import make_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ def test_bad_output_suffix_and_missing_run(run, tmp_path, capsys):
 ])
 def test_sql_errors_are_duckdb_messages_without_traceback(run, sql, message):
     run_dir, _ = run
-    p = subprocess.run([sys.executable, "-m", "catalog.cli", "query", str(run_dir), sql],
+    p = subprocess.run([sys.executable, "-m", "explore.cli", "query", str(run_dir), sql],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 1
     assert message in p.stderr

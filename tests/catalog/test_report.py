@@ -11,8 +11,8 @@ import subprocess
 import pytest
 from PIL import Image
 
-from catalog import cli
-from catalog.report import _tile, write_report
+from explore import cli
+from explore.report import _tile, write_report
 from stats_run import make_run
 
 THUMBS = 4
@@ -116,7 +116,7 @@ def test_renders_in_headless_chromium_without_broken_images(report, tmp_path):
 
 
 def test_source_reader_gives_up_on_a_slow_failing_store(monkeypatch):
-    from catalog import report
+    from explore import report
 
     calls = []
 
@@ -136,7 +136,7 @@ def test_source_reader_gives_up_on_a_slow_failing_store(monkeypatch):
 
 def test_demo_run_stats_agree_with_its_manifest_and_the_report_renders(demo_run, tmp_path):
     """The real curation output (the run `make demo` makes), not a synthetic one."""
-    from catalog.stats import run_stats
+    from explore.stats import run_stats
 
     run_dir, manifest = demo_run
     s = run_stats(run_dir)

@@ -8,10 +8,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from catalog import SAMPLES, stats
-from catalog.report import _passes
+from catalog import SAMPLES
+from explore import stats
+from explore.report import _passes
 from catalog.rules import ALL_RULES, CALIBRATED, PERSON_BOX, PERSON_SCORE, RULES
-from pipeline.calibrate import at_threshold, pr_curve
+from pipeline.select.calibrate import at_threshold, pr_curve
 from pipeline.config import default_config
 from pipeline.stages import REGISTRY, stage_class
 
@@ -135,10 +136,10 @@ def _scores(con, manifest):
 
 
 def test_no_module_keeps_its_own_copy_of_the_thresholds():
-    import catalog.stats
-    import pipeline.calibrate
+    import explore.stats
+    import pipeline.select.calibrate
 
-    assert not hasattr(catalog.stats, "STAGE_SCORES") and not hasattr(pipeline.calibrate, "STAGE_KEYS")
+    assert not hasattr(explore.stats, "STAGE_SCORES") and not hasattr(pipeline.select.calibrate, "STAGE_KEYS")
 
 
 def test_stats_of_a_run_whose_manifest_holds_a_nan_threshold(tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import catalog
-from catalog import cli, stats
+from explore import cli, stats
 from catalog.source_bytes import read_source, split_source_uri
 from stats_run import STAGES, make_run
 

@@ -1,4 +1,4 @@
-"""catalog/storage.py: one contract, checked on a local folder, memory:// and a real S3 server
+"""catalog/storage/__init__.py: one contract, checked on a local folder, memory:// and a real S3 server
 (SeaweedFS on 127.0.0.1, tests/s3server.py)."""
 import io
 import json
@@ -20,7 +20,7 @@ import pytest
 
 from catalog import storage as st
 from catalog.io import RunLocked, lock_message
-from catalog.storage_lock import LockUnsupported
+from catalog.storage.lock import LockUnsupported
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -231,7 +231,7 @@ def test_a_writer_killed_mid_write_leaves_no_partial_local_file(tmp_path):
 
 
 def test_braceexpand_is_lazy_and_pads_like_the_range_start():
-    from catalog.globs import braceexpand
+    from catalog.storage.globs import braceexpand
     it = braceexpand("s3://b/crawl/{0000000000..9999999999}.tar")
     assert next(it) == "s3://b/crawl/0000000000.tar" and next(it) == "s3://b/crawl/0000000001.tar"
     assert list(braceexpand("x{8..11}")) == ["x8", "x9", "x10", "x11"]

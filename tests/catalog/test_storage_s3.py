@@ -1,4 +1,4 @@
-"""catalog/storage.py against a real S3 server (SeaweedFS on 127.0.0.1): pagination, credentials
+"""catalog/storage/__init__.py against a real S3 server (SeaweedFS on 127.0.0.1): pagination, credentials
 kept out of every message, DuckDB on remote Parquet."""
 import logging
 from concurrent.futures import ThreadPoolExecutor

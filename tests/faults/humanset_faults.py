@@ -7,7 +7,7 @@ Two ways in, neither read by product code:
   `install(spec)` at start-up. A stage fault re-points the stage registry
   (pipeline.stages.REGISTRY) at a crashing subclass; a scan fault wraps the importer.
 - in Ray actors of a cluster the test session already runs: `crashing_shard_renderer(names)`, a
-  render.job.ShardRenderer subclass the test monkeypatches in, pickled by value so the actors need
+  render.run.job.ShardRenderer subclass the test monkeypatches in, pickled by value so the actors need
   no path to this folder.
 
 spec (JSON): {"stage": "decode"|"text", "uri": TEXT} kills the process running that stage on a batch
@@ -85,9 +85,9 @@ def _patch_importer(module) -> None:
 
 
 def crashing_shard_renderer(names):
-    """A render.job.ShardRenderer whose process aborts when it imports a scan file named in `names`.
+    """A render.run.job.ShardRenderer whose process aborts when it imports a scan file named in `names`.
     Register this module with ray.cloudpickle.register_pickle_by_value before handing it to Ray."""
-    from render.job import ShardRenderer
+    from render.run.job import ShardRenderer
 
     class CrashingShardRenderer(ShardRenderer):
         def __init__(self, *args, **kwargs):

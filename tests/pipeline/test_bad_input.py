@@ -34,7 +34,7 @@ def _tiff_missing_dimensions() -> bytes:
 
 
 def _photo(seed=0, w=400, h=320):
-    from pipeline.demo_crawl import photo_like
+    from pipeline.demo.crawl import photo_like
     return photo_like(w, h, seed)
 
 
@@ -131,7 +131,7 @@ def _bad_folder(root, outside):
 
 
 def test_bad_inputs_complete_a_run_each_exactly_once(tmp_path, ray_local):
-    from pipeline.engine import curate
+    from pipeline.engine.driver import curate
     imgs = _bad_folder(tmp_path / "in", tmp_path / "secret.jpg")
     _bad_tar(imgs / "bad.tar")
     run = tmp_path / "run"

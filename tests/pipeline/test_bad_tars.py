@@ -213,7 +213,7 @@ def _iter(fh):
 
 
 def test_the_reader_streams_one_sample_at_a_time(tmp_path, monkeypatch):
-    import pipeline.reading as reading
+    import pipeline.inputs.reading as reading
     big = [m for i in range(20) for m in ((f"{i:03d}.jpg", bytes([i]) * 200_000),)]
     tar = tmp_path / "big.tar"
     tar.write_bytes(_tar(big))

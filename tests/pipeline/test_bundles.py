@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from pipeline.blocks import bundles
+from pipeline.engine.blocks import bundles
 from pipeline.sources import Unit
 
 ROOT = Path(__file__).resolve().parents[2]

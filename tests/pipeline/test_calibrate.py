@@ -7,7 +7,7 @@ import pytest
 
 import catalog
 from humanset.cli import main
-from pipeline.calibrate import at_threshold, pr_curve, read_labels, threshold_for_precision
+from pipeline.select.calibrate import at_threshold, pr_curve, read_labels, threshold_for_precision
 
 
 def test_pr_curve_on_known_scores():

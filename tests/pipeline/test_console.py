@@ -29,7 +29,7 @@ def test_progress_without_a_terminal_writes_whole_lines():
 
 
 def test_curate_without_a_terminal_has_no_ray_data_log_lines(tmp_path):
-    from pipeline.demo_crawl import demo_samples, write_webdataset
+    from pipeline.demo.crawl import demo_samples, write_webdataset
 
     crawl = tmp_path / "crawl"
     write_webdataset(crawl, demo_samples()[:16], per_shard=8)

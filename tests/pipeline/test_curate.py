@@ -10,7 +10,7 @@ import pytest
 
 import catalog
 from pipeline.config import load_config
-from pipeline.engine import RunError, curate
+from pipeline.engine.driver import RunError, curate
 from catalog.source_bytes import read_source
 from pipeline.sources import sample_id
 
@@ -160,7 +160,7 @@ def _tar_bytes(members):
 
 
 def test_damaged_tars_lose_nothing(tmp_path, ray_local):
-    from pipeline.demo_crawl import photo_like
+    from pipeline.demo.crawl import photo_like
     crawl = tmp_path / "crawl"
     crawl.mkdir()
     good = [photo_like(400, 320, s) for s in range(6)]
@@ -184,7 +184,7 @@ def test_damaged_tars_lose_nothing(tmp_path, ray_local):
 
 def test_folder_and_manifest_inputs(tmp_path, ray_local):
     import pyarrow as pa
-    from pipeline.demo_crawl import photo_like
+    from pipeline.demo.crawl import photo_like
     imgs = tmp_path / "imgs" / "sub"
     imgs.mkdir(parents=True)
     for i in range(3):

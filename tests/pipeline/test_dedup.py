@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import dedup, dedup_components, dedup_tables
-from pipeline.dedup import (Layout, blocks, choose_blocks, cluster, cluster_stats, expected_candidates,
-                            first_table, near_pairs, run_dedup, tables)
+from pipeline.dedup import clusters as dedup, components as dedup_components, tables as dedup_tables
+from pipeline.dedup.clusters import (Layout, blocks, choose_blocks, cluster, cluster_stats, expected_candidates,
+                                     first_table, near_pairs, run_dedup, tables)
 
 
 def _hashes(seed: int, n_centres=60, copies=600, skewed=900, fixed_bits=10):

@@ -1,4 +1,4 @@
-"""Dedup partitioned by hash end to end (pipeline/dedup_dist.py): verdict files equal the in-process
+"""Dedup partitioned by hash end to end (pipeline/dedup/partitioned.py): verdict files equal the in-process
 cluster() and a brute-force checker on chains, stars, skewed ranges and hot buckets, for several
 partition counts; dup_rank is each member's place in the canonical order; a task killed mid-way
 (a components round, a near task, a verdict writer) resumes from the files of the finished ones."""
@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import dedup, dedup_dist, dedup_dist_tasks, dedup_files
-from pipeline.dedup_dist import batches, plan, run_dedup_distributed, wanted
+from pipeline.dedup import clusters as dedup, partitioned as dedup_dist, tasks as dedup_dist_tasks, files as dedup_files
+from pipeline.dedup.partitioned import batches, plan, run_dedup_distributed, wanted
 
 K = 4
 

@@ -22,7 +22,7 @@ import ray
 from ray.cluster_utils import Cluster
 from dedup import synthetic  # bench/dedup.py: uniform + planted near copies + skewed hot buckets
 from pipeline import dedup
-from pipeline.dedup_dist import run_dedup_distributed
+from pipeline.dedup.partitioned import run_dedup_distributed
 
 out, work = {}, sys.argv[2]
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "memory": 1200 << 20})

@@ -1,6 +1,6 @@
 """The partitioned dedup on a real S3 server (SeaweedFS on 127.0.0.1): one work file per map task
 (its partitions as row groups, read back by ranged reads), the same verdicts as cluster(), and the
-scratch removal of a complete run (pipeline/run_cleanup.py) deleting every work object while the
+scratch removal of a complete run (pipeline/engine/cleanup.py) deleting every work object while the
 verdicts stay."""
 import io
 
@@ -8,8 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from catalog import storage as st
-from pipeline import dedup, run_cleanup
-from pipeline.dedup_dist import run_dedup_distributed
+from pipeline.dedup import clusters as dedup
+from pipeline.engine import cleanup as run_cleanup
+from pipeline.dedup.partitioned import run_dedup_distributed
 from test_dedup_dist import K, _crawl
 
 

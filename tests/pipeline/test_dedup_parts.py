@@ -1,4 +1,4 @@
-"""The near search partitioned by key range (pipeline/dedup_parts.py): same pairs as the whole
+"""The near search partitioned by key range (pipeline/dedup/ranges.py): same pairs as the whole
 tables and as brute force on chains, stars and hot buckets; resume per (table, range); per-task
 memory bounded while n grows with the ranges; run_dedup with dedup.partitioned on Ray."""
 import json
@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import dedup, dedup_dist
-from pipeline.dedup import cluster, components, near_pairs
-from pipeline.dedup_parts import TASK_BASE_BYTES, partitioned_tables, range_bits, range_of, scatter, top_blocks
+from pipeline.dedup import clusters as dedup, partitioned as dedup_dist
+from pipeline.dedup.clusters import cluster, components, near_pairs
+from pipeline.dedup.ranges import TASK_BASE_BYTES, partitioned_tables, range_bits, range_of, scatter, top_blocks
 
 K = 4
 
@@ -154,7 +154,7 @@ def test_run_dedup_partitioned_on_ray_equals_cluster(tmp_path, ray_local):
     assert st["max_task_rss_mb"] > 0
     got = pa.concat_tables([dedup.read_verdicts(tmp_path, u) for u in units]).sort_by("sample_id")
     assert got.equals(cluster(t.drop_columns(["_alive"]), K).cast(dedup.VERDICT_SCHEMA))
-    assert st["components"] == "distributed"  # partitioned end to end (pipeline/dedup_dist.py)
+    assert st["components"] == "distributed"  # partitioned end to end (pipeline/dedup/partitioned.py)
     assert len(list((tmp_path / "work/dedup/dist").glob("*/mk/near-t*-r*.json"))) == 5 * st["ranges"]
 
 
@@ -166,7 +166,7 @@ def test_curate_with_partitioned_dedup_writes_the_same_verdicts(tmp_path):
     import sys
     from pathlib import Path
 
-    from pipeline.demo_crawl import demo_samples, write_webdataset
+    from pipeline.demo.crawl import demo_samples, write_webdataset
     crawl = tmp_path / "crawl"
     write_webdataset(crawl, demo_samples()[:64], per_shard=32)
     root = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ CHEAP = ["stages=[decode,size,dedup]"]
 
 
 def _photos(folder, n, start=0):
-    from pipeline.demo_crawl import photo_like
+    from pipeline.demo.crawl import photo_like
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(start, start + n):
         (folder / f"{i:03d}.jpg").write_bytes(photo_like(400, 320, 500 + i))
@@ -24,7 +24,7 @@ def _photos(folder, n, start=0):
 
 
 def test_run_lock_keeps_a_second_run_out_and_deletes_nothing(tmp_path):
-    from pipeline.engine import RunError, curate
+    from pipeline.engine.driver import RunError, curate
     run = tmp_path / "run"
     run.mkdir()
     theirs = run / "catalog" / "samples" / ".u.parquet.tmp-4242-deadbeef"  # another run's write in flight
@@ -59,7 +59,8 @@ def test_clean_tmp_removes_only_our_writers_temp_files(tmp_path):
 
 def _measured(source, run):
     """Phases 1 and 2 of the cheap path on one unit, in-process (no Ray): (unit, cfg)."""
-    from pipeline import dedup, engine
+    from pipeline.dedup import clusters as dedup
+    from pipeline.engine import driver as engine
     from pipeline.sources import list_units
     from pipeline.stages import build_stages
     cfg = load_config(sets=CHEAP)
@@ -74,8 +75,8 @@ def _measured(source, run):
 
 def test_changed_source_is_rejected_and_never_written(tmp_path):
     """Phase 1 and phase 3 run here in-process (no Ray); the file changes in between."""
-    from pipeline import engine
-    from pipeline.demo_crawl import photo_like
+    from pipeline.engine import driver as engine
+    from pipeline.demo.crawl import photo_like
     folder = _photos(tmp_path / "in", 3)
     run = tmp_path / "run"
     unit, cfg = _measured(folder, run)
@@ -100,8 +101,9 @@ def test_second_read_of_a_tar_seeks_to_its_members_and_a_rewritten_tar_is_parsed
     import shutil
     import tarfile
 
-    from pipeline import engine, fetch
-    from pipeline.demo_crawl import photo_like
+    from pipeline.engine import driver as engine
+    from pipeline.inputs import fetch
+    from pipeline.demo.crawl import photo_like
 
     def shard(path, images):
         with tarfile.open(path, "w") as tf:
@@ -121,7 +123,7 @@ def test_second_read_of_a_tar_seeks_to_its_members_and_a_rewritten_tar_is_parsed
     def no_parse(*a, **k):
         raise AssertionError("the tar was parsed again")
     with monkeypatch.context() as m:
-        m.setattr(fetch, "read_unit", no_parse)  # phase 3 reads bytes back through pipeline/fetch.py
+        m.setattr(fetch, "read_unit", no_parse)  # phase 3 reads bytes back through pipeline/inputs/fetch.py
         table = engine.read_for_score(run, unit, engine._limits(cfg), False)
     assert engine.finish_unit(run, table, cfg).to_pylist()[0]["kept"] == 4
 
@@ -137,7 +139,7 @@ def test_second_read_of_a_tar_seeks_to_its_members_and_a_rewritten_tar_is_parsed
 
 
 def test_units_are_saved_and_files_added_later_are_reported(tmp_path, ray_local):
-    from pipeline.engine import curate
+    from pipeline.engine.driver import curate
     folder = _photos(tmp_path / "in", 4)
     run = tmp_path / "run"
     cfg = load_config(sets=CHEAP + ["input.files_per_unit=2"])
@@ -176,7 +178,7 @@ def test_a_sample_that_kills_its_worker_is_rejected_and_the_run_completes(tmp_pa
 def test_a_stage_that_raises_on_one_sample_fails_only_that_sample():
     import pyarrow as pa
 
-    from pipeline import engine
+    from pipeline.engine import driver as engine
     from pipeline.stages.size import SizeStage
 
     class RaisesOn13(SizeStage):  # a stage with a bug that one sample's values trigger
@@ -199,7 +201,7 @@ def test_a_stage_that_raises_on_one_sample_fails_only_that_sample():
 
 def test_render_out_is_locked_too(tmp_path):
     from render.config import load_config as render_config
-    from render.job import prepare_run
+    from render.run.job import prepare_run
     out = tmp_path / "render"
     with catalog.run_lock(out):
         with pytest.raises(ValueError, match="another run is using this directory"):

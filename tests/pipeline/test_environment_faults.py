@@ -38,7 +38,7 @@ def tmpfs(tmp_path):
 
 
 def _crawl(folder, n=24):
-    from pipeline.demo_crawl import photo_like
+    from pipeline.demo.crawl import photo_like
     folder.mkdir()
     for i in range(n):  # ~24 x 160 KB of curated bytes: more than the 1 MB file system holds
         (folder / f"{i:03d}.jpg").write_bytes(photo_like(720, 540, 900 + i))

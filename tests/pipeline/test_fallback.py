@@ -10,8 +10,8 @@ from PIL import Image
 
 import catalog
 from pipeline.config import default_config
-from pipeline.engine import curate
-from pipeline.recut import select
+from pipeline.engine.driver import curate
+from pipeline.select.recut import select
 from test_stage_text import SKIMAGE, meme
 
 
@@ -178,7 +178,7 @@ def _m(key, rank, sid, sha="x", **kw):
 
 
 def test_cluster_logic_scores_the_next_rank_only_after_a_model_rejection():
-    from pipeline import fallback as fb
+    from pipeline.dedup import fallback as fb
     members = [_m("a", 0, "a"), _m("a", 1, "a1", "y"), _m("a", 2, "a2"), _m("b", 0, "b"), _m("b", 1, "b1"),
                _m("c", 0, "c"), _m("c", 1, "c1")]
     out = {"a": fb.REJECTED, "b": fb.PASSED, "c": fb.OTHER}  # c: changed bytes, not a model verdict
@@ -191,7 +191,7 @@ def test_cluster_logic_scores_the_next_rank_only_after_a_model_rejection():
 
 
 def test_recut_walk_stops_at_an_unscored_member_and_at_max_fallbacks():
-    from pipeline import fallback as fb
+    from pipeline.dedup import fallback as fb
     ms = [_m("k", 0, "k", scored=True, passes=False, kept=False),
           _m("k", 1, "k1", scored=True, passes=True, kept=True),
           _m("k", 2, "k2", scored=False, passes=True, kept=False)]

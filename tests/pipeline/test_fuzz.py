@@ -35,7 +35,7 @@ def test_3000_mutants_never_raise_and_each_gets_a_fixed_kind():
 
 def test_a_mutant_crawl_completes_a_run_with_every_input_once(tmp_path, ray_local):
     from pipeline.config import load_config
-    from pipeline.engine import curate
+    from pipeline.engine.driver import curate
     folder = tmp_path / "crawl"
     folder.mkdir()
     ext = {"jpeg": "jpg", "png": "png", "gif": "gif", "webp": "webp", "tiff": "tif", "bmp": "bmp"}

@@ -23,7 +23,7 @@ SIZES = [(451, 300), (640, 480), (300, 200), (800, 600)]
 
 @pytest.fixture
 def served(tmp_path):
-    from pipeline.demo_crawl import photo_like
+    from pipeline.demo.crawl import photo_like
     www = tmp_path / "www"
     www.mkdir()
     for i in range(13):

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline import marks
-from pipeline.stages.wm_evidence import norm
+from pipeline.stages.watermark import marks
+from pipeline.stages.watermark.evidence import norm
 
 
 def test_tune_and_eval_families_are_disjoint():

@@ -13,7 +13,7 @@ from PIL import Image
 
 imagehash = pytest.importorskip("imagehash", reason="imagehash is the reference pHash")
 
-from pipeline.images import THUMB, probe  # noqa: E402
+from pipeline.inputs.images import THUMB, probe  # noqa: E402
 from pipeline.stages.dedup import DedupStage  # noqa: E402
 
 # photographs shipped inside installed packages (located without importing them: importing

@@ -1,4 +1,4 @@
-"""pipeline/rapidocr_compat.py: the private rapidocr steps the text and watermark stages call still exist
+"""pipeline/stages/rapidocr_compat.py: the private rapidocr steps the text and watermark stages call still exist
 with the shapes used. These fail when a rapidocr upgrade moves or renames them (update the module and
 the pin in deps/filters.pip.txt together)."""
 import importlib.metadata
@@ -7,7 +7,7 @@ import inspect
 import numpy as np
 import pytest
 
-from pipeline import rapidocr_compat as rc
+from pipeline.stages import rapidocr_compat as rc
 
 rapidocr = pytest.importorskip("rapidocr", reason="rapidocr is not installed (deps/filters.pip.txt)")
 
@@ -15,7 +15,7 @@ rapidocr = pytest.importorskip("rapidocr", reason="rapidocr is not installed (de
 def test_rapidocr_is_a_tested_minor_version():
     version = importlib.metadata.version("rapidocr")
     assert ".".join(version.split(".")[:2]) in rc.TESTED_RAPIDOCR, (
-        f"rapidocr {version} is not among the versions pipeline/rapidocr_compat.py was tested on "
+        f"rapidocr {version} is not among the versions pipeline/stages/rapidocr_compat.py was tested on "
         f"{rc.TESTED_RAPIDOCR}")
 
 

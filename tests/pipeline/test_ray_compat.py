@@ -1,4 +1,4 @@
-"""pipeline/ray_compat.py: each patch of Ray's internals still lands where Ray reads it. These fail
+"""pipeline/engine/ray_compat.py: each patch of Ray's internals still lands where Ray reads it. These fail
 when a Ray upgrade moves or renames what is patched (update ray_compat and the pin together)."""
 import importlib
 import inspect
@@ -7,13 +7,13 @@ import sys
 
 import ray
 
-from pipeline import ray_compat
+from pipeline.engine import ray_compat
 
 
 def test_ray_is_a_tested_minor_version():
     minor = ".".join(ray.__version__.split(".")[:2])
     assert minor in ray_compat.TESTED_RAY, (f"ray {ray.__version__} is not among the versions "
-                                            f"pipeline/ray_compat.py was tested on {ray_compat.TESTED_RAY}")
+                                            f"pipeline/engine/ray_compat.py was tested on {ray_compat.TESTED_RAY}")
 
 
 def test_task_poll_constant_exists_and_is_what_the_scheduling_loop_waits_on():

@@ -10,7 +10,7 @@ import pytest
 
 import catalog
 from pipeline.config import load_config
-from pipeline.engine import curate
+from pipeline.engine.driver import curate
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = 12
@@ -18,7 +18,7 @@ UNITS = 12
 
 @pytest.fixture(scope="module")
 def crawl(tmp_path_factory):
-    from pipeline.demo_crawl import photo_like, write_webdataset
+    from pipeline.demo.crawl import photo_like, write_webdataset
     folder = tmp_path_factory.mktemp("resume") / "crawl"
     samples = []
     for i in range(UNITS * 5):

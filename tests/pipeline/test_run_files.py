@@ -28,7 +28,7 @@ def _curate(crawl, run, *sets, timeout=600):
 def junk_run(tmp_path_factory):
     """Three valid shards of the demo crawl, 5 KB of random bytes named .tar and an empty tar,
     through the cheap path in windows of two units."""
-    from pipeline.demo_crawl import demo_samples, write_webdataset
+    from pipeline.demo.crawl import demo_samples, write_webdataset
     root = tmp_path_factory.mktemp("junk")
     crawl = root / "crawl"
     write_webdataset(crawl, demo_samples())
@@ -50,7 +50,7 @@ def test_a_junk_shard_and_an_empty_one_never_stop_the_run(junk_run):
     assert all(m["node_id"] for m in markers.values())  # the Ray node each unit ran on
     con = catalog.connect(run)
     n, kept = con.execute("SELECT count(*), sum(keep::int) FROM samples").fetchone()
-    from pipeline.demo_crawl import demo_samples
+    from pipeline.demo.crawl import demo_samples
     assert n == len(demo_samples()) and kept > 0  # every member of the good shards, curated
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["status"] == "complete" and manifest["units"] == 5
@@ -72,7 +72,7 @@ def test_every_parquet_file_of_a_run_has_only_declared_columns(junk_run):
 
 
 def test_a_stage_list_without_dedup_runs_and_a_broken_one_is_refused_in_one_line(tmp_path):
-    from pipeline.demo_crawl import photo_like
+    from pipeline.demo.crawl import photo_like
     crawl = tmp_path / "crawl"
     crawl.mkdir()
     for i in range(3):

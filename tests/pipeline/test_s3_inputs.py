@@ -14,7 +14,7 @@ import pytest
 import catalog
 from catalog import storage as st
 from pipeline import sources
-from pipeline.fetch import ByteSource
+from pipeline.inputs.fetch import ByteSource
 from s3server import CountingProxy
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -140,7 +140,7 @@ def test_select_recuts_a_run_on_s3_into_another_on_s3(s3_run, tmp_path):
 def test_select_reclusters_partitioned_on_s3_as_in_one_process(s3_run, tmp_path):
     """A size change re-clusters: the candidate and verdict files are objects of the new run, and
     the partitioned dedup (forced, 10 kB of room a task) gives the catalog the in-process one does."""
-    from pipeline.dedup_parts import TASK_BASE_BYTES
+    from pipeline.dedup.ranges import TASK_BASE_BYTES
     store, _, run, _, _, _, n_shards = s3_run
     outs = {}
     for name, extra in (("one", ["dedup.partitioned=false"]),

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 import catalog
-from pipeline.recut import SelectError, select
+from pipeline.select.recut import SelectError, select
 
 
 def _rows(run):
@@ -50,8 +50,8 @@ def score_all_run(ray_local, tmp_path_factory):
 
     from PIL import Image
 
-    from pipeline.demo_crawl import demo_config, encode, shipped_photos, with_caption, write_webdataset
-    from pipeline.engine import curate
+    from pipeline.demo.crawl import demo_config, encode, shipped_photos, with_caption, write_webdataset
+    from pipeline.engine.driver import curate
     photos = shipped_photos()
     bus = Image.open(io.BytesIO(photos["bus"]))
     samples = [("000", "jpg", photos["bus"], "bus"),

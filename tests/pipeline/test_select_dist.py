@@ -11,9 +11,9 @@ import pytest
 
 import catalog
 from pipeline.config import default_config
-from pipeline.dedup_parts import TASK_BASE_BYTES
-from pipeline.engine import curate
-from pipeline.recut import select
+from pipeline.dedup.ranges import TASK_BASE_BYTES
+from pipeline.engine.driver import curate
+from pipeline.select.recut import select
 
 STAGES = ["decode", "size", "dedup"]
 NEW = ["dedup.max_distance=2", "size.min_short_side=160"]  # fewer near copies; the thumbnails pass size now
@@ -40,7 +40,7 @@ def _catalog(run):
 
 @pytest.fixture(scope="module")
 def crawl(demo_crawl, tmp_path_factory):
-    from pipeline.demo_crawl import write_webdataset
+    from pipeline.demo.crawl import write_webdataset
     folder = tmp_path_factory.mktemp("seldist") / "crawl"
     write_webdataset(folder, demo_crawl[1], per_shard=4)  # ~12 units: clusters span units
     return folder
@@ -76,7 +76,7 @@ def test_partitioned_reclustering_equals_in_process_and_a_fresh_curate(run, fres
     # partition without SMALL)
     assert _groups(tmp_path / "part/work/select/x") == {4} and _filled(tmp_path / "part/work/select/x")
     assert list((tmp_path / "part/work/select/choice").glob("*.parquet"))
-    # without engine.keep_work the selection's scratch is gone, its verdicts stay (pipeline/run_cleanup.py)
+    # without engine.keep_work the selection's scratch is gone, its verdicts stay (pipeline/engine/cleanup.py)
     assert not (tmp_path / "one/work/select").exists() and not (tmp_path / "one/work/dedup/pairs").exists()
     assert len(list((tmp_path / "one/work/dedup").glob("*.parquet"))) == units
     before, part, one, new = _catalog(run), _catalog(tmp_path / "part"), _catalog(tmp_path / "one"), _catalog(fresh)
@@ -151,7 +151,7 @@ def test_fallback_choice_through_partitions_equals_one_partition(fb_run, tmp_pat
     rows = {Path(r["source_uri"]).stem: r for r in _catalog(tmp_path / "six").to_pylist()}
     # six partitions (a row group each in every map file), each cluster's members in its key's
     # partition (the canonicals' sample ids, which depend on the crawl's paths: they may share one)
-    from pipeline.fallback_rounds import key_partition
+    from pipeline.dedup.fallback_rounds import key_partition
     assert _groups(tmp_path / "six/work/select/x") == {6}
     keys = {rows["astro_cap900"]["sample_id"], rows["cat_cap900"]["sample_id"]}
     assert _filled(tmp_path / "six/work/select/x") == {key_partition(k, 6) for k in keys}
@@ -164,7 +164,7 @@ def test_fallback_choice_through_partitions_equals_one_partition(fb_run, tmp_pat
 
 
 def test_the_cli_connects_to_ray_only_when_a_cluster_is_named(run, monkeypatch):
-    from pipeline.recut import connect_ray
+    from pipeline.select.recut import connect_ray
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert not connect_ray(str(run))  # the run names no ray.address: select runs in its process
     monkeypatch.setenv("RAY_ADDRESS", "local")
@@ -189,7 +189,7 @@ def test_a_select_into_an_interrupted_output_mixes_in_none_of_its_files(fb_run, 
 def test_fold_declares_memory_and_refuses_a_task_no_node_can_hold(ray_local):
     """select's recut and route tasks declare memory= (pipeline/recut._fallback_choice); one larger
     than every node is refused with the setting to change, never left pending."""
-    from pipeline.fallback_rounds import fold
+    from pipeline.dedup.fallback_rounds import fold
     assert fold(lambda x: 2 * x, [(1,), (2,), (3,)], 2, memory=64 << 20) == 12
     with pytest.raises(RuntimeError, match="lower engine.window_units"):
         fold(lambda x: x, [(1,)], 1, memory=1 << 50, fix="lower engine.window_units")

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 import catalog
-from pipeline.adapter import _pool, run_stage
+from pipeline.engine.adapter import _pool, run_stage
 from pipeline.stages.base import Stage
 
 
@@ -90,7 +90,7 @@ def test_actor_pools_follow_the_config_and_the_cluster(ray_local):
 
 
 def test_a_local_ray_with_extra_logical_cpus_autoscales_to_the_cores(ray_local, monkeypatch):
-    import pipeline.adapter as adapter
+    import pipeline.engine.adapter as adapter
     monkeypatch.setattr(adapter, "local_cores", 2)
     auto = _pool(Halves({"resources": {"num_cpus": 1}}))
     assert (auto.min_size, auto.max_size) == (1, 2)
@@ -100,7 +100,7 @@ def test_a_cluster_too_small_for_the_actor_pools_is_refused_not_left_waiting():
     """Model actors hold their CPUs for the run; the read and write steps need one more. On 2 CPUs
     with person and text actors of 1 CPU each, Ray Data would wait forever."""
     from pipeline.config import load_config
-    from pipeline.ray_setup import actor_cpus, cpu_shortfall
+    from pipeline.engine.ray_setup import actor_cpus, cpu_shortfall
     cfg = load_config(sets=["stages=[decode,size,dedup,person,text]"])
     assert actor_cpus(cfg) == 2.0
     msg = cpu_shortfall(2, cfg)
@@ -119,7 +119,7 @@ def test_model_actors_load_while_phase_3_waits_and_a_stopped_run_frees_them(ray_
     import time
 
     from pipeline.config import load_config
-    from pipeline.early import EarlyScore
+    from pipeline.engine.early import EarlyScore
     from pipeline.sources import Unit
     from pipeline.stages.text import TextStage
 
@@ -152,7 +152,7 @@ def test_task_poll_sets_how_soon_ray_data_sees_a_finished_unit():
     from ray.data._internal.execution import streaming_executor_state as state
 
     from pipeline.config import load_config
-    from pipeline.engine import task_poll
+    from pipeline.engine.driver import task_poll
     old = state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S
     try:
         task_poll(float(load_config()["engine"]["task_poll_s"]))
@@ -165,7 +165,7 @@ def test_task_poll_sets_how_soon_ray_data_sees_a_finished_unit():
 
 def test_actors_start_early_on_large_runs_only_by_default():
     from pipeline.config import load_config
-    from pipeline.early import start_actors_early
+    from pipeline.engine.early import start_actors_early
     from pipeline.stages.text import TextStage
     from pipeline.stages.size import SizeStage
     cfg = load_config(sets=["stages=[decode,size,dedup,text]"])

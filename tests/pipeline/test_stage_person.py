@@ -14,8 +14,8 @@ from PIL import Image
 
 import catalog
 from pipeline.config import default_config
-from pipeline.images import probe
-from pipeline.images import load_rgb
+from pipeline.inputs.images import probe
+from pipeline.inputs.images import load_rgb
 from pipeline.stages.person import (PersonStage, box_passes, count_passing, default_weights,
                                     import_ultralytics_offline, n_pass_column, onnx_path)
 
@@ -329,8 +329,8 @@ def test_models_load_and_run_without_network(tmp_path):
 def test_cascade_through_the_engine(tmp_path, ray_local):
     """person and text as Ray actors in the real engine: decisions, stored columns, skipped stages."""
     from pipeline.config import load_config
-    from pipeline.demo_crawl import flat_graphic, with_caption
-    from pipeline.engine import curate
+    from pipeline.demo.crawl import flat_graphic, with_caption
+    from pipeline.engine.driver import curate
 
     crawl = tmp_path / "crawl"
     crawl.mkdir()

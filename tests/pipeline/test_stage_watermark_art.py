@@ -15,7 +15,7 @@ from PIL import Image, ImageDraw, ImageFont
 import catalog
 from pipeline.config import default_config
 from pipeline.stages.art import PROMPT_GROUPS, ArtStage, group_probs
-from pipeline.stages.watermark import WatermarkStage, build_model
+from pipeline.stages.watermark.stage import WatermarkStage, build_model
 
 SKIMAGE = Path(str(resources.files("skimage") / "data"))
 

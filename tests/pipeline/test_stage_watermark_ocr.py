@@ -11,13 +11,13 @@ import pytest
 from PIL import Image
 
 import catalog
-from pipeline import marks
+from pipeline.stages.watermark import marks
 from pipeline.config import ConfigError, default_config, load_config
-from pipeline.demo_crawl import with_watermark
-from pipeline.stages import wm_evidence
+from pipeline.demo.crawl import with_watermark
+from pipeline.stages.watermark import evidence as wm_evidence
 from pipeline.stages.text import TextStage
-from pipeline.stages.watermark import WatermarkStage
-from pipeline.stages.wm_ocr import SHARED
+from pipeline.stages.watermark.stage import WatermarkStage
+from pipeline.stages.watermark.ocr_rule import SHARED
 
 ASSETS = Path(list(importlib.util.find_spec("ultralytics").submodule_search_locations)[0]) / "assets"
 SKIMAGE = Path(str(resources.files("skimage") / "data"))

@@ -16,11 +16,11 @@ pytest.importorskip("anny", reason="render tests need anny: pip install -r deps/
 
 import catalog  # noqa: E402
 from render import bodies, oracle, sampling  # noqa: E402
-from render import job as jobmod  # noqa: E402
+from render.run import job as jobmod  # noqa: E402
 from render.blender import (FileMeshInput, MeshInput, RenderSettings, SceneInput, builtin_hdri_dir,  # noqa: E402
                             get_renderer)
 from render.config import load_config  # noqa: E402
-from render.output import load_npy, load_png  # noqa: E402
+from render.run.output import load_npy, load_png  # noqa: E402
 from render.scans import index_hdris, index_scans  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
@@ -262,7 +262,7 @@ def test_bad_inputs_are_reported_and_the_job_goes_on(tmp_path, body, monkeypatch
 
 @pytest.mark.slow
 def test_ray_driver_renders_missing_shards(tmp_path, ray_local):
-    from render.distributed import run_ray
+    from render.run.distributed import run_ray
     spec = _tiny_run(tmp_path / "ray", 2, extra=["output.frames_per_shard=1"])
     stats = run_ray(spec, workers=1, cpus_per_worker=1, progress=False)
     assert sorted(s["shard"] for s in stats) == ["render-00000", "render-00001"]
@@ -305,7 +305,7 @@ def test_a_scan_that_crashes_blender_fails_its_frames_and_the_run_goes_on(tmp_pa
     the good scan renders, scan-major (one load for its two frames)."""
     import ray.cloudpickle
 
-    from render.distributed import run_ray
+    from render.run.distributed import run_ray
     lib = tmp_path / "lib"
     bodies.export_obj(body, lib, "good")
     bad = bodies.export_obj(body, lib, "crashy")  # a valid OBJ whose import aborts the render actor (tests/faults)

@@ -19,7 +19,7 @@ import cv2  # noqa: E402
 
 import catalog  # noqa: E402
 from humanset.cli import main as humanset  # noqa: E402
-from render.output import load_npy, load_png  # noqa: E402
+from render.run.output import load_npy, load_png  # noqa: E402
 
 H, W = 96, 72
 TINY = [f"sampling.camera.height={H}", f"sampling.camera.width={W}", "cycles.samples=2", "cycles.device=cpu",
@@ -165,7 +165,7 @@ def test_coco_export_trains_the_pose_task(run, tmp_path, capsys):
         seen = rendered[:, 2] > 0
         assert np.array_equal(kp[seen, :2], rendered[seen, :2]) and np.all(kp[~seen, :2] == 0)
         assert ann["num_keypoints"] == seen.sum() > 0
-        from training.task_data import decode_segmentation
+        from training.tasks.data import decode_segmentation
         assert np.array_equal(decode_segmentation(ann["segmentation"], H, W), mask)
     # humanset's pose task reads it as it is (images resolved beside the JSON, no --images)
     ft = tmp_path / "ft"

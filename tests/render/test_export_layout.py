@@ -10,7 +10,7 @@ import catalog
 from humanset.cli import main as humanset
 from render import export as ex
 from render.export_coco import COCO17_SKELETON, mask_box, mask_rle
-from render.output import load_png, npy_bytes, png_bytes
+from render.run.output import load_png, npy_bytes, png_bytes
 from training_fixtures import sphere_frame, write_sphere_renders
 
 
@@ -120,7 +120,7 @@ def test_mask_box_and_rle():
     rle = mask_rle(m)
     assert rle["size"] == [5, 4] and sum(rle["counts"]) == 20
     assert mask_rle(np.ones((2, 2), bool))["counts"] == [0, 4]
-    from training.task_data import decode_segmentation
+    from training.tasks.data import decode_segmentation
     assert np.array_equal(decode_segmentation(rle, 5, 4), m)
 
 

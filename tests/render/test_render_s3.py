@@ -17,9 +17,9 @@ pytest.importorskip("anny", reason="render tests need anny: pip install -r deps/
 
 import catalog  # noqa: E402
 from catalog import storage as st  # noqa: E402
-from render import job as jobmod  # noqa: E402
+from render.run import job as jobmod  # noqa: E402
 from render.config import load_config  # noqa: E402
-from render.output import load_npy, load_png  # noqa: E402
+from render.run.output import load_npy, load_png  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["sampling.camera.height=96", "sampling.camera.width=72", "cycles.samples=4", "cycles.device=cpu",

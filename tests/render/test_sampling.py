@@ -102,7 +102,7 @@ def test_cli_registers_render_commands(capsys):
 
 def test_part_vocabulary_is_sapiens28_and_the_mapping_is_data():
     from render import parts
-    from training.vocab import load
+    from training.tasks.vocab import load
     voc = parts.vocabulary()
     assert voc["name"] == "sapiens28" and tuple(voc["names"]) == load("sapiens28").names
     names = voc["names"]
@@ -130,7 +130,7 @@ def _scene_before_scan_major(seed, i, scan_ids, hdri_ids, cfg):
 
 
 def test_scan_major_plan_covers_each_frame_once_and_keeps_frame_parameters():
-    from render import plan
+    from render.run import plan
     cfg = sampling.SamplingConfig()
     scans, hdris = [f"s{k}" for k in range(50)], ["h0", "h1", "h2"]
     frames, per, visit = 1000, 16, 8  # windows of 400 frames; the last one partial
@@ -156,7 +156,7 @@ def test_scan_major_plan_covers_each_frame_once_and_keeps_frame_parameters():
 
 
 def test_scan_major_plan_keeps_the_scan_distribution_uniform():
-    from render import plan
+    from render.run import plan
     n_scans, frames, per, visit = 40, 16000, 64, 32
     counts = np.zeros(n_scans, int)
     for k in range(plan.n_shards(frames, per)):

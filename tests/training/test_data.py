@@ -139,7 +139,7 @@ def test_read_image_member_uses_index_offsets(shards):
 def test_render_shards_stream_their_rgb_member(tmp_path):
     """MAE pretraining on renders: a render frame's image is its {key}.rgb.png, not its mask.png."""
     from training_fixtures import write_sphere_renders
-    from training.task_data import RenderFrames
+    from training.tasks.data import RenderFrames
     run = write_sphere_renders(tmp_path, n_frames=2, per_shard=2)
     row = catalog.read_index(run / "shards").to_pylist()[0]
     with open(run / "shards" / row["shard"], "rb") as fh:

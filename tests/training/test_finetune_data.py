@@ -11,10 +11,10 @@ import catalog
 from training import checkpoint as ckpt
 from training_fixtures import write_coco_person, write_sphere_renders
 from training.mae import MaskedAutoencoder
-from training.sampler import StepSampler
-from training.task_data import Augment, BackgroundPool, CocoKeypoints, CocoParts, RenderFrames
+from training.tasks.sampler import StepSampler
+from training.tasks.data import Augment, BackgroundPool, CocoKeypoints, CocoParts, RenderFrames
 from training.vit import VisionTransformer
-from training.vocab import load
+from training.tasks.vocab import load
 from training.weights import load_encoder, resize_pos_embed
 
 
@@ -203,7 +203,7 @@ def test_rectangular_vit_loads_into_timm():
 
 
 def test_coco_masks_polygon_and_uncompressed_rle_agree():
-    from training.task_data import decode_segmentation
+    from training.tasks.data import decode_segmentation
     poly = decode_segmentation([[1, 0, 3, 0, 3, 2, 1, 2]], 4, 5)  # x 1..3, y 0..2 (PIL fills the edges)
     expected = np.zeros((4, 5), bool)
     expected[0:3, 1:4] = True
@@ -216,7 +216,7 @@ def test_coco_masks_polygon_and_uncompressed_rle_agree():
 def test_target_heatmaps_decode_back_to_the_annotations(coco):
     """Decoding the training targets through the evaluation path (argmax, quarter offset, inverse crop)
     recovers the annotated keypoints, so a perfect model scores AP 1."""
-    from training.evaluate import apply_affine, heatmap_keypoints, pose_ap_from
+    from training.tasks.evaluate import apply_affine, heatmap_keypoints, pose_ap_from
     kp_json, _ = coco
     ds = CocoKeypoints(kp_json, None, load("coco17"), (256, 192), NOAUG)
     preds = {}

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from training import checkpoint as ckpt
-from training.finetune import FinetuneConfig, build_model, finetune
+from training.tasks.finetune import FinetuneConfig, build_model, finetune
 from training_fixtures import logged_losses, write_sphere_renders
 
 

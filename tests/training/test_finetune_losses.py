@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from training.losses import depth_loss, normal_loss, pose_heatmap_loss, relative_depth, seg_loss
+from training.tasks.losses import depth_loss, normal_loss, pose_heatmap_loss, relative_depth, seg_loss
 
 
 def test_pose_mse_with_target_weights_and_ohkm():
@@ -71,8 +71,8 @@ def test_losses_upsample_low_resolution_predictions_and_backpropagate():
 def test_seg_background_weight_replaces_only_class_0():
     import numpy as np
 
-    from training.finetune import FinetuneConfig, seg_class_weights
-    from training.vocab import load as load_vocab
+    from training.tasks.finetune import FinetuneConfig, seg_class_weights
+    from training.tasks.vocab import load as load_vocab
     vocab = np.asarray(load_vocab("sapiens28").weights, np.float32)
     plain = seg_class_weights(FinetuneConfig(task="seg", data="x", output="y"))
     raised = seg_class_weights(FinetuneConfig(task="seg", data="x", output="y", background_weight=1.0))

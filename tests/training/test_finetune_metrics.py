@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from training.metrics import (angular_errors, confusion, depth_scores, interpolated_ap, normal_scores, oks,
-                              pose_ap, seg_scores)
+from training.tasks.metrics import (angular_errors, confusion, depth_scores, interpolated_ap, normal_scores, oks,
+                                    pose_ap, seg_scores)
 
 
 def test_oks_by_hand():
@@ -91,7 +91,7 @@ def test_normal_angle_statistics():
 
 
 def test_pck_by_hand():
-    from training.metrics import pck
+    from training.tasks.metrics import pck
     gt = np.array([[[0.0, 0.0, 2], [10.0, 0.0, 2], [5.0, 5.0, 0]]])  # the third keypoint is unlabelled
     pred = np.array([[[0.0, 4.0], [10.0, 12.0], [99.0, 99.0]]])
     # distances 4 and 12 over a box side of 100: within 0.05 one of two, within 0.2 both

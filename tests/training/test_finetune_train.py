@@ -8,12 +8,12 @@ import torch
 from PIL import Image
 
 from humanset.cli import main as humanset
-from training.evaluate import evaluate
+from training.tasks.evaluate import evaluate
 from humanset.demo import finetune_demo as demo
-from training.finetune import FinetuneConfig, build_model, finetune
+from training.tasks.finetune import FinetuneConfig, build_model, finetune
 from training.lr import layer_decay_groups, warmup_linear, warmup_step
 from training_fixtures import write_coco_person, write_sphere_renders
-from training.predict import predict
+from training.tasks.predict import predict
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from training.vocab import BUILTIN, VocabError, load
-from training.vocab import generate
+from training.tasks.vocab import BUILTIN, VocabError, load
+from training.tasks.vocab import generate
 
 
 @pytest.mark.parametrize("name,count", [("coco17", 17), ("coco_wholebody133", 133), ("sapiens308", 308),
@@ -21,7 +21,7 @@ def test_builtin_vocabularies_load_with_their_counts(name, count):
 def test_json_files_match_the_generator():
     for name, build in generate.VOCABS.items():
         on_disk = json.loads((generate.HERE / f"{name}.json").read_text())
-        assert on_disk == json.loads(generate.render(build())), f"{name}.json is stale: run python -m training.vocab.generate"
+        assert on_disk == json.loads(generate.render(build())), f"{name}.json is stale: run python -m training.tasks.vocab.generate"
 
 
 def test_sapiens308_group_structure():

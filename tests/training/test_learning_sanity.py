@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from training.evaluate import evaluate
-from training.finetune import FinetuneConfig, finetune
-from training.losses import depth_loss, relative_depth
-from training.render_pose import RenderKeypoints, mask_box
-from training.task_data import Augment, RenderFrames
+from training.tasks.evaluate import evaluate
+from training.tasks.finetune import FinetuneConfig, finetune
+from training.tasks.losses import depth_loss, relative_depth
+from training.tasks.render_pose import RenderKeypoints, mask_box
+from training.tasks.data import Augment, RenderFrames
 from training_fixtures import write_sphere_renders
-from training.vocab import load
+from training.tasks.vocab import load
 
 HW = (64, 48)
 

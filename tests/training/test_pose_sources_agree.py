@@ -1,15 +1,15 @@
 """Pose ground truth from renders two ways: `humanset render export --format coco` (render/) and
-`finetune --task pose --data RENDER_RUN` reading the frames directly (training/render_pose.py) give
+`finetune --task pose --data RENDER_RUN` reading the frames directly (training/tasks/render_pose.py) give
 the same annotations and the same training samples."""
 import json
 
 import numpy as np
 
 from humanset.cli import main as humanset
-from training.render_pose import RenderKeypoints
-from training.task_data import CocoKeypoints
+from training.tasks.render_pose import RenderKeypoints
+from training.tasks.data import CocoKeypoints
 from training_fixtures import write_sphere_renders
-from training.vocab import load
+from training.tasks.vocab import load
 
 
 def test_coco_export_and_direct_reading_of_renders_agree(tmp_path):

@@ -15,7 +15,7 @@ from training.config import YAML, default_config, load_config, load_settings
 
 def classes():
     from training.filters import FilterConfig
-    from training.finetune import FinetuneConfig
+    from training.tasks.finetune import FinetuneConfig
     from training.pretrain import PretrainConfig
 
     return {"pretrain": PretrainConfig, "finetune": FinetuneConfig, "train-filter": FilterConfig}

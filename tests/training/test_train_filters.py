@@ -17,9 +17,9 @@ import pytest
 import torch
 from PIL import Image
 
-from pipeline.demo_crawl import shipped_photos
+from pipeline.demo.crawl import shipped_photos
 from pipeline.stages.art import ArtStage
-from pipeline.stages.watermark import WatermarkStage
+from pipeline.stages.watermark.stage import WatermarkStage
 from training.filters import samples as fd
 from training.filters import browser as fh
 from training.filters import (FilterConfig, FilterModel, at_threshold, beats_chance, build_model, choose_threshold,
@@ -259,7 +259,7 @@ def test_art_stage_scores_with_a_card(art_card, photo_dir):
             assert 0.0 <= s <= 1.0 and label in card["classes"]
         assert res["art_score"][2] is None and "decode" in res["art_error"][2]
     # the stage's score is exactly 1 - P(photo) of the card's model on the same input
-    from pipeline.images import load_rgb
+    from pipeline.inputs.images import load_rgb
     rgb, _ = load_rgb(images[0], max_side=2 * stage.input_px)
     x = stage.preprocess(Image.fromarray(rgb))[None]
     with torch.no_grad():

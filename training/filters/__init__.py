@@ -21,6 +21,6 @@ __all__ = list(_EXPORTS)
 
 def __getattr__(name):  # lazy, so `humanset --help` (which imports filters/cli.py) does not import torch
     if name in _EXPORTS:
-        from . import train
+        from training.filters import train
         return getattr(train, name)
     raise AttributeError(f"module 'training.filters' has no attribute {name!r}")

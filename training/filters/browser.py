@@ -34,7 +34,7 @@ from PIL import Image
 
 import catalog
 
-from .pages import CSP, WINDOWS, page_html, window_html  # noqa: F401  (WINDOWS, CSP re-exported)
+from training.filters.pages import CSP, WINDOWS, page_html, window_html  # noqa: F401  (WINDOWS, CSP re-exported)
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..cli import add_config_args, add_run_flags, add_setting_flags, flags_from, user_errors
+from training.cli import add_config_args, add_run_flags, add_setting_flags, flags_from, user_errors
 
 FILTER_FLAGS = ("filter", "images", "renders", "output", "encoder", "model", "input_px", "batch_size", "steps", "lr",
                 "resume")
@@ -12,7 +12,7 @@ FILTER_FLAGS = ("filter", "images", "renders", "output", "encoder", "model", "in
 
 def config_from_args(args):
     """training/train_filter.yaml, then --config, then --set, then the flags given (training/config.py)."""
-    from ..config import load_config
+    from training.config import load_config
 
     flags = {**flags_from(args, FILTER_FLAGS), "holdout": args.holdout.split(",") if args.holdout else None}
     return load_config("train-filter", args.config, args.set, flags)
@@ -20,7 +20,7 @@ def config_from_args(args):
 
 @user_errors
 def cmd_train_filter(args) -> int:
-    from .train import summary_line, train_filter
+    from training.filters.train import summary_line, train_filter
 
     card = train_filter(config_from_args(args))
     print(json.dumps({"card": str(args.output) + "/card.json", "threshold": card["threshold"],

@@ -12,7 +12,7 @@ from PIL import Image
 
 import catalog
 
-from ..image_decode import IMAGE_EXTS, decode_image
+from training.image_decode import IMAGE_EXTS, decode_image
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .lettering import random_colour, text_size, font, name, sentence, text_layer, watermark_text
+from training.filters.lettering import random_colour, text_size, font, name, sentence, text_layer, watermark_text
 
 # --- settings ---------------------------------------------------------------------------------------
 @dataclass

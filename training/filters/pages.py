@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from .lettering import name, sentence
+from training.filters.lettering import name, sentence
 
 # viewports of desktop, laptop, tablet and phone browsers
 WINDOWS = ((1280, 800), (1366, 768), (1024, 768), (800, 600), (768, 1024), (412, 915))

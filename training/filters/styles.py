@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .lettering import random_colour, text_size, font, name, sentence
+from training.filters.lettering import random_colour, text_size, font, name, sentence
 
 # --- art generators: non-photos from the clean photo ------------------------------------------------
 def quantise(rgb: np.ndarray, colours: int) -> np.ndarray:

@@ -10,7 +10,7 @@ hard negatives; stylised non-photos against photos (and crops of HTML pages Chro
 filters/browser.py). One generator family per class is held out: its validation figures measure an unseen style.
 
 Loads without humanset: `timm.models.vision_transformer.VisionTransformer(**card["architecture"]["kwargs"])`
-with `load_state_dict(torch.load(OUT/model.pt, weights_only=True))`; pipeline/stages/watermark.py and art.py
+with `load_state_dict(torch.load(OUT/model.pt, weights_only=True))`; pipeline/stages/watermark/stage.py and art.py
 read the card (watermark.weights / art.weights = OUT).
 
 The model, data and loss are a recipe (`FilterRecipe`) that training/trainer.py runs: resumable checkpoints
@@ -35,18 +35,18 @@ import catalog
 from catalog import cards
 from catalog.config import setting
 
-from .. import checkpoint as ckpt
-from .. import trainer
-from ..trainer import Context, RunConfig
-from .samples import DEFAULT_HOLDOUT, FilterSamples, FilterSpec, GeneratorSettings, split_photos
-from .browser import HtmlPool, html_pool
-from .inputs import WATERMARK_LIKE, read_photos, read_scene_text  # noqa: F401  (re-exported)
-from .thresholds import (CHANCE_Z, at_threshold, beats_chance, card_threshold, choose_threshold,  # noqa: F401
-                             figures, reject_scores, roc_auc)
-from ..lr import adamw, layer_decay_groups, warmup_linear
-from ..sampler import collate
-from ..vit import VisionTransformer, preset
-from ..weights import load_encoder
+from training import checkpoint as ckpt
+from training import trainer
+from training.trainer import Context, RunConfig
+from training.filters.samples import DEFAULT_HOLDOUT, FilterSamples, FilterSpec, GeneratorSettings, split_photos
+from training.filters.browser import HtmlPool, html_pool
+from training.filters.inputs import WATERMARK_LIKE, read_photos, read_scene_text  # noqa: F401  (re-exported)
+from training.filters.thresholds import (CHANCE_Z, at_threshold, beats_chance, card_threshold, choose_threshold,
+                                         figures, reject_scores, roc_auc)  # noqa: F401
+from training.lr import adamw, layer_decay_groups, warmup_linear
+from training.tasks.sampler import collate
+from training.vit import VisionTransformer, preset
+from training.weights import load_encoder
 
 log = logging.getLogger(__name__)
 

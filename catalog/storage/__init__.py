@@ -1,0 +1,32 @@
+"""One storage layer for local folders and object stores: `open_storage(uri_or_path)` -> Storage.
+
+A Storage is rooted at a folder or URI (`/data/run`, `file:///data/run`, `s3://bucket/runs/r1`,
+`gs://bucket/x`, `hdfs://namenode:8020/x`, `memory://name/x` for tests); every method takes a path
+relative to that root ("units/00001.json", never absolute, never with ".."). Data moves through
+pyarrow.fs; on S3 through obstore, with pyarrow's S3 client built only when `.fs` is asked for
+(catalog/storage/s3.py). Credentials: the standard AWS chain; endpoint: `AWS_ENDPOINT_URL`.
+
+- Local: writes are temp + fsync + rename (catalog/io.py), create_once is link(2), the run lock is
+  flock (io.run_lock).
+- Object stores: an object appears whole or not at all (open_output uploads only if its block
+  succeeds), so a failed writer leaves nothing under the final name. Names are deterministic: a
+  retried task rewrites the same object.
+
+The layers, each importing only those above it (no module imports this facade):
+catalog/storage/core.py (errors, Entry, scrub, path and URI checks) -> storage_lock.py (the run lock
+on object stores) -> storage_base.py (Storage, LocalStorage) -> storage_mem.py, storage_s3.py (the
+backends) -> storage_open.py (open_storage, expand, duckdb_connect_for) -> storage_paths.py (files
+named by a URI, run roots). Import from here: `from catalog.storage import open_storage, ...`.
+"""
+from catalog.storage.base import SPOOL_BYTES, LocalStorage, Storage
+from catalog.storage.core import ConditionalWritesUnsupported, Entry, StorageError, scrub
+from catalog.storage.factory import duckdb_connect_for, expand, open_storage
+from catalog.storage.paths import (exists_at, is_uri, join, locate, read_json_at, read_schema_at, read_table_at,
+                                   run_root, storage_for, write_bytes_at, write_json_at, write_parquet_at)
+
+__all__ = [
+    "SPOOL_BYTES", "LocalStorage", "Storage", "ConditionalWritesUnsupported", "Entry", "StorageError", "scrub",
+    "duckdb_connect_for", "expand", "open_storage", "exists_at", "is_uri", "join", "locate", "read_json_at",
+    "read_schema_at", "read_table_at", "run_root", "storage_for", "write_bytes_at", "write_json_at",
+    "write_parquet_at",
+]

@@ -1,0 +1,44 @@
+"""`humanset calibrate`: what a threshold costs, from hand labels and a run's stored scores."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+CALIBRATE_HELP = """Precision / recall of each stage's score against hand labels, per threshold.
+
+LABELS is a CSV of `sample_id,label` rows, label `STAGE=0|1` (stages: person, text, watermark,
+art), e.g.
+    sample_id,label
+    3f2a9c...,person=1
+    3f2a9c...,text=0
+Take sample ids from the run (`duckdb` on RUN/catalog/samples/*.parquet), look at the images and
+label a few hundred per stage; run with --score-all so rejected samples are scored too.
+A sample is predicted positive when its score is above the threshold (person: kept; text,
+watermark, art: rejected). The threshold printed for --target-precision is the one with the
+highest recall among those reaching it, as a --set line for `humanset curate`.
+
+example:
+  humanset calibrate runs/r1 --labels labels.csv --target-precision 0.95 --out curves.png
+"""
+
+
+def run_calibrate(args) -> int:
+    from pipeline.select.calibrate import calibrate
+    out = args.out or f"{args.run.rstrip('/')}/calibration.png"
+    try:
+        calibrate(args.run, args.labels, args.target_precision, out)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"humanset calibrate: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("calibrate", help="precision/recall of stage scores against hand labels",
+                       description=CALIBRATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", metavar="RUN", help="run directory written by `humanset curate`")
+    p.add_argument("--labels", required=True, metavar="CSV", help="sample_id,STAGE=0|1 rows")
+    p.add_argument("--target-precision", type=float, default=0.95, metavar="P",
+                   help="precision the suggested threshold must reach (default 0.95)")
+    p.add_argument("--out", metavar="PNG", help="curves image (default RUN/calibration.png)")
+    p.set_defaults(func=run_calibrate)
