@@ -35,7 +35,8 @@ def main() -> None:
     from catalog import iter_tar
     from pipeline.config import load_config
     from pipeline.demo.crawl import photo_like, write_webdataset
-    from pipeline.engine.driver import curate, init_ray
+    from pipeline.engine.driver import curate
+    from pipeline.engine.ray_setup import init_ray
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="humanset-bench-"))
     crawl = work / "crawl"

@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.dedup.clusters import Layout, choose_blocks, tables  # noqa: E402
+from pipeline.dedup.tables import Layout, choose_blocks, tables  # noqa: E402
 
 PHOTOS = {"skimage": ("data", ["astronaut.png", "camera.png", "coffee.png", "chelsea.png", "rocket.jpg",
                                "motorcycle_left.png", "motorcycle_right.png", "hubble_deep_field.jpg",

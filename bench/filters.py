@@ -188,7 +188,7 @@ def text_area_cases(cfg: dict | None = None) -> dict:
 def _ultralytics_loop(weights: str, files: list[Path], batch_size: int, imgsz: int, min_score: float,
                       min_box: float) -> tuple[list[Path], float]:
     """The user's predict loop: file paths in batches; returns the files passing the person rule."""
-    from pipeline.stages.person import import_ultralytics_offline
+    from pipeline.stages.person_model import import_ultralytics_offline
     YOLO = import_ultralytics_offline()
     model = YOLO(weights)
     model.predict([str(files[0])], imgsz=imgsz, verbose=False)  # warm-up

@@ -76,7 +76,8 @@ def bench_task(task: str, args, device) -> dict:
 
 
 def bench_render_data(args) -> dict:
-    from training.tasks.data import Augment, RenderFrames
+    from training.tasks.augment import Augment
+    from training.tasks.data import RenderFrames
 
     ds = RenderFrames(args.render, args.image_size, Augment(train=True))
     n = min(len(ds), args.data_samples)

@@ -279,7 +279,8 @@ def write_case(case: Case, folder: Path, name: str) -> Path:
 
 def read_case(case: Case, folder: Path, name: str, limits: dict | None = None) -> dict:
     """Write the case to `folder`, read it with UnitReader; the outcome and whether it is right."""
-    from pipeline.sources import Unit, UnitReader
+    from pipeline.inputs.units import Unit
+    from pipeline.inputs.reading import UnitReader
     from pipeline.stages.decode import unit_error_kind
     tar = write_case(case, folder, name)
     reader = UnitReader(Unit(name, "tar", str(tar)), limits)

@@ -87,7 +87,8 @@ def warm(spec) -> tuple[float, dict, dict]:
 
 def render_one(args) -> int:
     """--single: one frame in a fresh process (the naive way); writes its RGB (.npy) and timings (.json)."""
-    from render.run.job import RunSpec, ShardRenderer
+    from render.run.spec import RunSpec
+    from render.run.job import ShardRenderer
     import catalog
     spec = RunSpec(**{k: v for k, v in catalog.read_json(Path(args.single_run) / "render.json").items()
                       if k in RunSpec.__dataclass_fields__})

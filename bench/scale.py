@@ -123,7 +123,8 @@ def driver(crawl: str, run: str, num_cpus: int, min_side: int = 300, sets: list[
     import logging
     logging.basicConfig(level=logging.WARNING)
     from pipeline.config import load_config
-    from pipeline.engine.driver import curate, init_ray
+    from pipeline.engine.driver import curate
+    from pipeline.engine.ray_setup import init_ray
     cfg = load_config(sets=["stages=[decode,size,dedup]", f"ray.num_cpus={num_cpus}", f"size.min_short_side={min_side}", *sets])
     init_ray(cfg)
     t0 = time.perf_counter()

@@ -84,7 +84,8 @@ def forward_flops(kw: dict) -> int:
 
 
 def generator_rate(task: str, photos: list[np.ndarray], gen_px: int, input_px: int, n: int = 32) -> float:
-    from training.filters.samples import DEFAULT_HOLDOUT, FilterSamples, FilterSpec, GeneratorSettings
+    from training.filters.samples import DEFAULT_HOLDOUT, FilterSamples, FilterSpec
+    from training.filters.overlays import GeneratorSettings
 
     data = FilterSamples(FilterSpec(task, DEFAULT_HOLDOUT[task]), photos, input_px, 0, GeneratorSettings(gen_px=gen_px))
     t0 = time.perf_counter()

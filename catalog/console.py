@@ -1,7 +1,6 @@
 """What a `humanset` command prints: our progress, warnings and summaries, not library internals.
 
-Every console rule of the house is here, one owner for all rooms (the rooms import catalog/ only;
-`humanset/console.py` and `pipeline/console.py` re-export these names):
+Every console rule of the house is here, one owner for all rooms (the rooms import catalog/ only;):
 
 - Libraries that log through Python's logging are quieted by logging handlers, never by text filters
   on a descriptor: `setup_logging()` shows our loggers' INFO lines (`humanset.*`, and the rooms'
@@ -46,7 +45,7 @@ NATIVE_NOISE = (
 # bytes BlenderProc and Blender keep until exit; printf from a static destructor, so after Python)
 NATIVE_EXIT_NOISE = {"bpy": (b"Error: Not freed memory blocks: ",)}
 
-OURS = ("humanset", "catalog", "pipeline", "render", "training", "__main__")
+OURS = ("humanset", "catalog", "explore", "pipeline", "render", "training", "__main__")
 
 RAY_DATA_NOTICES = ("Progress bars disabled", "Progress bars for operators disabled",
                     "Progress will be logged", "A new progress UI is available")

@@ -19,7 +19,6 @@ import pyarrow.parquet as pq
 
 from catalog.io import atomic_path, commit, tmp_name
 from catalog.schema import conform
-from catalog.tars import ShardTruncated, TarRecord, iter_tar, readable_name, split_member, unsafe_member  # noqa: F401
 
 _KEY_RE = re.compile(r"^[^.]+$")
 

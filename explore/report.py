@@ -20,8 +20,8 @@ from catalog.io import write_bytes
 from catalog.rules import PERSON_BOX, PERSON_SCORE, box_side
 from catalog.shards import read_member
 from catalog.source_bytes import is_uri, read_source
-from explore.report_charts import (FAIL_COLOR, KEEP_COLOR, new_figure, png_base64, bar_chart, funnel_chart,
-                                   histogram_chart)  # noqa: F401
+from explore.report_charts import (FAIL_COLOR, KEEP_COLOR, bar_chart, funnel_chart,
+                                   histogram_chart)
 
 THUMB_PX = 200
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")

@@ -12,9 +12,8 @@ from pathlib import Path
 from catalog.duck import run_location, register, retry_by_generation, run_exists, worth_loading
 from catalog.rules import INPUT_STAGE, PERSON_BOX, PERSON_SCORE, RULES
 from catalog.unit_stats import unit_outcomes
-from explore.stats_sql import (EXACT_MAX_ROWS, FAILED, N_QUANTILE_SQL, QUANTILES, REASON_KIND, RESERVOIR, percent,
-                               quantile_block, quantile_dict, quantile_sql, fetch_rows, read_manifest, reason_kind,
-                               threshold)  # noqa: F401
+from explore.stats_sql import (EXACT_MAX_ROWS, FAILED, N_QUANTILE_SQL, REASON_KIND, percent,
+                               quantile_block, quantile_dict, quantile_sql, fetch_rows, read_manifest, threshold)
 
 PERSON_BUCKETS = ("1", "2", "3", "4", "5+")
 

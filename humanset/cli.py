@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from humanset.console import native_noise_filtered, setup_logging
+    from catalog.console import native_noise_filtered, setup_logging
 
     setup_logging(args.verbose)
     if not getattr(args, "func", None):

@@ -35,7 +35,7 @@ def run_curate(args) -> int:
     from pipeline.engine.driver import curate
     from pipeline.engine.errors import EXIT_ENVIRONMENT, EXIT_RUN_ERROR, EnvironmentFault, RunError
     from pipeline.engine.funnel import print_funnel
-    from pipeline.sources import InputError
+    from pipeline.inputs.units import InputError
     try:
         cfg = load_config(args.config, args.set)
         manifest = curate(args.input, args.output, cfg, score_all=args.score_all, progress=not args.no_progress,
@@ -103,7 +103,8 @@ dedup change re-clusters partitioned by hash as `dedup.partitioned` says (docs/d
 
 def run_select(args) -> int:
     from pipeline.engine.funnel import print_funnel
-    from pipeline.select.recut import SelectError, connect_ray, select
+    from pipeline.select.recut_units import SelectError
+    from pipeline.select.recut import connect_ray, select
     try:
         connect_ray(args.run)
         manifest = select(args.run, args.output, args.set, progress=not args.no_progress)

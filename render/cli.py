@@ -140,7 +140,8 @@ examples:
 
 
 def run_export(args) -> int:
-    from render.export import ExportError, export
+    from render.export_reader import ExportError
+    from render.export import export
     try:
         result = export(args.out, args.format, args.to, args.normal_frame, progress=not args.no_progress)
     except (ExportError, FileNotFoundError) as e:

@@ -32,7 +32,7 @@ import numpy as np
 import catalog
 
 from render.run import output as outfmt
-from render.export_reader import (FRAME_KEY, ExportError, RunReader, frame_arrays, frame_records, run_fingerprint)  # noqa: F401
+from render.export_reader import (FRAME_KEY, ExportError, RunReader, frame_arrays, frame_records, run_fingerprint)
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 CHILD = r"""
 import os, sys, logging
-from humanset.console import native_noise_filtered
+from catalog.console import native_noise_filtered
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 with native_noise_filtered():
     os.write(2, b"libpng warning: eXIf: duplicate\n")
@@ -41,7 +41,7 @@ def test_native_noise_is_dropped_and_the_rest_passes():
 def test_compact_log_lines_keep_the_level_of_warnings_only():
     import logging
 
-    from humanset.console import Compact
+    from catalog.console import Compact
 
     def line(level, msg):
         return Compact().format(logging.LogRecord("render.run.job", level, __file__, 1, msg, None, None))
@@ -57,7 +57,7 @@ atexit.register(lambda: os.write(1, b"Error: Not freed memory blocks: 1, total u
                                     b"Error: a real error at exit\n"))
 if sys.argv[1] == "bpy":
     sys.modules["bpy"] = types.ModuleType("bpy")  # the library whose exit noise is known, loaded
-from humanset.console import native_noise_filtered
+from catalog.console import native_noise_filtered
 with native_noise_filtered():
     print("the command's output", flush=True)
 """
@@ -85,7 +85,7 @@ def test_stderr_stays_a_terminal_inside_the_filter():
     # progress bars ask sys.stderr.isatty(); descriptor 2 is the filter's pipe, the answer is the terminal's
     import pty
 
-    code = ("import sys\nfrom humanset.console import native_noise_filtered\n"
+    code = ("import sys\nfrom catalog.console import native_noise_filtered\n"
             "with native_noise_filtered():\n    print(sys.stderr.isatty(), sys.stderr.fileno() == 2)\n")
     primary, secondary = pty.openpty()
     try:
@@ -116,7 +116,7 @@ def test_libraries_log_warnings_only_and_ours_log_info():
 
 
 def test_matplotlib_building_its_font_cache_prints_nothing(tmp_path):
-    code = ("import logging\nfrom humanset.console import setup_logging\nsetup_logging()\n"
+    code = ("import logging\nfrom catalog.console import setup_logging\nsetup_logging()\n"
             "logging.getLogger('humanset.demo').info('ours')\nimport matplotlib.font_manager\n")
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, MPLCONFIGDIR=str(tmp_path),  # a fresh cache: matplotlib logs at INFO that it built one

@@ -18,9 +18,10 @@ import catalog
 from catalog.config import setting
 
 from training import checkpoint as ckpt
-from training import trainer
+from training import run_config, trainer
 from training.data import ShardStream, normalize, ray_dataset
-from training.trainer import Context, RunConfig
+from training.trainer import Context
+from training.run_config import RunConfig
 from training.lr import adamw, param_groups, scaled_lr, warmup_cosine
 from training.mae import MaskedAutoencoder, compile_blocks, count_params
 from training.vit import preset
@@ -58,7 +59,7 @@ class PretrainConfig(RunConfig):
 
 
 def config_from(values: dict) -> PretrainConfig:
-    return trainer.config_from(PretrainConfig, values, "pretraining")
+    return run_config.config_from(PretrainConfig, values, "pretraining")
 
 
 def build_model(cfg: PretrainConfig) -> MaskedAutoencoder:

@@ -28,7 +28,7 @@ import catalog
 
 from training import checkpoint as ckpt
 from training.lr import clip_and_step
-from training.run_config import RunConfig, config_from  # noqa: F401 (the engine's API; the settings every run has)
+from training.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 

@@ -58,10 +58,6 @@ from pipeline.dedup.components import as_string_chunks, components, ray_componen
 from pipeline.dedup.tables import (DEFAULT_BUCKET_CAP, _fingerprint, choose_blocks, loc, near_pairs, run_table,
                                    sum_stats, table_file, tables)
 from pipeline.settings import DEFAULTS
-# names other modules, tests and bench import from here (pipeline.dedup.clusters before its split)
-from pipeline.dedup.components import _cc_labels, _cc_step, _pack, _sha_links, _split, _union_find
-from pipeline.dedup.tables import (Layout, blocks, expected_candidates, first_table, read_table_stats,
-                                   sorted_table_pairs, table_pairs)
 
 log = logging.getLogger("humanset.dedup")
 
@@ -245,7 +241,7 @@ IO_THREADS = 8  # measure files read and verdict files written at once (each one
 def listed_unit_ids(run: Path) -> list[str]:
     """The run's unit ids in listing order, read from RUN/units.jsonl (this task, not the driver,
     holds them)."""
-    from pipeline.sources import iter_listing
+    from pipeline.inputs.listing import iter_listing
     return [u.unit_id for u in iter_listing(_listing(run))]
 
 

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline import console
+from catalog import console
 from pipeline.dedup import fallback as fb
 from pipeline.dedup.files import read_part, write_parts as write_row_groups
 from pipeline.engine.run_state import NameSet, unit_windows

@@ -113,7 +113,7 @@ def _chunks(ids, size: int):
 
 def _listed(run):
     """The run's unit ids in listing order, streamed from RUN/units.jsonl."""
-    from pipeline.sources import iter_listing
+    from pipeline.inputs.listing import iter_listing
     return (u.unit_id for u in iter_listing(D._listing(run)))
 
 

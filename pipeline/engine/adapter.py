@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from pipeline.engine.columns import add_seconds, append_name, flag, scatter, set_column, typed, unit_meta, with_meta
 from pipeline.engine.errors import RunError
 from pipeline.inputs.fetch import ByteSource
-from pipeline.sources import Unit
+from pipeline.inputs.units import Unit
 from pipeline.stages import Stage
 
 log = logging.getLogger("humanset.curate")

@@ -22,7 +22,8 @@ from pipeline.engine.columns import unit_meta
 from pipeline.config import section
 from pipeline.settings import DEFAULTS
 from pipeline.engine.errors import RunError, environment_fault
-from pipeline.sources import Unit, load_unit
+from pipeline.inputs.units import Unit
+from pipeline.inputs.listing import load_unit
 from pipeline.stages import Stage, build_stages
 from pipeline.engine.unit_io import (finish_unit, limits_of, listing_path, max_batch_bytes, measure_unit,
                                      read_for_score, summary)

@@ -43,29 +43,26 @@ import catalog
 from catalog import compact as compact_mod
 from catalog.storage import is_uri, run_root
 
-from pipeline import console
+from catalog import console
 from pipeline.dedup import clusters as dedup_mod, partitioned as dedup_dist, fallback, fallback_rounds
 from pipeline.engine import cleanup as run_cleanup
-from pipeline.engine.adapter import apply_stage, run_on_unit, run_stage  # noqa: F401 (engine's API)
-from pipeline.engine.columns import unit_meta, with_meta  # noqa: F401 (engine's API)
 from pipeline.config import load_config, section, with_defaults
 from pipeline.settings import DEFAULTS
 from pipeline.engine.errors import EnvironmentFault, RunError, environment_fault
 from pipeline.engine.blocks import measure_block, retries_of, score_ds, unit_blocks, units_ds
 from pipeline.engine.early import EarlyScore, start_actors_early
 from pipeline.engine.ray_compat import set_task_poll as task_poll
-from pipeline.engine.ray_setup import actor_cpus, cpu_shortfall, init_ray  # noqa: F401 (engine's API)
+from pipeline.engine.ray_setup import init_ray
 from pipeline.engine.run_state import NameSet, drain_batches, failed_units, unit_windows, reason_counts
-from pipeline.sources import Unit, check_inputs, count_new, iter_listing, write_listing
+from pipeline.inputs.units import Unit, check_inputs
+from pipeline.inputs.listing import count_new, iter_listing, write_listing
 from pipeline.stages import Stage, build_stages
 from pipeline.engine.unit_io import run_store
-from pipeline.engine.unit_io import (finish_measure, finish_unit, limits_of, listing_path, marker_path, max_batch_bytes,
-                                     measure_path, measure_unit, now, read_for_measure, read_for_score, summary,
-                                     write_curated)  # noqa: F401
+from pipeline.engine.unit_io import limits_of, listing_path, now
 
 log = logging.getLogger("humanset.curate")
 
-_limits = limits_of  # the engine's name for it (tests, isolation)
+
 _now = now
 RUN_WRITERS = ["", "stats", "catalog/samples", "catalog/compact/samples", "catalog/compact/shards", "shards",
                "work/measure", "work/dedup", "work/dedup/pairs", "work/scored"]  # where
@@ -89,7 +86,7 @@ def _measure(run: Path, units: list[Unit], cfg: dict, score_all: bool, bar, prog
                         if s.phase == "measure" and s.name in cfg["stages"]] or [1.0])
     with unit_blocks(ray, cpus):
         ds = units_ds(units, cfg, bundled=True).map_batches(
-            measure_block, fn_kwargs=dict(run=str(run), limits=_limits(cfg), cfg=cfg, score_all=score_all),
+            measure_block, fn_kwargs=dict(run=str(run), limits=limits_of(cfg), cfg=cfg, score_all=score_all),
             batch_size=None, batch_format="pyarrow", num_cpus=measure_cpus, max_retries=retries)
         done = drain_batches(ds.iter_batches(batch_format="pyarrow", batch_size=None), len(units), "measure", True, bar)
     failed = failed_units(units, done, (run_store(run), "work/measure"), ".parquet")
@@ -133,7 +130,7 @@ def _isolate(run: Path, units: list[Unit], phase: str, cfg: dict, score_all: boo
     log.warning("%d units failed in %s after %d retries: running their samples one at a time",
                 len(units), phase, retries_of(cfg))
     task = ray.remote(num_cpus=1, max_retries=0)(isolate_unit)
-    refs = [task.remote(str(run), u.to_dict(), phase, cfg, score_all, _limits(cfg)) for u in units]
+    refs = [task.remote(str(run), u.to_dict(), phase, cfg, score_all, limits_of(cfg)) for u in units]
     with console.progress(len(refs), f"{phase} (isolated)", enabled=progress) as bar:
         while refs:
             ready, refs = ray.wait(refs, num_returns=1)

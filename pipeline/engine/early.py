@@ -12,7 +12,7 @@ from pathlib import Path
 from pipeline.engine.blocks import score_ds
 from pipeline.config import section
 from pipeline.engine.ray_setup import actor_cpus
-from pipeline.sources import Unit
+from pipeline.inputs.units import Unit
 from pipeline.stages import Stage
 
 log = logging.getLogger("humanset.curate")

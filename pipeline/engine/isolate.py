@@ -103,7 +103,8 @@ def isolate_unit(run: str, unit: dict, phase: str, cfg: dict, score_all: bool, l
 
     from pipeline.engine import unit_io
     from pipeline.engine.columns import unit_meta, with_meta
-    from pipeline.sources import Unit, load_unit
+    from pipeline.inputs.units import Unit
+    from pipeline.inputs.listing import load_unit
     from pipeline.stages import build_stages
     run_p = run  # a local path or a URI: unit_io writes through catalog/storage
     u = load_unit(Unit.from_dict(unit), unit_io.listing_path(run_p))

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.engine import adapter
-from pipeline import console
+from catalog import console
 from pipeline.engine.errors import RunError
 from pipeline.engine.ray_compat import keep_local_ray_on_loopback
 from pipeline.stages import build_stages

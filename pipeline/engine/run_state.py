@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import console
+from catalog import console
 from pipeline.engine.errors import EnvironmentFault
-from pipeline.sources import Unit, iter_listing
+from pipeline.inputs.units import Unit
+from pipeline.inputs.listing import iter_listing
 from pipeline.engine.unit_io import listing_path, run_store
 
 

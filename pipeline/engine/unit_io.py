@@ -35,7 +35,8 @@ from pipeline.engine.adapter import run_on_unit
 from pipeline.engine.columns import flag, set_column, typed, unit_meta, with_meta
 from pipeline.inputs.fetch import ByteSource
 from pipeline.settings import DEFAULTS
-from pipeline.sources import DEFAULT_LIMITS, ROW_FIELDS, Unit, UnitReader, read_unit
+from pipeline.inputs.reading import DEFAULT_LIMITS, ROW_FIELDS, UnitReader, read_unit
+from pipeline.inputs.units import Unit
 from pipeline.stages import Stage, build_stages
 from pipeline.stages.decode import unit_error_kind
 

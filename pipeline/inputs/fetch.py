@@ -15,7 +15,8 @@ import logging
 
 import pyarrow as pa
 
-from pipeline.sources import Unit, UnitReader, file_row, is_uri
+from pipeline.inputs.units import Unit, is_uri
+from pipeline.inputs.reading import UnitReader, file_row
 
 log = logging.getLogger("humanset.curate")
 COALESCE_GAP = 64 << 10  # bytes of other members a ranged read of a remote tar may span to join two reads

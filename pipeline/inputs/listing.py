@@ -23,7 +23,7 @@ from catalog.io import tmp_name
 
 from pipeline.inputs.units import IMAGE_EXTS, InputError, Unit, chunks, is_uri, unit_sources, iter_units
 
-log = logging.getLogger("pipeline.sources")
+log = logging.getLogger(__name__)
 
 
 # External sort: sorted runs of at most run_size items spilled to scratch, merged FAN_IN at a time.

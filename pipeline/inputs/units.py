@@ -1,4 +1,4 @@
-"""Inputs of a curation run, cut into units (pipeline/sources.py gathers this, the listing and the reading).
+"""Inputs of a curation run, cut into units (pipeline/inputs/listing.py lists them, pipeline/inputs/reading.py reads them).
 
 Three kinds of input, each cut into units (the resume and stats granularity):
   - a WebDataset shard `*.tar` (img2dataset style: {key}.jpg, {key}.json, optional {key}.txt, and an
@@ -26,7 +26,7 @@ import catalog.storage
 
 from pipeline.inputs import shards as shard_inputs
 
-log = logging.getLogger("pipeline.sources")  # the name the inputs have always logged under
+log = logging.getLogger(__name__)
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
 MANIFEST_COLUMNS = ("path", "uri", "url", "filepath", "file")

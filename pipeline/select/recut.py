@@ -24,13 +24,13 @@ import math
 
 import catalog
 
-from pipeline import console
+from catalog import console
 from pipeline.select import recut_units as U
 from pipeline.config import apply_sets
 from pipeline.engine.driver import library_versions, funnel_from_counts
 from pipeline.dedup.fallback_rounds import fold, tasks_in_flight
 from pipeline.engine.cleanup import SCRATCH, remove_scratch, remove_tree
-from pipeline.select.recut_units import SelectError, unscored as _unscored  # noqa: F401 (the names select had)
+from pipeline.select.recut_units import SelectError
 from pipeline.dedup.ranges import TASK_BASE_BYTES
 from pipeline.settings import DEFAULTS
 from pipeline.engine.unit_io import now

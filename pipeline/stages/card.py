@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from catalog.cards import CARD_FORMAT, CARD_NAME, REQUIRED, squash  # noqa: F401 (the card contract: catalog/cards.py)
+from catalog.cards import CARD_FORMAT, CARD_NAME, REQUIRED, squash
 
 log = logging.getLogger(__name__)
 

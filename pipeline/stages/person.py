@@ -40,8 +40,7 @@ from catalog.rules import BOX_RULES, PERSON_BOX, PERSON_SCORE, RULES, box_side
 from pipeline.inputs.images import load_rgb
 from pipeline.settings import DEFAULTS
 from pipeline.stages.base import Stage
-from pipeline.stages.person_model import (BACKENDS, MAX_DET, NMS_IOU, cache_dir, export_onnx, file_sha256,
-                                          import_ultralytics_offline, onnx_path)  # noqa: F401 (API)
+from pipeline.stages.person_model import (BACKENDS, MAX_DET, NMS_IOU, export_onnx, import_ultralytics_offline)
 
 log = logging.getLogger(__name__)
 

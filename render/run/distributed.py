@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 
-from render.run.job import check_lock, reject_crashed_scans
+from render.run.job import check_lock
+from render.run.files import reject_crashed_scans
 from render.run.spec import RunSpec, shards_todo
 
 log = logging.getLogger(__name__)

@@ -49,7 +49,7 @@ from render.run import output as outfmt
 from render.run import plan
 from render.config import RenderConfig
 from render.run.files import (HDRI_CATALOG, SCAN_CATALOG, crash_file, crashed_scans, read_table, reject_crashed_scans,
-                              run_store)  # noqa: F401
+                              run_store)
 from render.run.spec import (CONVENTIONS, MANIFEST, PREFIX, RunSpec, frame_key, shard_done, shard_name, shards_todo,
                              staging_dir, usable_hdris, usable_scans)
 

@@ -63,7 +63,8 @@ WEIRD = ["$x^$", "a'b", "50%_{off}", "..\\x", "\\frac{1}{0}", "sp ace: colon (pa
 def test_decode_reasons_are_fixed_kinds_whatever_the_member_names(tmp_path):
     import pyarrow as pa
 
-    from pipeline.sources import Unit, read_unit
+    from pipeline.inputs.units import Unit
+    from pipeline.inputs.reading import read_unit
     from pipeline.stages.decode import DecodeStage
 
     tar = tmp_path / "crawl.tar"
@@ -102,7 +103,7 @@ def test_report_draws_labels_from_data_literally(tmp_path):
 
 # --- a background file name containing '#' ------------------------------------------------------------
 def test_background_file_name_with_hash_reads(tmp_path):
-    from training.tasks.data import BackgroundPool
+    from training.tasks.augment import BackgroundPool
 
     photo = tmp_path / "beach #3.jpg"
     photo.write_bytes(_jpeg(48, seed=1))

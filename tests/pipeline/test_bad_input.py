@@ -12,7 +12,8 @@ import pytest
 
 import catalog
 from pipeline.config import load_config
-from pipeline.sources import Unit, read_unit, sample_id
+from pipeline.inputs.units import Unit, sample_id
+from pipeline.inputs.reading import read_unit
 from pipeline.stages.decode import REASON_KINDS, decode_one, error_kind
 
 # found by mutating small valid GIFs: PIL raises IndexError / struct.error on them, not its own error

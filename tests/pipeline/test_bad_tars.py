@@ -12,7 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from catalog import iter_tar
-from pipeline.sources import Unit, UnitReader, list_units, read_unit
+from pipeline.inputs.units import Unit
+from pipeline.inputs.reading import UnitReader, read_unit
+from pipeline.inputs.listing import list_units
 from pipeline.stages.decode import REASON_KINDS, UNIT_ERROR_KINDS, error_kind, unit_error_kind
 
 

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from pipeline.engine.blocks import bundles
-from pipeline.sources import Unit
+from pipeline.inputs.units import Unit
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.console import progress
+from catalog.console import progress
 
 # what Ray Data's own loggers and Ray's token notice print (file:line of their modules, or phrases)
 RAY_INTERNALS = re.compile(r"streaming_executor\.py|logging_progress\.py|progress/__init__\.py|"

@@ -10,9 +10,10 @@ import pytest
 
 import catalog
 from pipeline.config import load_config
-from pipeline.engine.driver import RunError, curate
+from pipeline.engine.errors import RunError
+from pipeline.engine.driver import curate
 from catalog.source_bytes import read_source
-from pipeline.sources import sample_id
+from pipeline.inputs.units import sample_id
 
 CHEAP = ["stages=[decode,size,dedup]"]  # engine mechanics on generated images that hold no person
 

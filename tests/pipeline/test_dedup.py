@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.dedup import clusters as dedup, components as dedup_components, tables as dedup_tables
-from pipeline.dedup.clusters import (Layout, blocks, choose_blocks, cluster, cluster_stats, expected_candidates,
-                                     first_table, near_pairs, run_dedup, tables)
+from pipeline.dedup.tables import Layout, blocks, choose_blocks, expected_candidates, first_table, near_pairs, tables
+from pipeline.dedup.clusters import cluster, cluster_stats, run_dedup
 
 
 def _hashes(seed: int, n_centres=60, copies=600, skewed=900, fixed_bits=10):
@@ -236,7 +236,7 @@ def test_exact_duplicates_without_phash():
 
 def test_sha256_links_hex_other_strings_and_key_collisions(monkeypatch):
     def links(values):
-        a, b = dedup._sha_links(pa.array(values, pa.string()))
+        a, b = dedup_components._sha_links(pa.array(values, pa.string()))
         return {tuple(sorted(p)) for p in zip(a.tolist(), b.tolist())}
     digest = [f"{i:064x}" for i in range(3)]  # hex that differs only in its last bits
     assert links([digest[0], digest[1], digest[0], None, digest[2], digest[1]]) == {(0, 2), (1, 5)}
@@ -278,7 +278,7 @@ def _band_join_cluster(samples: pa.Table, max_distance: int = 4, exact: bool = T
                     f"ON x.band = y.band AND x.phash < y.phash "
                     f"WHERE bit_count(xor(x.phash, y.phash)) <= {int(max_distance)}")
     e = con.execute(" UNION ".join(f"({q})" for q in edges)).fetchnumpy()
-    root = dedup._union_find(n, e["a"].astype(np.int64), e["b"].astype(np.int64))
+    root = dedup_components._union_find(n, e["a"].astype(np.int64), e["b"].astype(np.int64))
     con.register("roots", pa.table({"i": np.arange(n, dtype=np.int64), "root": root}))
     return con.sql("""
         WITH c AS (
@@ -419,16 +419,16 @@ def test_run_dedup_tables_as_ray_tasks(measured_run, ray_local, monkeypatch):
 
 def _alternate(a, b, parts):
     """ray_components' rounds with the same step functions, run in this process: (vertex, centre), rounds."""
-    outs = [dedup._split(np.concatenate([dedup._pack(a, b), dedup._pack(b, a)]), parts)]
+    outs = [dedup_components._split(np.concatenate([dedup_components._pack(a, b), dedup_components._pack(b, a)]), parts)]
     op, rounds, large = "large", 0, None
     while True:
-        outs = [dedup._cc_step(op, parts, *[o[j] for o in outs]) for j in range(parts)]
+        outs = [dedup_components._cc_step(op, parts, *[o[j] for o in outs]) for j in range(parts)]
         changes = sum(o[-1]["changes"] for o in outs)
         rounds += 1
         if op == "small" and large == 0 and changes == 0:
             break
         op, large = ("small", changes) if op == "large" else ("large", large)
-    got = [dedup._cc_labels(*[o[j] for o in outs]) for j in range(parts)]
+    got = [dedup_components._cc_labels(*[o[j] for o in outs]) for j in range(parts)]
     return np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got]), rounds
 
 
@@ -448,9 +448,9 @@ def test_alternating_stars_give_the_union_find_components(shape):
         a, b = rng.integers(0, n, 3000), rng.integers(0, n, 3000)
     v, c, rounds = _alternate(a.astype(np.int64), b.astype(np.int64), 4)
     assert (c < v).all() and len(np.unique(v)) == len(v)  # one centre per non-centre vertex
-    truth = dedup._union_find(n, a.astype(np.int64), b.astype(np.int64))
+    truth = dedup_components._union_find(n, a.astype(np.int64), b.astype(np.int64))
     assert (truth[v] == truth[c]).all()
-    got = dedup._union_find(n, v, c)  # the star links alone give the same partition
+    got = dedup_components._union_find(n, v, c)  # the star links alone give the same partition
     assert np.array_equal(np.unique(np.c_[got, truth], axis=0)[:, 0], np.unique(got)) and \
         len(np.unique(got)) == len(np.unique(truth))
     assert (got == np.arange(n))[np.isin(np.arange(n), np.r_[a, b], invert=True)].all()

@@ -9,7 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.dedup import clusters as dedup, partitioned as dedup_dist
-from pipeline.dedup.clusters import cluster, components, near_pairs
+from pipeline.dedup.clusters import cluster
+from pipeline.dedup.components import components
+from pipeline.dedup.tables import near_pairs
 from pipeline.dedup.ranges import TASK_BASE_BYTES, partitioned_tables, range_bits, range_of, scatter, top_blocks
 
 K = 4

@@ -8,6 +8,7 @@ import pytest
 
 import catalog
 from pipeline.config import load_config
+from pipeline.engine import adapter, columns, unit_io
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "faults"))
@@ -24,7 +25,8 @@ def _photos(folder, n, start=0):
 
 
 def test_run_lock_keeps_a_second_run_out_and_deletes_nothing(tmp_path):
-    from pipeline.engine.driver import RunError, curate
+    from pipeline.engine.errors import RunError
+    from pipeline.engine.driver import curate
     run = tmp_path / "run"
     run.mkdir()
     theirs = run / "catalog" / "samples" / ".u.parquet.tmp-4242-deadbeef"  # another run's write in flight
@@ -60,30 +62,28 @@ def test_clean_tmp_removes_only_our_writers_temp_files(tmp_path):
 def _measured(source, run):
     """Phases 1 and 2 of the cheap path on one unit, in-process (no Ray): (unit, cfg)."""
     from pipeline.dedup import clusters as dedup
-    from pipeline.engine import driver as engine
-    from pipeline.sources import list_units
+    from pipeline.inputs.listing import list_units
     from pipeline.stages import build_stages
     cfg = load_config(sets=CHEAP)
     (unit,), _ = list_units([str(source)])
-    table = engine.read_for_measure(unit, engine._limits(cfg))
+    table = unit_io.read_for_measure(unit, unit_io.limits_of(cfg))
     for s in build_stages(cfg):
-        table = engine.run_on_unit(s, table, False)
-    engine.finish_measure(run, table)
+        table = adapter.run_on_unit(s, table, False)
+    unit_io.finish_measure(run, table)
     dedup.run_dedup(run, [unit.unit_id], cfg)
     return unit, cfg
 
 
 def test_changed_source_is_rejected_and_never_written(tmp_path):
     """Phase 1 and phase 3 run here in-process (no Ray); the file changes in between."""
-    from pipeline.engine import driver as engine
     from pipeline.demo.crawl import photo_like
     folder = _photos(tmp_path / "in", 3)
     run = tmp_path / "run"
     unit, cfg = _measured(folder, run)
     new = photo_like(400, 320, 999)
     (folder / "001.jpg").write_bytes(new)  # same name, other bytes
-    table = engine.read_for_score(run, unit, engine._limits(cfg), False)
-    summary = engine.finish_unit(run, table, cfg).to_pylist()[0]
+    table = unit_io.read_for_score(run, unit, unit_io.limits_of(cfg), False)
+    summary = unit_io.finish_unit(run, table, cfg).to_pylist()[0]
     assert summary["inputs"] == 3 and summary["kept"] == 2
     rows = {Path(r["source_uri"]).name: r for r in
             catalog.connect(run).sql("SELECT * FROM samples").to_arrow_table().to_pylist()}
@@ -101,7 +101,6 @@ def test_second_read_of_a_tar_seeks_to_its_members_and_a_rewritten_tar_is_parsed
     import shutil
     import tarfile
 
-    from pipeline.engine import driver as engine
     from pipeline.inputs import fetch
     from pipeline.demo.crawl import photo_like
 
@@ -124,14 +123,14 @@ def test_second_read_of_a_tar_seeks_to_its_members_and_a_rewritten_tar_is_parsed
         raise AssertionError("the tar was parsed again")
     with monkeypatch.context() as m:
         m.setattr(fetch, "read_unit", no_parse)  # phase 3 reads bytes back through pipeline/inputs/fetch.py
-        table = engine.read_for_score(run, unit, engine._limits(cfg), False)
-    assert engine.finish_unit(run, table, cfg).to_pylist()[0]["kept"] == 4
+        table = unit_io.read_for_score(run, unit, unit_io.limits_of(cfg), False)
+    assert unit_io.finish_unit(run, table, cfg).to_pylist()[0]["kept"] == 4
 
     new = photo_like(500, 320, 999)  # b changes size: c and d move
     shard(tar, {**images, "b.jpg": new})
     run = tmp_path / "run2"
-    table = engine.read_for_score(run, unit, engine._limits(cfg), False)
-    assert engine.finish_unit(run, table, cfg).to_pylist()[0]["kept"] == 3
+    table = unit_io.read_for_score(run, unit, unit_io.limits_of(cfg), False)
+    assert unit_io.finish_unit(run, table, cfg).to_pylist()[0]["kept"] == 3
     rows = {r["key"]: r for r in catalog.connect(run).sql("SELECT * FROM samples").to_arrow_table().to_pylist()}
     assert rows["b"]["reject_reason"] == "decode:source_changed" and all(rows[k]["keep"] for k in "acd")
     stored = sorted(rec.files["jpg"] for t in catalog.list_shards(run / "shards") for rec in catalog.iter_tar(t))
@@ -178,7 +177,6 @@ def test_a_sample_that_kills_its_worker_is_rejected_and_the_run_completes(tmp_pa
 def test_a_stage_that_raises_on_one_sample_fails_only_that_sample():
     import pyarrow as pa
 
-    from pipeline.engine import driver as engine
     from pipeline.stages.size import SizeStage
 
     class RaisesOn13(SizeStage):  # a stage with a bug that one sample's values trigger
@@ -190,13 +188,13 @@ def test_a_stage_that_raises_on_one_sample_fails_only_that_sample():
     t = pa.table({"sample_id": list("abcd"), "width": [400, 13, 500, 600], "height": [400, 400, 500, 600],
                   "decode_error": pa.nulls(4, pa.string()), "_alive": [True] * 4,
                   "scored_stages": pa.nulls(4, pa.list_(pa.string()))})
-    out = engine.run_on_unit(RaisesOn13({"batch_size": 4}), t, False)
+    out = adapter.run_on_unit(RaisesOn13({"batch_size": 4}), t, False)
     assert out.column("sample_id").to_pylist() == list("abcd")
     assert out.column("short_side").to_pylist() == [400, None, 500, 600]
     assert out.column("_alive").to_pylist() == [True, False, True, True]
     err = out.column("decode_error").to_pylist()[1]
     assert "IndexError" in err and err.startswith("decoder error")
-    assert "size" in engine.unit_meta(out)["seconds"]
+    assert "size" in columns.unit_meta(out)["seconds"]
 
 
 def test_render_out_is_locked_too(tmp_path):

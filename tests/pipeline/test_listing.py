@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.inputs import listing as unit_listing
-from pipeline.sources import count_new, load_unit, read_listing, write_listing
+from pipeline.inputs.listing import count_new, load_unit, read_listing, write_listing
 
 PER_DIR, PER_UNIT, RUN_SIZE = 400, 500, 2000
 

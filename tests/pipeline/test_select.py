@@ -5,7 +5,8 @@ import sys
 import pytest
 
 import catalog
-from pipeline.select.recut import SelectError, select
+from pipeline.select.recut_units import SelectError
+from pipeline.select.recut import select
 
 
 def _rows(run):

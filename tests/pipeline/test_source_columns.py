@@ -3,7 +3,8 @@
 import pytest
 
 from catalog import SAMPLES, conform
-from pipeline.config import ConfigError, load_config
+from catalog.config import ConfigError
+from pipeline.config import load_config
 from pipeline.decide import decide, funnel
 from pipeline.stages import build_stages
 from pipeline.stages.person import PersonStage

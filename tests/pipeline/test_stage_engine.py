@@ -120,7 +120,7 @@ def test_model_actors_load_while_phase_3_waits_and_a_stopped_run_frees_them(ray_
 
     from pipeline.config import load_config
     from pipeline.engine.early import EarlyScore
-    from pipeline.sources import Unit
+    from pipeline.inputs.units import Unit
     from pipeline.stages.text import TextStage
 
     def free():
@@ -152,7 +152,7 @@ def test_task_poll_sets_how_soon_ray_data_sees_a_finished_unit():
     from ray.data._internal.execution import streaming_executor_state as state
 
     from pipeline.config import load_config
-    from pipeline.engine.driver import task_poll
+    from pipeline.engine.ray_compat import set_task_poll as task_poll
     old = state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S
     try:
         task_poll(float(load_config()["engine"]["task_poll_s"]))

@@ -16,8 +16,8 @@ import catalog
 from pipeline.config import default_config
 from pipeline.inputs.images import probe
 from pipeline.inputs.images import load_rgb
-from pipeline.stages.person import (PersonStage, box_passes, count_passing, default_weights,
-                                    import_ultralytics_offline, n_pass_column, onnx_path)
+from pipeline.stages.person import PersonStage, box_passes, count_passing, default_weights, n_pass_column
+from pipeline.stages.person_model import import_ultralytics_offline, onnx_path
 
 # located without importing ultralytics (its import-time network check must see YOLO_OFFLINE)
 ASSETS = Path(list(importlib.util.find_spec("ultralytics").submodule_search_locations)[0]) / "assets"

@@ -12,7 +12,8 @@ from PIL import Image
 
 import catalog
 from pipeline.stages.watermark import marks
-from pipeline.config import ConfigError, default_config, load_config
+from catalog.config import ConfigError
+from pipeline.config import default_config, load_config
 from pipeline.demo.crawl import with_watermark
 from pipeline.stages.watermark import evidence as wm_evidence
 from pipeline.stages.text import TextStage

@@ -23,7 +23,8 @@ def render_run(tmp_path_factory):
 
 
 def test_render_parts_dataset_reads_the_labels(render_run):
-    from training.tasks.data import Augment, RenderParts
+    from training.tasks.augment import Augment
+    from training.tasks.data import RenderParts
     from training.tasks.vocab import load
     ds = RenderParts(render_run, load("sapiens28"), (96, 72), Augment(train=False))
     assert len(ds) == 4

@@ -12,7 +12,8 @@ from training import checkpoint as ckpt
 from training_fixtures import write_coco_person, write_sphere_renders
 from training.mae import MaskedAutoencoder
 from training.tasks.sampler import StepSampler
-from training.tasks.data import Augment, BackgroundPool, CocoKeypoints, CocoParts, RenderFrames
+from training.tasks.augment import Augment, BackgroundPool
+from training.tasks.data import CocoKeypoints, CocoParts, RenderFrames
 from training.vit import VisionTransformer
 from training.tasks.vocab import load
 from training.weights import load_encoder, resize_pos_embed
@@ -216,7 +217,8 @@ def test_coco_masks_polygon_and_uncompressed_rle_agree():
 def test_target_heatmaps_decode_back_to_the_annotations(coco):
     """Decoding the training targets through the evaluation path (argmax, quarter offset, inverse crop)
     recovers the annotated keypoints, so a perfect model scores AP 1."""
-    from training.tasks.evaluate import apply_affine, heatmap_keypoints, pose_ap_from
+    from training.tasks.keypoints import apply_affine, heatmap_keypoints
+    from training.tasks.scoring import pose_ap_from
     kp_json, _ = coco
     ds = CocoKeypoints(kp_json, None, load("coco17"), (256, 192), NOAUG)
     preds = {}

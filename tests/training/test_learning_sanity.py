@@ -11,7 +11,8 @@ from training.tasks.evaluate import evaluate
 from training.tasks.finetune import FinetuneConfig, finetune
 from training.tasks.losses import depth_loss, relative_depth
 from training.tasks.render_pose import RenderKeypoints, mask_box
-from training.tasks.data import Augment, RenderFrames
+from training.tasks.augment import Augment
+from training.tasks.data import RenderFrames
 from training_fixtures import write_sphere_renders
 from training.tasks.vocab import load
 

@@ -22,6 +22,7 @@ from pipeline.stages.art import ArtStage
 from pipeline.stages.watermark.stage import WatermarkStage
 from training.filters import samples as fd
 from training.filters import browser as fh
+from training.filters import lettering
 from training.filters import (FilterConfig, FilterModel, at_threshold, beats_chance, build_model, choose_threshold,
                               roc_auc, train_filter)
 
@@ -47,8 +48,8 @@ def photo_dir(tmp_path_factory) -> Path:
 
 # --- generators -----------------------------------------------------------------------------------
 def test_fonts_are_found_and_draw_latin_text():
-    fonts = fd.find_fonts()
-    assert fonts and all(Path(f).suffix.lower() in fd.FONT_EXTS for f in fonts)
+    fonts = lettering.find_fonts()
+    assert fonts and all(Path(f).suffix.lower() in lettering.FONT_EXTS for f in fonts)
     assert not any("sym" in Path(f).name.lower() for f in fonts)
 
 
@@ -424,10 +425,10 @@ def test_html_pages_are_a_pure_function_of_seed_and_index(photos):
     for part in ("<nav>", "<h1>", "<h2>", "<p>", "<button", "<table>", "<form>", "class='card'", "<aside>",
                  "<footer>", "data:image/jpeg;base64,", "font-family:"):
         assert part in html_all, part
-    assert len({w for _, w in pages}) >= 3 and all(w in fh.WINDOWS for _, w in pages)
+    assert len({w for _, w in pages}) >= 3 and all(w in pages.WINDOWS for _, w in pages)
     assert len({p for p, _ in pages}) == 16
     for p, _ in pages:  # nothing but data: URIs and in-page links: the page cannot reach the network
-        assert fh.CSP in p
+        assert pages.CSP in p
         refs = re.findall(r"""(?:src|href)=["']([^"']*)""", p) + re.findall(r"url\(([^)]*)\)", p)
         assert refs and all(r.startswith("data:") or r == "#" for r in refs), [r[:40] for r in refs]
 

@@ -34,7 +34,7 @@ from PIL import Image
 
 import catalog
 
-from training.filters.pages import CSP, WINDOWS, page_html, window_html  # noqa: F401  (WINDOWS, CSP re-exported)
+from training.filters.pages import page_html, window_html
 
 log = logging.getLogger(__name__)
 

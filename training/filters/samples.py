@@ -35,7 +35,6 @@ from catalog import cards
 
 from training.filters.browser import screenshot
 from training.filters.styles import cartoon, clipart, document, painterly, pencil, random_view, render_frame
-from training.filters.lettering import FONT_EXTS, find_fonts  # noqa: F401  (re-exported)
 from training.filters.overlays import GeneratorSettings, border, frame, sign, watermark
 
 log = logging.getLogger(__name__)

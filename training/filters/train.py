@@ -36,13 +36,14 @@ from catalog import cards
 from catalog.config import setting
 
 from training import checkpoint as ckpt
-from training import trainer
-from training.trainer import Context, RunConfig
-from training.filters.samples import DEFAULT_HOLDOUT, FilterSamples, FilterSpec, GeneratorSettings, split_photos
+from training import run_config, trainer
+from training.trainer import Context
+from training.run_config import RunConfig
+from training.filters.samples import DEFAULT_HOLDOUT, FilterSamples, FilterSpec, split_photos
+from training.filters.overlays import GeneratorSettings
 from training.filters.browser import HtmlPool, html_pool
-from training.filters.inputs import WATERMARK_LIKE, read_photos, read_scene_text  # noqa: F401  (re-exported)
-from training.filters.thresholds import (CHANCE_Z, at_threshold, beats_chance, card_threshold, choose_threshold,
-                                         figures, reject_scores, roc_auc)  # noqa: F401
+from training.filters.inputs import read_photos, read_scene_text
+from training.filters.thresholds import (CHANCE_Z, card_threshold, figures, reject_scores)
 from training.lr import adamw, layer_decay_groups, warmup_linear
 from training.tasks.sampler import collate
 from training.vit import VisionTransformer, preset
@@ -122,7 +123,7 @@ class FilterConfig(RunConfig):
 
 
 def config_from(values: dict) -> FilterConfig:
-    return trainer.config_from(FilterConfig, values, "train-filter")
+    return run_config.config_from(FilterConfig, values, "train-filter")
 
 
 # --- the model ------------------------------------------------------------------------------------

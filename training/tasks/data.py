@@ -28,8 +28,8 @@ import catalog
 
 from training.image_decode import decode_image
 from training.tasks.vocab import ClassVocab, KeypointVocab
-from training.tasks.augment import (LINEAR, NEAREST, Augment, BackgroundPool, box_affine, chw, crop_affine,
-                                    paste_background, photometric, sample_rng, warp)  # noqa: F401
+from training.tasks.augment import (NEAREST, Augment, BackgroundPool, box_affine, chw, crop_affine,
+                                    paste_background, photometric, sample_rng, warp)
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from training.data import normalize
 from training.tasks.finetune import build_dataset, load_task_model
 from training.tasks.keypoints import apply_affine, heatmap_keypoints
 from training.tasks.sampler import collate
-from training.tasks.scoring import Scorer, pose_ap_from  # noqa: F401  (pose_ap_from: evaluate's name for it, kept)
+from training.tasks.scoring import Scorer
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,10 @@ from catalog.config import setting
 
 from training import checkpoint as ckpt
 from training.tasks import losses
-from training import trainer
+from training import run_config, trainer
 from training.data import normalize
-from training.trainer import Context, RunConfig
+from training.trainer import Context
+from training.run_config import RunConfig
 from training.tasks.heads import TASKS, build_head, tokens_to_map
 from training.lr import adamw, layer_decay_groups, warmup_linear, warmup_step
 from training.tasks.sampler import StepSampler, collate
@@ -134,12 +135,13 @@ def parse_hw(value) -> tuple[int, int]:
 
 
 def config_from(values: dict) -> FinetuneConfig:
-    return trainer.config_from(FinetuneConfig, values, "fine-tuning")
+    return run_config.config_from(FinetuneConfig, values, "fine-tuning")
 
 
 # --- data, loss, optimiser ---------------------------------------------------------------------
 def build_dataset(cfg: FinetuneConfig, train: bool = True):
-    from training.tasks.data import Augment, BackgroundPool, CocoKeypoints, CocoParts, RenderFrames, RenderParts
+    from training.tasks.augment import Augment, BackgroundPool
+    from training.tasks.data import CocoKeypoints, CocoParts, RenderFrames, RenderParts
 
     aug = Augment(train=train and cfg.augment, background=cfg.background_prob)
     pool = BackgroundPool.from_run(cfg.backgrounds) if (train and cfg.backgrounds) else None

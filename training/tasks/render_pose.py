@@ -28,7 +28,8 @@ import numpy as np
 import catalog
 
 from training.image_decode import decode_image
-from training.tasks.data import Augment, RenderFrames, member_offsets, pose_example, sample_rng
+from training.tasks.augment import Augment, sample_rng
+from training.tasks.data import RenderFrames, member_offsets, pose_example
 from training.tasks.vocab import KeypointVocab
 
 log = logging.getLogger(__name__)

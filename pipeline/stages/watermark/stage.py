@@ -27,7 +27,8 @@ from catalog.rules import RULES
 from pipeline.inputs.images import load_rgb
 from pipeline.stages.base import Stage
 from pipeline.stages.batching import infer_each
-from pipeline.stages.card import CARD_NAME, find_card, locate_weights
+from catalog.cards import CARD_NAME
+from pipeline.stages.card import find_card, locate_weights
 
 log = logging.getLogger(__name__)
 
