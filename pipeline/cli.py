@@ -103,7 +103,7 @@ dedup change re-clusters partitioned by hash as `dedup.partitioned` says (docs/d
 
 def run_select(args) -> int:
     from pipeline.engine.funnel import print_funnel
-    from pipeline.select.recut_units import SelectError
+    from pipeline.select.recut import SelectError
     from pipeline.select.recut import connect_ray, select
     try:
         connect_ray(args.run)

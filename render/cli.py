@@ -140,7 +140,7 @@ examples:
 
 
 def run_export(args) -> int:
-    from render.export_reader import ExportError
+    from render.run.reader import ExportError
     from render.export import export
     try:
         result = export(args.out, args.format, args.to, args.normal_frame, progress=not args.no_progress)

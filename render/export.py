@@ -16,7 +16,7 @@ with an image is whole, and a rerun skips it.
 
 coco (FILE.json): see render/export_coco.py.
 
-Every byte of the run is read through `RunReader.open` (render/export_reader.py), the one place a path of
+Every byte of the run is read through `RunReader.open` (render/run/reader.py), the one place a path of
 OUT is opened (OUT may be a URI, s3://bucket/runs/synth: read through catalog.storage, each shard as one
 buffered stream); shards are streamed member by member with catalog.iter_tar, one frame in memory at a
 time.
@@ -32,7 +32,7 @@ import numpy as np
 import catalog
 
 from render.run import output as outfmt
-from render.export_reader import (FRAME_KEY, ExportError, RunReader, frame_arrays, frame_records, run_fingerprint)
+from render.run.reader import (FRAME_KEY, ExportError, RunReader, frame_arrays, frame_records, run_fingerprint)
 
 log = logging.getLogger(__name__)
 

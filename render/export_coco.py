@@ -28,7 +28,7 @@ import numpy as np
 import catalog
 
 from render.bodies import COCO17  # the order render writes keypoints_coco17 in (COCO's own)
-from render.export_reader import ExportError, RunReader, frame_arrays, frame_records, run_fingerprint
+from render.run.reader import ExportError, RunReader, frame_arrays, frame_records, run_fingerprint
 
 log = logging.getLogger(__name__)
 

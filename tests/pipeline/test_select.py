@@ -5,7 +5,7 @@ import sys
 import pytest
 
 import catalog
-from pipeline.select.recut_units import SelectError
+from pipeline.select.recut import SelectError
 from pipeline.select.recut import select
 
 

@@ -35,15 +35,14 @@ import catalog
 from catalog import cards
 from catalog.config import setting
 
-from training import checkpoint as ckpt
-from training import run_config, trainer
+from training import checkpoint as ckpt, run_config, trainer
 from training.trainer import Context
 from training.run_config import RunConfig
 from training.filters.samples import DEFAULT_HOLDOUT, FilterSamples, FilterSpec, split_photos
 from training.filters.overlays import GeneratorSettings
 from training.filters.browser import HtmlPool, html_pool
 from training.filters.inputs import read_photos, read_scene_text
-from training.filters.thresholds import (CHANCE_Z, card_threshold, figures, reject_scores)
+from training.filters.thresholds import CHANCE_Z, card_threshold, figures, reject_scores
 from training.lr import adamw, layer_decay_groups, warmup_linear
 from training.tasks.sampler import collate
 from training.vit import VisionTransformer, preset
