@@ -310,6 +310,10 @@ def cmd_query(args, by_generation: bool = False) -> int:
     from catalog.io import atomic_path
 
     out = Path(args.out) if args.out else None
+    if not args.sql.strip():
+        print('humanset query: error: SQL is empty; pass a query, e.g. "SELECT count(*) FROM samples"',
+              file=sys.stderr)
+        return 2
     if out and out.suffix.lower() not in (".parquet", ".csv"):
         print(f"humanset query: --out {out}: the file must end in .parquet or .csv", file=sys.stderr)
         return 2
@@ -345,7 +349,7 @@ def cmd_query(args, by_generation: bool = False) -> int:
         views = ", ".join(r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal "
                                                     "ORDER BY 1").fetchall())
         print(f"humanset query: {e}\n(views of this run: {views})", file=sys.stderr)
-        return 1
+        return 2  # the query is the user's to fix
     finally:
         con.close()
 

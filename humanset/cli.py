@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-from humanset.argparse_compat import command_actions, hide_command_list
+from humanset.argparse_compat import command_actions, empty_arguments, hide_command_list
 
 # rooms and their modules exposing register(subparsers); each adds its commands with
 # set_defaults(func=...). `humanset --help` lists the commands under these headings.
@@ -46,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_USER, EXIT_ENVIRONMENT, EXIT_PIPE_CLOSED = 2, 3, 141  # 141: what a shell shows for a process SIGPIPE ended
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -55,8 +59,49 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    with native_noise_filtered():
-        return int(args.func(args) or 0)
+    empty = empty_arguments(parser, args)
+    if empty:  # `--input ""` would otherwise mean the current folder, `query RUN ""` a statement that does nothing
+        print(f"humanset {args.command}: error: {', '.join(empty)} is an empty string; pass a value "
+              f"(humanset {args.command} --help)", file=sys.stderr)
+        return EXIT_USER
+    try:
+        with native_noise_filtered():
+            status = int(args.func(args) or 0)
+            sys.stdout.flush()  # here, where a closed pipe can still be told apart from a failure
+            return status
+    except BrokenPipeError:
+        return pipe_closed()
+    except Exception as e:  # the rooms print their own errors; what reaches here is named in one line
+        status = user_error(e)
+        if status is None or args.verbose:
+            raise
+        print(f"humanset {args.command}: error: {e}", file=sys.stderr)
+        return status
+
+
+def user_error(e: Exception) -> int | None:
+    """The exit status of an exception that is the user's to fix (a path that is missing or of the wrong
+    kind, a folder in use, a file where a folder belongs) or the machine's (a permission); None for
+    anything else, which keeps its traceback: that is a bug to report."""
+    from catalog.io import RunLocked
+    from catalog.run_kind import RunKindError
+
+    if isinstance(e, PermissionError):
+        return EXIT_ENVIRONMENT
+    if isinstance(e, (FileNotFoundError, NotADirectoryError, IsADirectoryError, RunKindError, RunLocked)):
+        return EXIT_USER
+    return None
+
+
+def pipe_closed() -> int:
+    """`humanset stats RUN | head`: the reader has gone. Stop quietly, as a Unix tool does; what is still
+    buffered goes nowhere (Python would otherwise report the pipe again while it exits)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return EXIT_PIPE_CLOSED
 
 
 if __name__ == "__main__":

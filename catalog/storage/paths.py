@@ -103,3 +103,13 @@ def run_root(output: str | os.PathLike) -> str:
     if is_uri(text):
         return open_storage(text).uri
     return os.path.abspath(os.path.expanduser(text.removeprefix("file://")))
+
+
+def absolute(path_or_uri: str | os.PathLike) -> str:
+    """What a run records of a path the user gave: a URI as it is (a trailing `/` kept: it means a
+    prefix), a local path made absolute and normal (`~` expanded, `crawl/` and `crawl` alike), so the
+    record works from any directory. Special words (`anny`, `builtin`) are the caller's to keep."""
+    text = os.fspath(path_or_uri)
+    if not text or is_uri(text) or text.startswith("file://"):
+        return text
+    return os.path.abspath(os.path.expanduser(text))

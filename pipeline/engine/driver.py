@@ -42,8 +42,9 @@ from pathlib import Path
 import catalog
 from catalog import compact as compact_mod
 from catalog.storage import is_uri, run_root
+from catalog.storage.paths import absolute
 
-from catalog import console
+from catalog import console, run_kind
 from pipeline.dedup import clusters as dedup_mod, partitioned as dedup_dist, fallback, fallback_rounds
 from pipeline.engine import cleanup as run_cleanup
 from pipeline.config import load_config, section, with_defaults
@@ -186,10 +187,12 @@ def curate(inputs: list[str], output: str, config: dict | None = None, score_all
     """Run (or finish) a curation run. Returns the manifest."""
     cfg = config or load_config()
     run = _run_root(output)  # workers write into it, from their own working directories
-    # unusable inputs are refused, naming the input, before anything is written; the listing itself
-    # is streamed into RUN/units.jsonl under the lock
+    inputs = [absolute(i) for i in inputs]  # the manifest and the listing name them from anywhere
+    # unusable inputs and a RUN of another kind are refused, naming them, before anything is written;
+    # the listing itself is streamed into RUN/units.jsonl under the lock
     check_inputs(inputs, cfg["input"]["extensions"])
     check_stages(cfg)
+    run_kind.check(run, "curate")
     try:
         lock = run_store(run).run_lock(force=force_unlock, lease_s=float(lock_lease_s))
         with lock as held:
@@ -220,15 +223,24 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
     manifest = {"config": cfg, "inputs": [str(i) for i in inputs], "score_all": score_all}
     if store.exists("manifest.json"):
         old = store.read_json("manifest.json")
-        if with_defaults(old.get("config")) != cfg or old.get("inputs") != manifest["inputs"] or old.get("score_all") != score_all:
-            raise RunError(f"{run}: holds a run with other inputs or config; resume it with the same "
-                           "command, or pass a new --output")
+        old_inputs = old.get("inputs") or []
+        changed = [what for what, differs in (
+            ("inputs", [absolute(i) for i in old_inputs] != manifest["inputs"]),
+            ("config", with_defaults(old.get("config")) != cfg), ("--score-all", old.get("score_all") != score_all))
+            if differs]
+        if changed:
+            raise RunError(f"{run}: holds a curation run with other {' and '.join(changed)}; rerun its own "
+                           "command to resume it, or pass another --output")
+        inputs = manifest["inputs"] = list(old_inputs)  # as its listing names them (older runs: relative)
         manifest["started"] = old.get("started")
+        if old.get("dedup"):
+            manifest["dedup"] = old["dedup"]
         repeated = int(old.get("repeated_inputs") or 0)
         log.info("resuming %s", run)
     else:
         manifest["started"] = _now()
         repeated = 0
+    run_kind.claim(store, "curate")
     removed = catalog.clean_tmp(run, RUN_WRITERS) if store.posix else 0  # object stores: no temp objects
     if removed:
         log.info("removed %d temporary files left by an interrupted run", removed)
@@ -287,6 +299,7 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
                 seconds["dedup"] = round(time.perf_counter() - t0, 2)
                 log.info("dedup: %d of %d candidates are duplicates (%.2f s)", st["duplicates"], st["candidates"],
                          seconds["dedup"])
+                manifest["dedup"] = {k: st.get(k) for k in ("candidates", "duplicates")}  # the funnel explains it
             timeline["deduped"] = round(time.time(), 3)
             t0 = time.perf_counter()
             if n_fallbacks:

@@ -119,3 +119,14 @@ def read_scene_text(images, limit: int = 2000) -> list[str]:
         return []
     # strings that read like a watermark (the text stage also reads those) are no scene-text negatives
     return [str(r[0]).strip() for r in rows if not WATERMARK_LIKE.search(str(r[0]))]
+
+
+def read_inputs(cfg) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The photos (and, for the art filter, the render frames) a FilterConfig names, shrunk for the generators."""
+    side = int(cfg.generator_px * 1.5)
+    photos = read_photos(cfg.images, cfg.max_images, side, cfg.seed)
+    renders = []
+    if cfg.filter == "art" and cfg.renders:
+        renders = read_photos(cfg.renders, max(8, cfg.max_images // 5), side, cfg.seed, prefer=".rgb.png",
+                              what="--renders")
+    return photos, renders
