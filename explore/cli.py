@@ -58,10 +58,10 @@ def cmd_stats(args) -> int:
     try:
         result = run_stats(*args.runs)
     except FileNotFoundError as e:
-        print(f"humanset stats: {e}", file=sys.stderr)
+        print(f"humanset stats: error: {e}", file=sys.stderr)
         return 2
     except duckdb.Error as e:  # e.g. a damaged Parquet file in the catalog
-        print(f"humanset stats: {e}", file=sys.stderr)
+        print(f"humanset stats: error: {e}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(result, indent=2, default=str))
@@ -320,10 +320,10 @@ def cmd_query(args, by_generation: bool = False) -> int:
     try:
         con = connect(args.run, by_generation=by_generation)
     except FileNotFoundError as e:
-        print(f"humanset query: {e}", file=sys.stderr)
+        print(f"humanset query: error: {e}", file=sys.stderr)
         return 2
     except duckdb.Error as e:  # e.g. a Parquet file that is not one
-        print(f"humanset query: {args.run}: {e}", file=sys.stderr)
+        print(f"humanset query: error: {args.run}: {e}", file=sys.stderr)
         return 1
     try:
         rel = con.sql(args.sql)
@@ -372,10 +372,10 @@ def cmd_report(args) -> int:
     try:
         path = write_report(args.run, out, thumbs=args.thumbs, seed=args.seed)
     except FileNotFoundError as e:
-        print(f"humanset report: {e}", file=sys.stderr)
+        print(f"humanset report: error: {e}", file=sys.stderr)
         return 2
     except duckdb.Error as e:
-        print(f"humanset report: {e}", file=sys.stderr)
+        print(f"humanset report: error: {e}", file=sys.stderr)
         return 1
     print(f"report: {path if isinstance(path, str) else path.resolve()}")
     return 0

@@ -51,6 +51,19 @@ EXIT_USER, EXIT_ENVIRONMENT, EXIT_PIPE_CLOSED = 2, 3, 141  # 141: what a shell s
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except BrokenPipeError:
+        return pipe_closed()
+    except SystemExit:  # --help, or argparse's usage error: printed, maybe into a pipe already closed
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise SystemExit(pipe_closed()) from None
+        raise
+
+
+def run(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from catalog.console import native_noise_filtered, setup_logging
@@ -70,12 +83,13 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()  # here, where a closed pipe can still be told apart from a failure
             return status
     except BrokenPipeError:
-        return pipe_closed()
+        raise
     except Exception as e:  # the rooms print their own errors; what reaches here is named in one line
         status = user_error(e)
         if status is None or args.verbose:
             raise
-        print(f"humanset {args.command}: error: {e}", file=sys.stderr)
+        command = " ".join([args.command] + [v for k, v in vars(args).items() if k.endswith("_command") and v])
+        print(f"humanset {command}: error: {e}", file=sys.stderr)
         return status
 
 

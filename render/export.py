@@ -173,7 +173,7 @@ def check_source(out) -> None:
     text = str(out)
     if not is_uri(text) and not Path(text).is_dir():
         raise ExportError(f"OUT {text}: no such folder; pass a render run (humanset render --output OUT)")
-    run_kind.require(text, ("render",), "OUT", "export reads a render run (humanset render --output OUT)")
+    run_kind.require(text, ("render",), "OUT", "pass a render run (humanset render --output OUT)")
 
 
 def export(out, fmt: str, to, normal_frame: str | None = None, progress: bool = True) -> dict:

@@ -157,7 +157,7 @@ def load_checkpoint(path) -> dict:
     state = safe_load(path)
     if not isinstance(state, dict) or all(torch.is_tensor(v) for v in state.values()):
         raise ValueError(f"checkpoint {path}: weights only (an exported encoder or a plain state dict), not a "
-                         "training checkpoint of humanset's (OUT/checkpoints/step-N.pt, or the run folder OUT)")
+                         "humanset training checkpoint; pass a run's OUT/checkpoints/step-N.pt, or its folder OUT")
     return state
 
 

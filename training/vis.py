@@ -79,8 +79,8 @@ def figure(panels: list[np.ndarray], titles: list[str], gap: int = 6) -> Image.I
 
 
 def pretrain_vis(checkpoint, image_path, out_path, mask_ratio: float = 0.75, seed: int = 0) -> Path:
+    image = read_image_file(image_path)  # before the model is built: a wrong file costs nothing
     model = model_from_checkpoint(checkpoint)
-    image = read_image_file(image_path)
     panels = reconstruct(model, image, mask_ratio, seed)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,7 @@ markers, one at a time.
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import time
 from pathlib import Path
@@ -185,7 +186,7 @@ def _run_root(output):
 def curate(inputs: list[str], output: str, config: dict | None = None, score_all: bool = False,
            progress: bool = True, force_unlock: bool = False, lock_lease_s: float = 120.0) -> dict:
     """Run (or finish) a curation run. Returns the manifest."""
-    cfg = config or load_config()
+    cfg = with_local_weights(config or load_config())
     run = _run_root(output)  # workers write into it, from their own working directories
     inputs = [absolute(i) for i in inputs]  # the manifest and the listing name them from anywhere
     # unusable inputs and a RUN of another kind are refused, naming them, before anything is written;
@@ -204,6 +205,17 @@ def curate(inputs: list[str], output: str, config: dict | None = None, score_all
         if fault:
             raise EnvironmentFault(fault) from e
         raise
+
+
+def with_local_weights(cfg: dict) -> dict:
+    """cfg with each stage's `weights` that names a local file or folder made absolute: the manifest records
+    it resolved and every worker, whatever its working directory, opens the same file."""
+    out = dict(cfg)
+    for name, sec in cfg.items():
+        w = sec.get("weights") if isinstance(sec, dict) else None
+        if isinstance(w, str) and w and not is_uri(w) and not os.path.isabs(w) and os.path.exists(w):
+            out[name] = {**sec, "weights": absolute(w)}
+    return out
 
 
 def check_stages(cfg: dict) -> None:
@@ -226,7 +238,8 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
         old_inputs = old.get("inputs") or []
         changed = [what for what, differs in (
             ("inputs", [absolute(i) for i in old_inputs] != manifest["inputs"]),
-            ("config", with_defaults(old.get("config")) != cfg), ("--score-all", old.get("score_all") != score_all))
+            ("config", with_local_weights(with_defaults(old.get("config"))) != cfg),
+            ("--score-all", old.get("score_all") != score_all))
             if differs]
         if changed:
             raise RunError(f"{run}: holds a curation run with other {' and '.join(changed)}; rerun its own "

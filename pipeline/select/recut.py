@@ -338,7 +338,7 @@ def plan(run, sets: list[str]) -> tuple[dict, dict, list[str]]:
     kind = run_kind.kind_of(store.uri)
     if kind not in ("curate", "select") or not store.exists("manifest.json"):
         what = f"it holds {run_kind.describe(kind)}" if kind else "no curation run there (no manifest.json)"
-        raise SelectError(f"RUN {run}: {what}; select re-cuts a finished `humanset curate` run")
+        raise SelectError(f"RUN {run}: {what}; pass a finished curation run (humanset curate --output RUN)")
     manifest = store.read_json("manifest.json")
     if manifest.get("status") != "complete":
         raise SelectError(f"{run}: the run is not complete; finish it first (rerun the same curate command)")
@@ -383,7 +383,13 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
                 if done.get("status") == "complete":
                     log.info("select: %s already holds this selection (finished %s)", output, done.get("finished"))
                     return done
-            return _select(run_p, out, manifest, cfg, changed, progress)
+            try:
+                return _select(run_p, out, manifest, cfg, changed, progress)
+            except SelectError:  # thresholds refused: the folder is left unclaimed, for other ones
+                if not out.exists("manifest.json"):
+                    remove_scratch(out.uri, (*SCRATCH, SELECT_DIR))
+                    out.delete(run_kind.MARKER)
+                raise
     except catalog.RunLocked as e:
         raise SelectError(str(e)) from None
 

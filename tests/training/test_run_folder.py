@@ -89,14 +89,15 @@ def test_finetune_reads_the_encoder_json_beside_the_encoder(trained, tmp_path):
 
 
 def test_vis_names_the_checkpoint_it_cannot_draw_and_the_image_it_cannot_read(trained, tmp_path):
-    notes = tmp_path / "notes.txt"
+    notes, photo = tmp_path / "notes.txt", tmp_path / "photo.png"
     notes.write_text("not an image")
+    Image.new("RGB", (40, 30), "grey").save(photo)
     with pytest.raises(ValueError, match=r"encoder.pth: weights only \(an exported encoder"):
-        pretrain_vis(trained / "encoder.pth", notes, tmp_path / "v.png")
+        pretrain_vis(trained / "encoder.pth", photo, tmp_path / "v.png")
     tuned = tmp_path / "step-00000001.pt"
     torch.save({"model": {}, "config": {"task": "depth"}, "task": "depth", "step": 1}, tuned)
     with pytest.raises(ValueError, match="a finetune depth checkpoint; vis draws an MAE's reconstructions"):
-        pretrain_vis(tuned, notes, tmp_path / "v.png")
+        pretrain_vis(tuned, photo, tmp_path / "v.png")
     with pytest.raises(ValueError, match=r"IMAGE .*notes.txt: not an image PIL can read \(UnidentifiedImageError\)"):
         pretrain_vis(trained, notes, tmp_path / "v.png")  # the run folder: its newest checkpoint
 

@@ -43,8 +43,8 @@ def read_photos(path, max_images: int, max_side: int, seed: int = 0, prefer: str
     in a seeded order and only `max_images` are kept, so memory does not grow with the crawl."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{what} {path}: no such file or folder (a curation run, its shards/ folder, "
-                                f"a folder of WebDataset tars, or a folder of images)")
+        raise FileNotFoundError(f"{what} {path}: no such file or folder; pass a curation run, its shards/ folder, "
+                                f"a folder of WebDataset tars, or a folder of images")
     if (path / "shards").is_dir():
         path = path / "shards"
     out: list[np.ndarray] = []

@@ -321,15 +321,15 @@ def check_inputs(cfg: FinetuneConfig) -> FinetuneConfig:
 def check_data(task: str, data: str, flag: str = "--data") -> None:
     """`data` exists and is what `task` reads (a curation run is not a render run), else one line."""
     if not data or not Path(data).exists():
-        raise FileNotFoundError(f"{flag} {data!r}: no such path; task {task} reads {DATA_FORMS[task]}")
+        raise FileNotFoundError(f"{flag} {data}: no such path; pass {DATA_FORMS[task]} (what task {task} reads)")
     if Path(data).is_dir():
-        run_kind.require(data, ("render",), flag, f"task {task} reads {DATA_FORMS[task]}")
+        run_kind.require(data, ("render",), flag, f"pass {DATA_FORMS[task]} (what task {task} reads)")
         outer = run_kind.kind_of(Path(data).parent) if Path(data).name == "shards" else None
         if outer not in (None, "render"):
-            raise run_kind.RunKindError(f"{flag} {data}: the shards of {run_kind.describe(outer)}; task {task} reads "
-                                        f"{DATA_FORMS[task]}")
+            raise run_kind.RunKindError(f"{flag} {data}: the shards of {run_kind.describe(outer)}; pass "
+                                        f"{DATA_FORMS[task]} (what task {task} reads)")
     elif task in ("depth", "normal"):
-        raise ValueError(f"{flag} {data}: a file; task {task} reads {DATA_FORMS[task]}")
+        raise ValueError(f"{flag} {data}: a file; pass {DATA_FORMS[task]} (what task {task} reads)")
 
 
 DATA_FORMS = {"depth": "a render run (humanset render --output RUN) or its shards folder",

@@ -84,6 +84,9 @@ def side_by_side(a: np.ndarray, b: np.ndarray) -> Image.Image:
 def predict(task: str, checkpoint, images, out_dir, masks=None) -> list[Path]:
     """masks: optional person-mask images (one per image, > 0 = person); depth and normal pictures are
     then drawn on the person only, as the model is trained there only."""
+    missing = [str(p) for p in [*images, *(masks or [])] if not Path(p).is_file()]
+    if missing:  # before the model is loaded
+        raise FileNotFoundError(f"IMAGE {missing[0]}: no such file; pass a photo (JPEG, PNG, WebP, ...)")
     model, cfg = load_task_model(checkpoint)
     if task != cfg.task:
         raise ValueError(f"--task {task}, but checkpoint {checkpoint} was fine-tuned for {cfg.task}")
