@@ -109,3 +109,25 @@ def test_every_title_of_the_figure_fits_over_its_panel():
     fig = figure([np.zeros((32, 32, 3), np.uint8)] * 3, titles)
     panel = (fig.width - 2 * 6) // 3
     assert all(ImageDraw.Draw(Image.new("RGB", (1, 1))).textlength(t) + 2 <= panel for t in titles)
+
+
+def test_loader_workers_never_exceed_the_cpus_and_say_so_once(monkeypatch, caplog):
+    """torch warns for each DataLoader with more workers than CPUs ("suggested max 2"): none is made."""
+    from training import data
+
+    monkeypatch.setattr(data, "usable_cpus", lambda: 2)
+    with caplog.at_level(logging.INFO, logger="training.data"):
+        assert data.capped_workers(4, 1000, 8, "RUN/shards") == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "loader workers: 2 of the 4 asked (this process may use 2 CPUs)"]
+    assert data.capped_workers(4, 1000, 8, "RUN/shards", say=False) == 2 and data.capped_workers(0, 5, 8, "x") == 0
+
+
+def test_the_finetune_line_names_the_task_once():
+    from training.tasks.finetune import TaskRecipe, build_model
+    from training.trainer import Context
+
+    for task, vocab in (("depth", ""), ("pose", " (coco17)")):
+        cfg = FinetuneConfig(task=task, model="micro", image_size=(32, 32), head_width=8)
+        line = TaskRecipe(cfg).describe(build_model(cfg), Context(), 0)
+        assert line.startswith(f"fine-tuning {task}{vocab}: micro ("), line
