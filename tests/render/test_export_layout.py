@@ -134,7 +134,9 @@ def test_bad_inputs_say_what_to_do(run, tmp_path, capsys):
     assert export(run, "--format", "sapiens", "--to", str(tmp_path / "s")) == 0
     capsys.readouterr()
     assert export(run, "--format", "sapiens", "--to", str(tmp_path / "s"), "--normal-frame", "opencv") == 2
-    assert "resuming would mix them" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "holds an export of a render run (humanset render export) with other settings" in err
+    assert "pass another --to" in err
 
 
 def test_a_folder_another_export_is_writing_is_refused(run, tmp_path, capsys):
