@@ -34,7 +34,6 @@ markers, one at a time.
 from __future__ import annotations
 
 import logging
-import os
 import platform
 import time
 from pathlib import Path
@@ -48,7 +47,7 @@ from catalog.storage.paths import absolute
 from catalog import console, run_kind
 from pipeline.dedup import clusters as dedup_mod, partitioned as dedup_dist, fallback, fallback_rounds
 from pipeline.engine import cleanup as run_cleanup
-from pipeline.config import load_config, section, with_defaults
+from pipeline.config import load_config, section, with_defaults, with_local_weights
 from pipeline.settings import DEFAULTS
 from pipeline.engine.errors import EnvironmentFault, RunError, environment_fault
 from pipeline.engine.blocks import measure_block, retries_of, score_ds, unit_blocks, units_ds
@@ -205,17 +204,6 @@ def curate(inputs: list[str], output: str, config: dict | None = None, score_all
         if fault:
             raise EnvironmentFault(fault) from e
         raise
-
-
-def with_local_weights(cfg: dict) -> dict:
-    """cfg with each stage's `weights` that names a local file or folder made absolute: the manifest records
-    it resolved and every worker, whatever its working directory, opens the same file."""
-    out = dict(cfg)
-    for name, sec in cfg.items():
-        w = sec.get("weights") if isinstance(sec, dict) else None
-        if isinstance(w, str) and w and not is_uri(w) and not os.path.isabs(w) and os.path.exists(w):
-            out[name] = {**sec, "weights": absolute(w)}
-    return out
 
 
 def check_stages(cfg: dict) -> None:
