@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from catalog.config import Check, section, setting
 from catalog.rules import ART, ASPECT, BOX_RULES, PERSON_BOX, PERSON_SCORE, SHORT_SIDE, TEXT_AREA, WATERMARK
+from catalog.tars import IMAGE_EXTS
 
 
 HEADER = """humanset curation config. Every key can be overridden with `--set section.key=value`.
@@ -46,7 +47,8 @@ def weights(doc: str):
 @dataclass
 class InputSettings:
     files_per_unit: int = setting(1000, "a directory or manifest is cut into units of this many files", low=1)
-    extensions: list = setting(["jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"])
+    extensions: list = setting(list(IMAGE_EXTS), "images: a folder's files and a tar's members\n"
+                                                 "with these extensions (a manifest's rows: any)")
     max_file_bytes: int = setting(268435456, "a file or tar member larger than this is a row with reason "
                                              "too_large (never read)")
     max_sidecar_bytes: int = setting(1048576, ".json / .txt sidecars larger than this are not kept or parsed")
