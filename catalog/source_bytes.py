@@ -24,7 +24,8 @@ from catalog.tars import ShardTruncated, iter_tar, split_member
 
 # the tar part ends at the first '.tar#' (or a compressed tar's suffix); member names may hold '#'
 _TAR_URI = re.compile(r"^(?P<tar>.+?\.(?:tar|tar\.gz|tgz|tar\.bz2|tbz2|tar\.xz|txz))#(?P<member>.+)$", re.I)
-_DECOMPRESS = ((b"\x1f\x8b", gzip.GzipFile), (b"BZh", bz2.BZ2File), (b"\xfd7zXZ", lzma.LZMAFile))
+_DECOMPRESS = ((b"\x1f\x8b", lambda fh: gzip.GzipFile(fileobj=fh)), (b"BZh", bz2.BZ2File),
+               (b"\xfd7zXZ", lzma.LZMAFile))  # magic bytes -> a decompressing reader of a file object
 
 
 def split_source_uri(uri: str) -> tuple[str, str | None]:
@@ -68,7 +69,7 @@ def _read_compressed_member(tar: str, member: str) -> bytes:
         fh = io.BufferedReader(raw, buffer_size=1 << 20) if is_uri(tar) else raw
         magic = fh.peek(6)[:6]
         opener = next((o for m, o in _DECOMPRESS if magic.startswith(m)), None)
-        stream = opener(fileobj=fh) if opener else fh
+        stream = opener(fh) if opener else fh
         try:
             for rec in iter_tar(_Stream(stream), name=tar, image_exts=(ext,), max_sidecar_bytes=0):
                 for (name, _, _), data in zip(rec.members, rec.files.values()):

@@ -43,8 +43,9 @@ def open_input(uri_or_path: str | os.PathLike, buffer_size: int | None = None):
     store, name = locate(text)
     if buffer_size is None:
         return store.open_input(name)
-    try:  # pyarrow's stream: a failed request mid-read is an OSError, which the tar reader reports as damage
-        return store.fs.open_input_stream(store.fs_path(name), buffer_size=buffer_size)
+    try:  # pyarrow's stream (a failed request mid-read is an OSError: the tar reader reports it as damage),
+        # the bytes as stored (pyarrow would decompress a name ending in .gz, .bz2, ...)
+        return store.fs.open_input_stream(store.fs_path(name), buffer_size=buffer_size, compression=None)
     except FileNotFoundError:
         raise FileNotFoundError(f"{text}: no such file") from None
     except OSError as e:
