@@ -3,6 +3,10 @@ writes: run the old code and the new on one crawl, then
 
     python scripts/same_run.py RUN_A RUN_B            # JSON on stdout; exit 0 when the same, 1 if not
 
+e.g. the demo crawl (pipeline/demo/crawl.py: write_webdataset(folder, demo_samples())), curated by each
+checkout into its own run: `humanset curate --input CRAWL --output RUN_A --config pipeline/demo/demo.yaml`
+(and the same crawl as a folder of loose images and as a Parquet manifest, for the other input kinds).
+
 Compared: the catalog (every Parquet file under catalog/, `Table.equals` after sorting by sample_id,
 schemas with their metadata), the curated shards (each tar byte for byte, each index as a table), the
 unit listing (units.jsonl, byte for byte) and the run manifest and per-unit stats (as JSON). Left out,
