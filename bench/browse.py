@@ -15,6 +15,7 @@ stops after a few row groups. `full_scan_s` is one aggregate over every row, for
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import json
 import resource
@@ -29,10 +30,17 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-sys.path.insert(0, str(ROOT / "bench"))
 
 import catalog  # noqa: E402
-from stats import CONFIG, STAGES, chunk  # noqa: E402 (bench/stats.py: the synthetic catalog)
+
+
+def _synthetic():
+    """bench/stats.py, the synthetic catalog, loaded by its path (bench/ on sys.path would shadow packages:
+    bench/render.py is not render/)."""
+    spec = importlib.util.spec_from_file_location("bench_stats", Path(__file__).with_name("stats.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 PART_ROWS = 100_000
 
@@ -41,15 +49,16 @@ def generate(run: Path, rows: int, seed: int = 0) -> float:
     """RUN with `rows` synthetic catalog rows, compacted as a finished run (catalog/compact.py)."""
     from catalog.compact import compact_group, finish
 
+    synthetic = _synthetic()
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     units = []
     for i, start in enumerate(range(0, rows, PART_ROWS)):
         units.append(f"part-{i:05d}")
         catalog.write_parquet(run / "catalog" / "samples" / f"{units[-1]}.parquet",
-                              chunk(rng, start, min(PART_ROWS, rows - start)))
+                              synthetic.chunk(rng, start, min(PART_ROWS, rows - start)))
     catalog.write_json(run / "manifest.json", {
-        "config": CONFIG, "stages": STAGES, "skipped_stages": {}, "funnel": [], "inputs": ["s3://crawl/"],
+        "config": synthetic.CONFIG, "stages": synthetic.STAGES, "skipped_stages": {}, "funnel": [], "inputs": ["s3://crawl/"],
         "started": "2026-01-01T00:00:00Z", "finished": "2026-01-01T01:00:00Z", "versions": {"bench": "synthetic"},
         "bench_rows": rows})
     n = compact_group(str(run), 0, units)
@@ -100,7 +109,7 @@ REQUESTS = {  # name -> path and query of a request the app makes
 
 
 def measure(run: Path, repeats: int) -> dict:
-    from explore.browse.queries import PAGE_SIZE, page_sql, parse_filter, parse_order
+    from explore.browse.filters import PAGE_SIZE, page_sql, parse_filter, parse_order
     from explore.browse.server import BrowseApp, start
 
     res: dict = {"timings_s": {}}

@@ -64,7 +64,16 @@ def run(output: str = "runs/demo", progress: bool = True, pretrain_steps: int = 
                             steps=filter_steps)
     print(f"\ndemo outputs in {out}/: crawl/, run/ (catalog, shards, stats), report.html, render/, "
           f"pretrain/, finetune/, filters/, {filtered.name}/ (curated with the trained filters)")
+    print(browse_line(run_dir, out / "labels.csv"))
     return 0
+
+
+def browse_line(run_dir: Path, labels: Path) -> str:
+    """The last line of the demo: how to look at the run and label it (labels live outside RUN)."""
+    from explore.browse.cli import DEFAULT_PORT
+
+    return (f"\nlook at the run: humanset browse {run_dir} --labels {labels}   (then http://127.0.0.1:{DEFAULT_PORT}/; "
+            f"labels feed humanset calibrate {run_dir} --labels {labels})")
 
 
 # --- the training part of the demo: short CPU runs with the real recipes ---------------------------

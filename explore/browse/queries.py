@@ -1,195 +1,34 @@
-"""What `humanset browse` asks the catalog: a filter from the page's query string, one page of rows,
-the count of a filter, the run's funnel, one sample with its persons, text boxes and duplicate cluster.
+"""What `humanset browse` asks the catalog (RunCatalog): one page of the grid, the count of a filter,
+the run's funnel and reasons, one sample with its duplicate cluster, a curated member's offset.
 
-Every value from a request reaches DuckDB as a bound parameter; column names come from the tables
-below, never from the request. A page never scans the catalog whole when it need not: in catalog
-order it is a streamed LIMIT (DuckDB stops reading row groups once the page is full), sorted by a score
-it is a top-N over the few columns the grid shows, and the pages after the first continue from a
-cursor (keyset: the last row's value and sample_id), so page 1,000 costs what page 1 does. Counts
-(a scan of the filter's columns) are a request of their own, cached per filter, so the grid never
-waits for one. DuckDB connections are not thread-safe: each call takes a cursor of its own.
+One DuckDB connection with the run's views (`catalog.connect`); DuckDB connections are not
+thread-safe, so each call takes a cursor of its own. Counts (a scan of the filter's columns) are a
+request of their own, cached per filter, so the grid never waits for one; for a run still being
+written they expire. How a query string becomes SQL: explore/browse/filters.py.
 """
 from __future__ import annotations
 
 import json
-import math
 import re
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
 
 import duckdb
 
 from catalog.duck import connect, is_generation_mismatch, run_location
-from catalog.rules import PERSON_BOX, PERSON_SCORE, box_side
-from catalog.source_bytes import split_source_uri
+from catalog.rules import PERSON_BOX, PERSON_SCORE
 from explore import stats as st
+from explore.browse.filters import (DUP, IN_LIST_MAX, MAX_PAGE_SIZE, PAGE_SIZE, SCORES, SORTS, Filter, int_param,
+                                    page_sql, parse_cursor, parse_filter, parse_order)
+from explore.browse.sample_page import jsonable, persons, phash_hex, source, text_boxes, why_kept
 
-PAGE_SIZE, MAX_PAGE_SIZE = 60, 240
-# score filters and sorts: the query-string name -> the catalog column
-SCORES = {"person": "person_score_max", "text": "text_area_frac", "watermark": "watermark_score",
-          "art": "art_score"}
-SORTS = {**SCORES, "short_side": "short_side", "file_bytes": "file_bytes", "n_persons": "n_persons",
-         "cluster": "dup_cluster_size"}
-DUP = {  # the duplicate filter: value -> condition (no parameter)
-    "duplicate": "dup_of IS NOT NULL",  # another member of its cluster is the one dedup kept
-    "exact": "dup_of IS NOT NULL AND dup_kind = 'exact'",
-    "near": "dup_of IS NOT NULL AND dup_kind = 'near'",
-    "kept_member": "dup_cluster_size > 1 AND dup_of IS NULL",  # the member its cluster keeps
-    "in_cluster": "dup_cluster_size > 1",
-    "unique": "coalesce(dup_cluster_size, 1) = 1",
-}
-GRID_COLUMNS = ("sample_id", "source_uri", "shard", "key", "width", "height", "keep", "reject_reason", "decode_error",
-                "person_score_max", "text_area_frac", "watermark_score", "art_score", "n_persons",
-                "person_n_pass", "dup_kind", "dup_cluster_size", "dup_rank", "dup_of", "short_side", "file_bytes")
 CLUSTER_COLUMNS = ("sample_id", "source_uri", "shard", "key", "width", "height", "keep", "reject_reason", "decode_error",
                    "dup_of", "dup_kind", "dup_rank", "dup_cluster_size", "dup_scored", "sha256", "phash")
 IMAGE_COLUMNS = ("sample_id", "source_uri", "shard", "keep", "decode_error")  # what an image is read by
 RECENT_ROWS = 20_000  # rows of recent pages kept for their images: a thumbnail costs no catalog lookup
 MAX_CLUSTER = 200  # members listed on a sample page (a cluster may hold thousands of copies)
-IN_LIST_MAX = 500  # a reason kind with more raw spellings than this is matched by prefix
 SAMPLE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")  # what a sample id in a URL may look like
-NO_REASON = "(no reason)"
-
-
-class BadRequest(ValueError):
-    """A query-string value this module does not accept: the answer is 400 with this message."""
-
-
-@dataclass
-class Filter:
-    where: str = "TRUE"
-    args: list = field(default_factory=list)
-    key: tuple = ()  # what the filter means, canonical: the count cache's key
-
-
-def _float(name: str, text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise BadRequest(f"{name}={text!r}: expected a number") from None
-    if not math.isfinite(v):
-        raise BadRequest(f"{name}={text!r}: expected a finite number")
-    return v
-
-
-def parse_filter(params: dict[str, str], reason_spellings) -> Filter:
-    """The WHERE clause of the grid's filter. `reason_spellings(kind)` -> the raw reject_reason
-    strings of a reason kind (or None: too many, match by prefix)."""
-    conds, args, key = [], [], []
-    keep = params.get("keep", "")
-    if keep:
-        if keep not in ("kept", "rejected"):
-            raise BadRequest(f"keep={keep!r}: expected kept or rejected")
-        conds.append("keep" if keep == "kept" else st.FAILED)
-        key.append(("keep", keep))
-    stage = params.get("stage", "")
-    if stage:
-        if stage == NO_REASON:
-            conds.append(f"{st.FAILED} AND nullif(split_part(reject_reason, ':', 1), '') IS NULL")
-        else:
-            conds.append(f"{st.FAILED} AND split_part(reject_reason, ':', 1) = ?")
-            args.append(stage)
-        key.append(("stage", stage))
-    reason = params.get("reason", "")
-    if reason:
-        raw = reason_spellings(reason)
-        if raw is None:
-            conds.append("(reject_reason = ? OR starts_with(reject_reason, ?))")
-            args += [reason, reason + ":"]
-        elif raw:
-            conds.append(f"reject_reason IN ({', '.join('?' * len(raw))})")
-            args += raw
-        else:
-            conds.append("FALSE")
-        key.append(("reason", reason))
-    if params.get("shard"):
-        conds.append("shard = ?")
-        args.append(params["shard"])
-        key.append(("shard", params["shard"]))
-    if params.get("source"):
-        conds.append("starts_with(source_uri, ?)")
-        args.append(params["source"])
-        key.append(("source", params["source"]))
-    if params.get("id"):
-        conds.append("starts_with(sample_id, ?)")
-        args.append(params["id"])
-        key.append(("id", params["id"]))
-    dup = params.get("dup", "")
-    if dup:
-        if dup not in DUP:
-            raise BadRequest(f"dup={dup!r}: expected one of {', '.join(DUP)}")
-        conds.append(DUP[dup])
-        key.append(("dup", dup))
-    for name, col in SCORES.items():
-        for side, op in (("min", ">="), ("max", "<=")):
-            text = params.get(f"{name}_{side}", "")
-            if text:
-                v = _float(f"{name}_{side}", text)
-                conds.append(f"{col} {op} ?")
-                args.append(v)
-                key.append((f"{name}_{side}", v))
-    return Filter(" AND ".join(f"({c})" for c in conds) or "TRUE", args, tuple(key))
-
-
-@dataclass
-class Order:
-    column: str | None  # None: catalog order
-    desc: bool
-
-
-def parse_order(params: dict[str, str]) -> Order:
-    sort = params.get("sort", "") or "catalog"
-    if sort != "catalog" and sort not in SORTS:
-        raise BadRequest(f"sort={sort!r}: expected catalog or one of {', '.join(SORTS)}")
-    desc = params.get("order", "desc") != "asc"
-    return Order(SORTS.get(sort), desc)
-
-
-def page_sql(f: Filter, order: Order, size: int, offset: int = 0, after=None) -> tuple[str, list]:
-    """The SELECT of one page and its parameters. Catalog order: LIMIT/OFFSET over the filtered scan
-    (streamed). Sorted: a top-N, continued after the cursor `after` = (value, sample_id), nulls last."""
-    cols = ", ".join(GRID_COLUMNS)
-    args = list(f.args)
-    if order.column is None:
-        return f"SELECT {cols} FROM samples WHERE {f.where} LIMIT ? OFFSET ?", args + [size, offset]
-    c = order.column
-    where = f.where
-    if after is not None:
-        value, sid = after
-        beyond = "<" if order.desc else ">"
-        if value is None:
-            where += f" AND ({c} IS NULL AND sample_id > ?)"
-            args += [sid]
-        else:
-            where += f" AND ({c} {beyond} ? OR ({c} = ? AND sample_id > ?) OR {c} IS NULL)"
-            args += [value, value, sid]
-    direction = "DESC" if order.desc else "ASC"
-    return (f"SELECT {cols} FROM samples WHERE {where} ORDER BY {c} {direction} NULLS LAST, sample_id LIMIT ?",
-            args + [size])
-
-
-def parse_cursor(text: str):
-    """`after` of the query string: JSON [value or null, sample_id]."""
-    try:
-        value, sid = json.loads(text)
-    except (ValueError, TypeError):
-        raise BadRequest("after: expected a JSON pair [value, sample_id]") from None
-    if not isinstance(sid, str) or not (value is None or isinstance(value, (int, float))):
-        raise BadRequest("after: expected a JSON pair [value, sample_id]")
-    return value, sid
-
-
-def jsonable(v):
-    """A catalog value as JSON: NaN and infinities become null, a uint64 pHash hex text."""
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, (list, tuple)):
-        return [jsonable(x) for x in v]
-    if isinstance(v, dict):
-        return {k: jsonable(x) for k, x in v.items()}
-    return v
 
 
 def _rows(cur) -> list[dict]:
@@ -322,9 +161,9 @@ class RunCatalog:
 
     def page(self, params: dict[str, str]) -> dict:
         f, order = self.filter(params), parse_order(params)
-        size = _int(params, "size", PAGE_SIZE, 1, MAX_PAGE_SIZE)
+        size = int_param(params, "size", PAGE_SIZE, 1, MAX_PAGE_SIZE)
         after = parse_cursor(params["after"]) if params.get("after") and order.column else None
-        offset = 0 if order.column else _int(params, "offset", 0, 0, 10 ** 12)
+        offset = 0 if order.column else int_param(params, "offset", 0, 0, 10 ** 12)
         sql, args = page_sql(f, order, size, offset, after)
         rows = [jsonable(r) for r in self.query(sql, args)]
         self._remember(rows)
@@ -411,77 +250,3 @@ class RunCatalog:
         row["phash"] = phash_hex(row.get("phash"))
         return {"row": jsonable(row), "persons": persons(row, rule), "person_rule": rule,
                 "text_boxes": text_boxes(row), "source": source(row), "cluster": cluster}
-
-
-def phash_hex(v) -> str | None:
-    """A 64-bit pHash as 16 hex digits (JSON numbers lose the low bits of a uint64)."""
-    return f"{v:016x}" if isinstance(v, int) else v
-
-
-def _int(params: dict, name: str, default: int, lo: int, hi: int) -> int:
-    text = params.get(name, "")
-    if not text:
-        return default
-    try:
-        v = int(text)
-    except ValueError:
-        raise BadRequest(f"{name}={text!r}: expected an integer") from None
-    if not lo <= v <= hi:
-        raise BadRequest(f"{name}={v}: expected {lo}..{hi}")
-    return v
-
-
-# --- what the sample page draws: pure functions of a row -----------------------------------------
-def persons(row: dict, rule: dict) -> list[dict]:
-    """Each detected person: box (xyxy, stored pixels), score, keypoints (x, y, conf triples) and
-    whether it passes the run's person rule (score and the box side in judged pixels)."""
-    out = []
-    scale = row.get("resolution_scale") or 1.0
-    kps = row.get("person_keypoints") or []
-    for i, (box, score) in enumerate(zip(row.get("person_boxes") or [], row.get("person_scores") or [])):
-        passes = None
-        if None not in (score, rule["min_score"], rule["min_box_px"]) and box is not None:
-            side = box_side(box, rule["box_rule"] or "longer_side") * scale
-            passes = PERSON_SCORE.keeps(score, rule["min_score"]) and PERSON_BOX.keeps(side, rule["min_box_px"])
-        kp = kps[i] if i < len(kps) else None
-        out.append(jsonable({"box": box, "score": score, "passes": passes,
-                             "keypoints": [kp[j:j + 3] for j in range(0, len(kp), 3)] if kp else None}))
-    return out
-
-
-def text_boxes(row: dict) -> list[dict]:
-    """Each box the text detector found (4 corners), its score, the text read from it (null where not
-    read) and whether the watermark stage read the same string. The watermark stage stores no boxes of
-    its own: it scores the text stage's boxes (and corner crops, which have none)."""
-    marks = set(row.get("watermark_strings") or [])
-    strings = row.get("text_det_strings") or []
-    scores = row.get("text_det_scores") or []
-    out = []
-    for i, quad in enumerate(row.get("text_det_boxes") or []):
-        text = strings[i] if i < len(strings) else None
-        out.append(jsonable({"quad": quad, "score": scores[i] if i < len(scores) else None, "text": text,
-                             "mark": bool(text) and text in marks}))
-    return out
-
-
-def source(row: dict) -> dict:
-    path, member = split_source_uri(row.get("source_uri") or "")
-    return {"uri": row.get("source_uri"), "file": path, "member": member, "shard": row.get("shard"),
-            "key": row.get("key"), "url": row.get("url")}
-
-
-def why_kept(kept: dict | None, members: list[dict]) -> str:
-    """One sentence: which member the cluster keeps and why (catalog/schema.py, dup_of and dup_rank)."""
-    if kept is None:
-        return "the member the cluster keeps is not in the catalog"
-    rank = kept.get("dup_rank")
-    if not rank:
-        why = ("dedup keeps it: rank 0, the canonical member (largest area, then smallest sample_id)")
-    else:
-        before = [m for m in members if (m.get("dup_rank") or 0) < rank]
-        reasons = sorted({m["reject_reason"] for m in before if m.get("reject_reason")})
-        why = (f"dedup keeps it: rank {rank}, a fallback: every member before it was rejected by a model stage"
-               + (f" ({', '.join(reasons)})" if reasons else ""))
-    if not kept.get("keep"):
-        why += f"; a later stage rejected it ({kept.get('reject_reason') or 'no reason recorded'})"
-    return why

@@ -32,7 +32,8 @@ from urllib.parse import parse_qsl, urlsplit
 import duckdb
 
 from explore.browse.labels import LabelError, Labels
-from explore.browse.queries import SAMPLE_ID, BadRequest, RunCatalog
+from explore.browse.filters import BadRequest
+from explore.browse.queries import SAMPLE_ID, RunCatalog
 from explore.browse.thumbnails import SIZES, SampleBytes, Thumbnails
 
 log = logging.getLogger(__name__)

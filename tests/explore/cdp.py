@@ -4,7 +4,8 @@ The protocol runs over a pipe (`--remote-debugging-pipe`: Chromium reads command
 and writes replies and events to descriptor 4, each message JSON ending in a NUL byte), so the tests
 need no WebSocket client, no port and no driver binary: Debian's `chromium` alone, with the flags the
 report test uses. `Browser` opens one page; `evaluate` runs JavaScript there and returns its value,
-`wait_for` polls an expression until it is truthy, `key` types a key, `screenshot` saves a PNG.
+`wait_for` polls an expression until it is truthy, `click` clicks an element with the mouse, `key`
+types a key, `screenshot` saves a PNG.
 """
 from __future__ import annotations
 
@@ -105,15 +106,28 @@ class Browser:
                 raise TimeoutError(f"waited {timeout:.0f} s for {what or expression}; console: {self.console()[-5:]}")
             time.sleep(0.1)
 
+    SPECIAL = {"Enter": (13, "\r"), "Escape": (27, None), "ArrowLeft": (37, None), "ArrowRight": (39, None),
+               "ArrowUp": (38, None), "ArrowDown": (40, None), "Tab": (9, None)}
+
     def key(self, key: str, code: str | None = None, shift: bool = False) -> None:
-        """A key press as a user types it (keydown with its text, keyup)."""
+        """A key press as a user types it (keydown with its text, keyup); a named key ("Enter",
+        "ArrowRight") with its key code, so the browser's default action (following a link) happens."""
+        vk, text = self.SPECIAL.get(key, (ord(key.upper()) if len(key) == 1 else 0, key if len(key) == 1 else None))
         if code is None:
             code = f"Key{key.upper()}" if len(key) == 1 and key.isalpha() else key
-        params = {"key": key, "code": code, "modifiers": 8 if shift else 0}
-        if len(key) == 1:
-            params["text"] = key
-        self.call("Input.dispatchKeyEvent", {"type": "keyDown", **params})
+        params = {"key": key, "code": code, "modifiers": 8 if shift else 0, "windowsVirtualKeyCode": vk}
+        self.call("Input.dispatchKeyEvent", {"type": "keyDown", **params,
+                                             **({"text": text} if text else {})})
         self.call("Input.dispatchKeyEvent", {"type": "keyUp", **params})
+
+    def click(self, selector: str) -> None:
+        """A mouse click in the middle of the first element `selector` matches, scrolled into view."""
+        box = self.wait_for(f"""(() => {{ const e = document.querySelector({json.dumps(selector)});
+            if (!e) return null; e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect();
+            return r.width > 0 ? [r.x + r.width / 2, r.y + r.height / 2] : null; }})()""", what=selector)
+        for kind in ("mousePressed", "mouseReleased"):
+            self.call("Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left",
+                                                   "clickCount": 1})
 
     def console(self) -> list[str]:
         """Console messages and errors the page logged (CSP violations, exceptions, failed loads)."""

@@ -327,3 +327,31 @@ def test_browse_a_run_on_s3_through_the_storage_layer(s3_server, run):
         server.server_close()
         app.close()
     assert os.environ.get("AWS_ENDPOINT_URL")  # the fixture's server, on 127.0.0.1
+
+
+def test_the_demo_ends_with_a_browse_command_that_serves_the_run(run, tmp_path):
+    """`make demo`'s last line, run as printed (on a free port): the app answers, Ctrl-C stops it."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    from humanset.demo import browse_line
+
+    run_dir, rows = run
+    line = browse_line(run_dir, tmp_path / "labels.csv")
+    cmd = line.split("look at the run: ", 1)[1].split("   (", 1)[0].split()
+    assert cmd[:2] == ["humanset", "browse"] and cmd[2] == str(run_dir)
+    p = subprocess.Popen([sys.executable, "-m", "humanset.cli", *cmd[1:], "--port", "0"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        first = p.stdout.readline()
+        m = re.search(r"(http://127\.0\.0\.1:\d+/)", first)
+        assert m, (first, p.stderr.read() if p.poll() is not None else "")
+        assert get_json(m[1], "/api/summary")["inputs"] == len(rows)
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=60) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

@@ -436,6 +436,8 @@ function sampleKey(ev) {
 // --- routing -------------------------------------------------------------------------------------
 async function route() {
   const { path, params } = parseHash();
+  const hash = location.hash;
+  delete document.body.dataset.route;
   state.view = path.startsWith('/sample/') ? 'sample' : path === '/funnel' ? 'funnel' : 'grid';
   document.getElementById('nav-grid').classList.toggle('active', state.view === 'grid');
   document.getElementById('nav-funnel').classList.toggle('active', state.view === 'funnel');
@@ -446,6 +448,7 @@ async function route() {
   } else if (state.view === 'funnel') showFunnel();
   else await showGrid(params);
   document.body.dataset.view = state.view;
+  if (location.hash === hash) document.body.dataset.route = hash;  // rendered: what tests wait for
 }
 
 document.addEventListener('keydown', (ev) => {
