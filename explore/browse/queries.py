@@ -17,7 +17,7 @@ from collections import OrderedDict
 import duckdb
 
 from catalog.duck import connect, is_generation_mismatch, run_location
-from catalog.rules import PERSON_BOX, PERSON_SCORE
+from catalog.rules import PERSON_BOX, PERSON_SCORE, RULES
 from explore import stats as st
 from explore.browse.filters import (DUP, IN_LIST_MAX, MAX_PAGE_SIZE, PAGE_SIZE, SCORES, SORTS, Filter, int_param,
                                     page_sql, parse_cursor, parse_filter, parse_order)
@@ -127,26 +127,29 @@ class RunCatalog:
         return self.cached.get("reason_kinds", make)
 
     def summary(self) -> dict:
-        """Run, totals, funnel, reasons, thresholds and the filter's choices: what the app starts with."""
+        """The run, its thresholds and the grid's choices: what the app starts with (no catalog scan)."""
+        thresholds = {}
+        for name, col in SCORES.items():
+            rule = next((r for r in RULES.get(name, ()) if r.column == col), None)
+            thresholds[name] = {"column": col, "value": st.threshold(self.manifest, rule),
+                                "keep": rule.keep if rule else None}
+        return {"run": str(self.run), "finished": self.manifest.get("finished"),
+                "stages": self.manifest.get("stages"), "thresholds": thresholds, "sorts": ["catalog", *SORTS],
+                "dup": list(DUP), "page_size": PAGE_SIZE}
+
+    def funnel(self) -> dict:
+        """Totals, the funnel and the reject reasons (explore.stats): a few scans of the decision
+        columns, made once (for a run still written, again after live_ttl). The app asks for them beside
+        the first page, not before it."""
         def make():
             cur = self._cursor()
             try:
-                n = cur.execute("SELECT count(*) FROM samples").fetchone()[0]
-                funnel = st.funnel(cur, self.manifest, "", n)
-                reasons = st.reasons(cur, "", n)
-                kept = cur.execute("SELECT count(*) FROM samples WHERE keep").fetchone()[0]
+                n, kept = cur.execute("SELECT count(*), count(*) FILTER (WHERE keep) FROM samples").fetchone()
+                return {"inputs": n, "kept": kept, "funnel": st.funnel(cur, self.manifest, "", n),
+                        "reasons": st.reasons(cur, "", n)}
             finally:
                 cur.close()
-            thresholds = {}
-            for name, col in SCORES.items():
-                rule = next((r for r in (st.RULES.get(name) or ()) if r.column == col), None)
-                t = st.threshold(self.manifest, rule)
-                thresholds[name] = {"column": col, "value": t, "keep": rule.keep if rule else None}
-            return {"run": str(self.run), "finished": self.manifest.get("finished"), "inputs": n, "kept": kept,
-                    "stages": self.manifest.get("stages"), "funnel": funnel, "reasons": reasons,
-                    "thresholds": thresholds, "sorts": ["catalog", *SORTS], "dup": list(DUP),
-                    "page_size": PAGE_SIZE}
-        return self.cached.get("summary", make)
+        return self.cached.get("funnel", make)
 
     def person_rule(self) -> dict:
         section = (self.manifest.get("config") or {}).get("person") or {}

@@ -4,7 +4,8 @@ labels file, served by the standard library's ThreadingHTTPServer (one thread a 
 What it answers, and nothing else (every other path is 404):
 
     GET  /                      the app (static/index.html); /static/app.js, /static/app.css
-    GET  /api/summary           run, totals, funnel, reasons, thresholds, labels state
+    GET  /api/summary           run, thresholds, the grid's choices, labels state (no catalog scan)
+    GET  /api/funnel            totals, funnel, reject reasons (a few scans, cached)
     GET  /api/samples?FILTER    one page of the grid (FILTER: explore/browse/queries.py)
     GET  /api/count?FILTER      rows matching the filter (cached per filter)
     GET  /api/sample/ID         one sample: row, persons, text boxes, source, duplicate cluster, labels
@@ -117,6 +118,8 @@ class BrowseApp:
             return self._static(path[len("/static/"):])
         if path == "/api/summary":
             return json_response({**self.catalog.summary(), "labels": self.labels.summary()})
+        if path == "/api/funnel":
+            return json_response(self.catalog.funnel())
         if path == "/api/samples":
             page = self.catalog.page(params)
             for r in page["rows"]:

@@ -89,6 +89,7 @@ def test_a_filter_narrows_the_grid(browser, site):
     url, rows, _ = site
     open_page(browser, url + "#/grid", f"{TILES_LOADED} && {COUNT}")
     reason = "size:short_side<300"
+    browser.wait_for("document.querySelector('select[name=reason]').dataset.ready", what="the reasons of the funnel")
     browser.evaluate(f"document.querySelector('select[name=reason]').value = {json.dumps(reason)}")
     browser.click("#apply")
     want = [r["sample_id"] for r in rows if r["reject_reason"] == reason]
@@ -216,7 +217,7 @@ def test_the_demo_run_in_the_browser(browser, demo_run, tmp_path):
         open_page(browser, url + f"#/sample/{dup['sample_id']}", "document.getElementById('cluster-why')")
         assert browser.evaluate("document.querySelector('#cluster .member.kept-member').dataset.id") == dup["dup_of"]
         open_page(browser, url, f"{TILES_LOADED} && {COUNT}")
-        assert count_text(browser) == app.catalog.summary()["inputs"]
+        assert count_text(browser) == app.catalog.funnel()["inputs"]
         assert not errors(browser), errors(browser)
     finally:
         server.shutdown()

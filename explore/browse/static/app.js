@@ -16,7 +16,7 @@ const SKELETON = [[15, 13], [13, 11], [16, 14], [14, 12], [11, 12], [5, 11], [6,
   [7, 9], [8, 10], [1, 2], [0, 1], [0, 2], [1, 3], [2, 4], [3, 5], [4, 6]];
 const KP_MIN_CONF = 0.3;
 
-const state = { summary: null, grid: null, sample: null, view: null };
+const state = { summary: null, funnel: null, funnelReady: null, funnelError: null, grid: null, sample: null, view: null };
 
 function el(tag, attrs, ...kids) {
   const e = document.createElement(tag);
@@ -96,8 +96,9 @@ function imgSrc(size, row) {
 // --- the header and the labels -------------------------------------------------------------------
 function renderHeader() {
   const s = state.summary;
-  document.getElementById('run-name').textContent =
-    `${s.run} · ${fmt(s.inputs)} samples, ${fmt(s.kept)} kept${s.finished ? '' : ' · run not finished: counts refresh'}`;
+  const f = state.funnel;
+  document.getElementById('run-name').textContent = `${s.run}${f ? ` · ${fmt(f.inputs)} samples, ${fmt(f.kept)} kept` : ''}`
+    + (s.finished ? '' : ' · run not finished: counts refresh');
   const l = s.labels;
   const node = document.getElementById('labels-state');
   node.textContent = l.enabled ? `labels: ${l.path} (${fmt(l.samples)} samples)` : 'read-only: start with --labels FILE to label';
@@ -130,14 +131,26 @@ function filterForm(params) {
   const s = state.summary;
   const opt = (value, text, current) => el('option', { value, selected: value === (current || '') }, text);
   const select = (name, options) => el('select', { name }, options.map(([v, t]) => opt(v, t, params.get(name))));
-  const stages = s.funnel.filter((f) => !['inputs', 'kept'].includes(f.stage) && f.dropped > 0);
+  // the stage and reason choices come with the funnel (its own request: the first page does not wait)
+  const current = (name) => (params.get(name) ? [[params.get(name), params.get(name)]] : []);
+  const stageSelect = select('stage', [['', 'any'], ...current('stage')]);
+  const reasonSelect = select('reason', [['', 'any'], ...current('reason')]);
+  state.funnelReady.then((f) => {
+    if (!f) return;
+    const stages = f.funnel.filter((x) => !['inputs', 'kept'].includes(x.stage) && x.dropped > 0);
+    stageSelect.replaceChildren(...[['', 'any'], ...stages.map((x) => [x.stage, `${x.stage} (${fmt(x.dropped)})`])]
+      .map(([v, t]) => opt(v, t, params.get('stage'))));
+    reasonSelect.replaceChildren(...[['', 'any'], ...f.reasons.map((r) => [r.reason, `${r.reason} (${fmt(r.first)})`])]
+      .map(([v, t]) => opt(v, t, params.get('reason'))));
+    stageSelect.dataset.ready = reasonSelect.dataset.ready = 'true';
+  });
   const form = el('form', { class: 'filters', id: 'filters' },
     el('label', { text: 'decision' }),
     select('keep', [['', 'any'], ['kept', 'kept'], ['rejected', 'rejected']]),
     el('label', { text: 'rejected by stage' }),
-    select('stage', [['', 'any'], ...stages.map((f) => [f.stage, `${f.stage} (${fmt(f.dropped)})`])]),
+    stageSelect,
     el('label', { text: 'reject reason' }),
-    select('reason', [['', 'any'], ...s.reasons.map((r) => [r.reason, `${r.reason} (${fmt(r.first)})`])]),
+    reasonSelect,
     ...Object.entries(s.thresholds).map(([name, t]) => [
       el('label', { text: `${name} score (${t.column})${t.value !== null ? `, cut ${t.keep === '<=' ? 'max' : 'min'} ${t.value}` : ''}` }),
       el('div', { class: 'range' },
@@ -251,8 +264,9 @@ function barRow(name, value, max, text, href, kind, title) {
   return href ? el('a', { class: 'bar-row', href, 'data-target': href }, kids) : el('div', { class: 'bar-row skipped' }, kids);
 }
 
-function showFunnel() {
-  const s = state.summary;
+async function showFunnel() {
+  const s = await state.funnelReady;
+  if (!s) { showError(document.getElementById('view'), new Error(`funnel: ${state.funnelError}`)); return; }
   const n = s.inputs;
   const funnel = el('div', { class: 'chart', id: 'funnel-chart' }, el('h2', { text: 'Funnel: samples left after each stage (click: the samples it rejected)' }),
     s.funnel.map((f) => {
@@ -445,7 +459,7 @@ async function route() {
     let id = path.slice('/sample/'.length);
     try { id = decodeURIComponent(id); } catch (e) { /* shown as not found */ }
     await showSample(id, params);
-  } else if (state.view === 'funnel') showFunnel();
+  } else if (state.view === 'funnel') await showFunnel();
   else await showGrid(params);
   document.body.dataset.view = state.view;
   if (location.hash === hash) document.body.dataset.route = hash;  // rendered: what tests wait for
@@ -462,6 +476,8 @@ async function main() {
   try {
     state.summary = await api('/api/summary');
   } catch (e) { showError(document.getElementById('view'), e); return; }
+  state.funnelReady = api('/api/funnel').then((f) => { state.funnel = f; renderHeader(); return f; },
+    (e) => { state.funnelError = e.message; return null; });
   renderHeader();
   window.addEventListener('hashchange', route);
   await route();
