@@ -5,7 +5,7 @@ parameter, every column name comes from the tables below, never from the request
 A page never scans the catalog whole when it need not: in catalog order it is a streamed LIMIT/OFFSET
 (DuckDB stops reading row groups once the page is full); sorted by a score it is a top-N over the few
 columns the grid shows, and the pages after the first continue from a cursor (keyset: the last row's
-value and sample_id, nulls last), so page 1,000 costs what page 1 does.
+value and sample_id, nulls last), so page 1,000 costs about what page 1 does (bench/browse.py).
 """
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ import ipaddress
 import json
 import logging
 import re
+import socket
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -248,7 +249,8 @@ class BrowseServer(ThreadingHTTPServer):
 def make_server(app: BrowseApp, host: str = "127.0.0.1", port: int = 0) -> BrowseServer:
     """A server for `app` bound to host:port (0: a free port); serve_forever() it, or start()."""
     handler = type("BoundHandler", (Handler,), {"app": app, "allowed_hosts": None})
-    server = BrowseServer((host, port), handler)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # --host ::1 binds an IPv6 socket
+    server = type("Server", (BrowseServer,), {"address_family": family})((host, port), handler)
     real_port = server.server_address[1]
     if is_loopback(host):
         handler.allowed_hosts = frozenset(f"{h}:{real_port}" for h in ("127.0.0.1", "localhost", "[::1]", host))
