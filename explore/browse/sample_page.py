@@ -64,17 +64,18 @@ def source(row: dict) -> dict:
 
 
 def why_kept(kept: dict | None, members: list[dict]) -> str:
-    """One sentence: which member the cluster keeps and why (catalog/schema.py, dup_of and dup_rank)."""
+    """One sentence: which member the cluster keeps and why (catalog/schema.py: dup_of points at the
+    first member in canonical order that passed, the canonical when none did; dup_rank is that order)."""
     if kept is None:
-        return "the member the cluster keeps is not in the catalog"
-    rank = kept.get("dup_rank")
-    if not rank:
-        why = ("dedup keeps it: rank 0, the canonical member (largest area, then smallest sample_id)")
-    else:
-        before = [m for m in members if (m.get("dup_rank") or 0) < rank]
-        reasons = sorted({m["reject_reason"] for m in before if m.get("reject_reason")})
-        why = (f"dedup keeps it: rank {rank}, a fallback: every member before it was rejected by a model stage"
-               + (f" ({', '.join(reasons)})" if reasons else ""))
+        return "the member the cluster points at is not in the catalog"
+    rank = kept.get("dup_rank") or 0
     if not kept.get("keep"):
-        why += f"; a later stage rejected it ({kept.get('reject_reason') or 'no reason recorded'})"
-    return why
+        scored = sum(bool(m.get("dup_scored")) for m in members)
+        return (f"no member passed ({scored} went to the model stages: the canonical and the fallbacks "
+                f"dedup.max_fallbacks allows), so the cluster points at its canonical member (rank {rank}: largest "
+                f"area, then smallest sample_id), rejected for {kept.get('reject_reason') or 'no recorded reason'}")
+    if not rank:
+        return "the canonical member (rank 0: largest area, then smallest sample_id), and it passed every stage"
+    reasons = sorted({m["reject_reason"] for m in members if (m.get("dup_rank") or 0) < rank and m.get("reject_reason")})
+    return (f"rank {rank}, the first member in canonical order that passed: the members before it were rejected "
+            f"by a model stage ({', '.join(reasons) or 'reasons not recorded'})")

@@ -164,7 +164,7 @@ def test_sample_page_data_persons_text_source_and_cluster(served):
     c = s["cluster"]
     assert c["kept_id"] == kept_member["sample_id"] and c["size"] == 2
     assert {m["sample_id"] for m in c["members"]} == {dup["sample_id"], kept_member["sample_id"]}
-    assert "dedup keeps it" in c["why"]
+    assert c["why"].startswith("the canonical member (rank 0") and "passed every stage" in c["why"]
     # a wrong shard hint costs a second lookup, not a wrong answer
     assert get_json(url, f"/api/sample/{dup['sample_id']}?shard=nope")["row"]["sample_id"] == dup["sample_id"]
     person = next(r for r in rows if r["keep"] and len(r.get("person_boxes") or []) >= 2)
@@ -356,3 +356,18 @@ def test_the_demo_ends_with_a_browse_command_that_serves_the_run(run, tmp_path):
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_why_a_cluster_keeps_its_member():
+    from explore.browse.sample_page import why_kept
+
+    canonical = {"sample_id": "a", "dup_rank": 0, "keep": True, "dup_scored": True}
+    assert why_kept(canonical, [canonical]).startswith("the canonical member (rank 0")
+    first = {"sample_id": "a", "dup_rank": 0, "keep": False, "reject_reason": "person:no_person", "dup_scored": True}
+    second = {"sample_id": "b", "dup_rank": 1, "keep": True, "dup_scored": True}
+    assert why_kept(second, [first, second]) == ("rank 1, the first member in canonical order that passed: the "
+                                                 "members before it were rejected by a model stage (person:no_person)")
+    third = {"sample_id": "c", "dup_rank": 2, "keep": False, "reject_reason": "dedup:near_duplicate"}
+    why = why_kept(first, [first, {**second, "keep": False, "reject_reason": "text:area_frac>0.05"}, third])
+    assert why.startswith("no member passed (2 went to the model stages") and why.endswith("person:no_person")
+    assert why_kept(None, []) == "the member the cluster points at is not in the catalog"

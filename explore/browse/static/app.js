@@ -369,7 +369,7 @@ function clusterSection(data) {
     'data-id': m.sample_id },
   el('a', { href: sampleHref(m) }, el('img', { src: imgSrc('s', m), alt: m.key || m.sample_id, loading: 'lazy' })),
   el('div', { text: `rank ${fmt(m.dup_rank)} · ${m.dup_kind || 'canonical'} · ${fmt(m.width)}×${fmt(m.height)}` }),
-  el('div', { class: m.sample_id === c.kept_id ? 'kept' : 'muted', text: m.sample_id === c.kept_id ? 'kept by dedup' : `dup of the kept member` }),
+  el('div', { class: m.sample_id === c.kept_id ? 'kept' : 'muted', text: m.sample_id === c.kept_id ? "dedup's pick" : `${m.dup_kind || 'a'} duplicate of the pick` }),
   el('div', { class: m.keep ? 'kept' : 'rej', text: m.keep ? 'kept' : (m.reject_reason || 'rejected') }),
   el('div', { class: 'muted', text: m.sample_id })));
   return el('div', { class: 'panel', id: 'cluster' },
