@@ -75,7 +75,8 @@ class RunCatalog:
         self.con = connect(self.run)
         if not st.has_view(self.con, "samples"):
             self.con.close()
-            raise FileNotFoundError(f"{run}: no catalog/samples/*.parquet in it; is it a curation run directory?")
+            raise FileNotFoundError(f"{run}: no catalog/samples/*.parquet in it; is it a curation run directory? "
+                                    "(a run just started has none until its first unit is written)")
         ttl = None if self.finished else self.live_ttl
         self.counts = TTLCache(1024, ttl)
         self.cached = TTLCache(16, ttl)
