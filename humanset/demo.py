@@ -151,8 +151,8 @@ def filters_demo(out: Path, crawl: Path, run_dir: Path, renders: Path, encoder: 
     from pipeline.demo.crawl import demo_config
     from pipeline.engine.driver import curate
     from pipeline.engine.funnel import print_funnel
-    from training.filters import demo_config as filter_config
-    from training.filters import summary_line, train_filter
+    from training.filters.train import demo_config as filter_config
+    from training.filters.train import summary_line, train_filter
 
     import catalog
 

@@ -5,7 +5,9 @@
   strings;
 - pipeline/, render/ and training/ import catalog/ only (never each other, never the humanset front);
   catalog/ imports nothing else of ours;
-- no module over MAX_LINES lines unless its top docstring has a line starting "Size:" that says why.
+- no module over MAX_LINES lines unless its top docstring has a line starting "Size:" that says why;
+- bench/ holds benchmarks, no experiment, and its scripts import one another without a circle; nothing in
+  the product, tests/ or bench/ imports research/ (experiments and lab notes, kept apart).
 
 The known exceptions are listed below, each with its reason, and printed by the tests (`pytest -s`, or
 in the report of a failure). An entry that is no longer needed fails the test too, so the lists only
@@ -28,6 +30,9 @@ MAX_LINES = 400
 OVERSIZED_ALLOWED: dict[str, str] = {}
 # import circles, each closed by a deferred import or a re-export: none left
 CIRCLES_ALLOWED: dict[frozenset, str] = {}
+
+# files that name research/ without loading code from it
+READS_RESEARCH = {"tests/test_docs_links.py": "checks the links of research/**/*.md, as of docs/"}
 
 _REGISTRY_STRING = re.compile(r"^([a-z_]+(?:\.[a-z_0-9]+)+):\w+$")  # "pipeline.stages.decode:DecodeStage"
 
@@ -196,3 +201,51 @@ def test_no_oversized_module_without_a_reason():
                      "module's docstring in a line starting 'Size:'")
     stale = sorted(set(OVERSIZED_ALLOWED) - set(found))
     assert not stale, f"no longer oversized: remove them from OVERSIZED_ALLOWED in {__file__}: {stale}"
+
+
+def _top_names(node: ast.AST) -> set[str]:
+    """The top-level module names an import statement names (none for a relative import)."""
+    if isinstance(node, ast.Import):
+        return {a.name.split(".")[0] for a in node.names}
+    if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        return {node.module.split(".")[0]}
+    return set()
+
+
+def _script_imports(path: Path) -> set[str]:
+    """Top-level module names a script imports (bench/ scripts import their neighbours by bare name)."""
+    return set().union(*map(_top_names, ast.walk(ast.parse(path.read_text(), filename=str(path)))))
+
+
+def research_uses(path: Path) -> list[str]:
+    """How a file reaches into research/: an import of it, or a path naming it ("research", "research/x.py")."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if "research" in _top_names(node):
+            found.append(f"imports research (line {node.lineno})")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                node.value == "research" or re.fullmatch(r"research/\S+\.py", node.value)):
+            found.append(f"names {node.value!r} (line {node.lineno})")
+    return found
+
+
+def test_bench_holds_benchmarks_without_a_circle():
+    scripts = {p.stem: p for p in sorted((ROOT / "bench").glob("*.py"))}
+    neighbours = set(scripts) - set(PACKAGES)  # bench/render.py's `render` is the package when imported
+    graph = {name: _script_imports(path) & neighbours - {name} for name, path in scripts.items()}
+    assert not strongly_connected(graph), f"bench/ import circles: {strongly_connected(graph)}"
+    experiments = [n for n, p in scripts.items()
+                   if (ast.get_docstring(ast.parse(p.read_text())) or "").startswith("Experiment")]
+    assert not experiments, f"experiments belong in research/, not bench/: {experiments}"
+
+
+def test_nothing_imports_research(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('"""See research/notes/x.md."""\nimport research.watermark\nP = ROOT / "research"\n'
+                     'Q = "research/watermark/tile.py"\n')
+    assert sorted(u.split(" (")[0] for u in research_uses(probe)) == [
+        "imports research", "names 'research'", "names 'research/watermark/tile.py'"]
+    files = [p for d in (*PACKAGES, "tests", "bench") for p in sorted((ROOT / d).rglob("*.py"))]
+    found = {name: u for p in files if p != Path(__file__) and (name := p.relative_to(ROOT).as_posix())
+             not in READS_RESEARCH and (u := research_uses(p))}
+    assert not found, f"research/ is not part of the product: nothing may import or load it: {found}"

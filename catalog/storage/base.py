@@ -1,5 +1,5 @@
 """The base classes of the storage layer (catalog/storage/__init__.py is the facade): `Storage`, over any
-pyarrow file system (gs://, hdfs://; the backends of catalog/storage/memory.py and storage_s3.py
+pyarrow file system (gs://, hdfs://; the backends of catalog/storage/memory.py and s3.py
 subclass it), and `LocalStorage` (temp + fsync + rename writes, create_once by link(2), the run lock
 by flock). Each class reopens itself from a URI (`from_uri`); a pickled Storage is its class and
 its URI, so no client or secret travels (catalog/storage/factory.py dispatches a URI to its class).

@@ -23,8 +23,8 @@ from pipeline.stages.watermark.stage import WatermarkStage
 from training.filters import samples as fd
 from training.filters import browser as fh
 from training.filters import lettering
-from training.filters import (FilterConfig, FilterModel, at_threshold, beats_chance, build_model, choose_threshold,
-                              roc_auc, train_filter)
+from training.filters.train import FilterConfig, FilterModel, build_model, train_filter
+from training.filters.thresholds import at_threshold, beats_chance, choose_threshold, roc_auc
 
 
 @pytest.fixture(scope="module")
@@ -333,7 +333,7 @@ def test_missing_images_or_encoder_are_clear_errors(tmp_path):
 
 
 def test_scene_text_negatives_come_from_the_text_stage(demo_run):
-    from training.filters import WATERMARK_LIKE, read_scene_text
+    from training.filters.inputs import WATERMARK_LIKE, read_scene_text
 
     run, _ = demo_run
     strings = read_scene_text(run)
@@ -385,7 +385,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
 def test_render_frames_are_read_from_render_shards(tmp_path, photos):
     """The art filter's '3d render' class: the rgb.png member of each frame (not depth / normal / mask)."""
     import catalog
-    from training.filters import read_photos
+    from training.filters.inputs import read_photos
 
     def png(a):
         buf = io.BytesIO()
