@@ -4,7 +4,7 @@ page of the grid answers, and what the other requests of the app cost at that si
     python bench/browse.py --out runs/bench-browse                  # generate (once) and measure
     python bench/browse.py --out runs/bench-browse --rows 10000000 --repeats 9
 
-The rows are bench/stats.py's synthetic crawl (realistic sizes, scores, reasons, duplicate clusters),
+The rows are bench/synthetic_catalog.py's crawl (realistic sizes, scores, reasons, duplicate clusters),
 written as parts of 100,000 rows and compacted by catalog/compact.py as a finished run is. Measuring
 runs in a child process, so DuckDB starts cold: `open_s` is BrowseApp() (the views), `first_page_s`
 the first GET /api/samples over HTTP after it, `start_to_first_page_s` both (what a user waits for).
@@ -15,7 +15,6 @@ stops after a few row groups. `full_scan_s` is one aggregate over every row, for
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import json
 import resource
@@ -32,15 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 import catalog  # noqa: E402
-
-
-def _synthetic():
-    """bench/stats.py, the synthetic catalog, loaded by its path (bench/ on sys.path would shadow packages:
-    bench/render.py is not render/)."""
-    spec = importlib.util.spec_from_file_location("bench_stats", Path(__file__).with_name("stats.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from synthetic_catalog import CONFIG, STAGES, chunk  # noqa: E402  (bench/, this script's folder)
 
 PART_ROWS = 100_000
 
@@ -49,16 +40,15 @@ def generate(run: Path, rows: int, seed: int = 0) -> float:
     """RUN with `rows` synthetic catalog rows, compacted as a finished run (catalog/compact.py)."""
     from catalog.compact import compact_group, finish
 
-    synthetic = _synthetic()
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     units = []
     for i, start in enumerate(range(0, rows, PART_ROWS)):
         units.append(f"part-{i:05d}")
         catalog.write_parquet(run / "catalog" / "samples" / f"{units[-1]}.parquet",
-                              synthetic.chunk(rng, start, min(PART_ROWS, rows - start)))
+                              chunk(rng, start, min(PART_ROWS, rows - start)))
     catalog.write_json(run / "manifest.json", {
-        "config": synthetic.CONFIG, "stages": synthetic.STAGES, "skipped_stages": {}, "funnel": [], "inputs": ["s3://crawl/"],
+        "config": CONFIG, "stages": STAGES, "skipped_stages": {}, "funnel": [], "inputs": ["s3://crawl/"],
         "started": "2026-01-01T00:00:00Z", "finished": "2026-01-01T01:00:00Z", "versions": {"bench": "synthetic"},
         "bench_rows": rows})
     n = compact_group(str(run), 0, units)

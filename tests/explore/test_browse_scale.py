@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -24,9 +25,15 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "browse.py"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_browse", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """bench/browse.py, which imports its neighbour synthetic_catalog by bare name: bench/ is on the path
+    only while it loads (for good: bench/render.py would shadow the render package)."""
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_browse", BENCH)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH.parent))
     return module
 
 
