@@ -22,6 +22,7 @@ The images are real files from registry packages, labelled by eye into six categ
                      reasons: {stage:rule: {category: n}} (the first reason, numbers dropped)
      watermark       on clean photos (person_clear, person_small, no_person): scored, rejected,
                      false_positive_rate (rejected / scored), ids
+     ids             person_clear_rejected, kept_not_person_clear {category: ids}: the mistakes by name
      stages_scored   {stage: samples it measured}, errors {stage: samples with an inference error}
      stage_seconds   work seconds per stage from RUN/stats/*.json where the run wrote them
      targets         each issue-38 target: value, target, met (read them on eval)
@@ -105,11 +106,16 @@ def score(samples: list[dict], categories: dict[str, str]) -> dict:
     scored, errors = defaultdict(int), defaultdict(int)
     pr = {"tp": 0, "fp": 0, "fn": 0, "tn": 0}
     wm = {"clean_photos": 0, "scored": 0, "rejected": 0, "ids": []}
+    lost, wrongly_kept = [], defaultdict(list)
     for s in samples:
         cat = categories[s["id"]]
         c = cats[cat]
         c["n"] += 1
         c["kept"] += bool(s["keep"])
+        if cat == "person_clear" and not s["keep"]:
+            lost.append(s["id"])
+        elif cat != "person_clear" and s["keep"]:
+            wrongly_kept[cat].append(s["id"])
         if s.get("reject_reason"):
             stage = s["reject_reason"].split(":", 1)[0]
             first[stage][cat] += 1
@@ -146,6 +152,8 @@ def score(samples: list[dict], categories: dict[str, str]) -> dict:
         "confusion": {name: {k: dict(v) for k, v in sorted(table.items())}
                       for name, table in (("first_reject", first), ("any_reject", anyr), ("reasons", reasons))},
         "watermark": {**wm, "ids": sorted(wm["ids"]), "false_positive_rate": _rate(wm["rejected"], wm["scored"])},
+        "ids": {"person_clear_rejected": sorted(lost),
+                "kept_not_person_clear": {k: sorted(v) for k, v in sorted(wrongly_kept.items())}},
         "stages_scored": dict(scored),
         "errors": dict(errors),
     }

@@ -63,6 +63,8 @@ def test_score_of_a_synthetic_catalog(tmp_path):
     # every clean photo was scored by the watermark stage; two of six rejected
     assert out["watermark"] == {"clean_photos": 6, "scored": 6, "rejected": 2, "ids": ["np-1", "pc-lost"],
                                 "false_positive_rate": 0.3333}
+    assert out["ids"] == {"person_clear_rejected": ["pc-lost"],
+                          "kept_not_person_clear": {"painted_person": ["pp-1"], "person_small": ["ps-kept"]}}
     t = out["targets"]
     assert t["person_clear_kept"] == {"value": 0.6667, "target": ">= 0.9", "met": False}
     assert t["non_photo_kept"]["met"] is True and t["painted_person_kept"]["met"] is False
