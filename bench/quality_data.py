@@ -84,6 +84,18 @@ def split_rule(rows: list[dict]) -> dict[str, str]:
     return out
 
 
+def frozen_category(label: dict) -> str:
+    """The category a label had when the split was fixed: a correction's note starts with
+    'relabelled from CATEGORY' and the image keeps the split that category gave it."""
+    note = label.get("note") or ""
+    if not note.startswith("relabelled from "):
+        return label["category"]
+    old = note[len("relabelled from "):].split(":", 1)[0].strip()
+    if old not in CATEGORIES:
+        raise ValueError(f"note {note!r}: 'relabelled from' names no category")
+    return old
+
+
 def image_name(row: dict) -> str:
     """The cached file's name: the id with the member's extension (ids are [a-z0-9-] only)."""
     ext = Path(row["member"].split("::")[-1]).suffix.lower()
