@@ -214,7 +214,8 @@ def curate(folder: Path, run: Path, config: Path | None, sets: list[str], score_
     t0 = time.perf_counter()
     done = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr)
     if done.returncode:
-        raise SystemExit(f"humanset curate failed ({done.returncode}): {' '.join(cmd)}")
+        raise SystemExit(f"humanset curate failed ({done.returncode}): {' '.join(cmd)}; rerun with the same "
+                         f"--output {run} to resume, or score what it wrote with --run")
     return round(time.perf_counter() - t0, 1)
 
 
