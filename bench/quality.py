@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import json
 import os
 import re
@@ -46,9 +47,11 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import quality_data  # noqa: E402
+# the sibling script, loaded by path: bench/ never goes on sys.path (its scripts would shadow modules)
+_spec = importlib.util.spec_from_file_location("quality_data", Path(__file__).with_name("quality_data.py"))
+quality_data = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(quality_data)
 
 CLEAN_PHOTOS = ("person_clear", "person_small", "no_person")
 TARGETS = {  # issue #38's done-when, read on eval: (value key, comparison, target)

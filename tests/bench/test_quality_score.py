@@ -1,6 +1,5 @@
 """bench/quality.py's scoring on a tiny synthetic catalog, and the category -> calibrate label mapping."""
 import importlib.util
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,7 +10,6 @@ from catalog.schema import SAMPLES
 from pipeline.select.calibrate import read_labels
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
 _spec = importlib.util.spec_from_file_location("bench_quality", ROOT / "bench" / "quality.py")
 quality = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(quality)
