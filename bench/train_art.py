@@ -1,7 +1,7 @@
 """Rebuild the art probe (pipeline/stages/art_probe.npz) from packaged images, and print its figures as JSON.
 
     python bench/art_pool.py --exclude bench/quality/images.csv --out POOL.csv     # photos and non-photos
-    python bench/train_art.py --pool POOL.csv [--bench-tune DIR] --out pipeline/stages/art_probe.npz
+    python bench/train_art.py --pool POOL.csv [--bench-tune DIR] [--lopo] --out pipeline/stages/art_probe.npz
 
 Samples: every pool image with its label; every photo also once as a photo variant (old black-and-white
 or sepia print, low light, heavy editing: training/filters/styles.py, still "photo") and once stylised into
@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -38,6 +39,7 @@ from pipeline.stages.person_model import file_sha256  # noqa: E402
 
 STYLES = {"cartoon": "cartoon", "pencil": "drawing", "painterly": "painting", "clipart": "cartoon",
           "document": "screenshot"}
+AUGMENT = "a1"  # version of pixels()' augmentation: cached features of another version are not reused
 BENCH_LABEL = {"person_clear": "photo", "person_small": "photo", "no_person": "photo", "text_or_mark": "photo",
                "painted_person": "painting", "non_photo": "other"}
 
@@ -60,15 +62,25 @@ def samples_of(rows: list[dict], seed: int) -> list[dict]:
 
 
 def pixels(sample: dict, max_side: int) -> np.ndarray:
+    """The sample's pixels: its variant, then (seeded) a smaller copy and a JPEG re-encoding, each half of
+    the time whatever the label, so neither resolution nor compression tells a photo from a non-photo
+    (most packaged photos are JPEGs, most packaged non-photos are PNGs)."""
     from training.filters import styles
+    from training.filters.samples import jpeg
 
     rgb, _ = load_rgb(Path(sample["file"]).read_bytes(), max_side=max_side)
     v = sample["variant"]
-    if v == "none":
-        return rgb
-    rng = np.random.default_rng(int(sample["sha256"][:12], 16))
-    fn = styles.PHOTO_VARIANTS.get(v) or getattr(styles, v)
-    return fn(np.ascontiguousarray(rgb), rng)
+    rng = np.random.default_rng([int(sample["sha256"][:12], 16), len(v)])
+    if v != "none":
+        fn = styles.PHOTO_VARIANTS.get(v) or getattr(styles, v)
+        rgb = fn(np.ascontiguousarray(rgb), rng)
+    if rng.random() < .5:
+        f = rng.uniform(.4, 1.0)
+        rgb = np.asarray(Image.fromarray(rgb).resize((max(32, round(rgb.shape[1] * f)), max(32, round(rgb.shape[0] * f))),
+                                                     Image.BILINEAR))
+    if rng.random() < .5:
+        rgb = jpeg(np.ascontiguousarray(rgb), int(rng.integers(40, 96)))
+    return rgb
 
 
 def features(samples: list[dict], backbone: Backbone, px: int, cache: Path) -> np.ndarray:
@@ -76,7 +88,7 @@ def features(samples: list[dict], backbone: Backbone, px: int, cache: Path) -> n
     out = np.zeros((len(samples), 0), np.float32)
     t0 = time.time()
     for i, s in enumerate(samples):
-        f = cache / f"{s['sha256'][:24]}-{s['variant']}-{px}.npy"
+        f = cache / f"{s['sha256'][:24]}-{s['variant']}-{px}-{AUGMENT}.npy"
         if f.is_file():
             v = np.load(f)
         else:
@@ -117,6 +129,23 @@ def figures(scores: np.ndarray, samples: list[dict], cut: float) -> dict:
     return out
 
 
+def leave_one_package_out(x: np.ndarray, samples: list[dict], c: float, cut: float) -> dict:
+    """Each package's samples scored by a probe fitted without that package: how the probe does on a
+    source it never saw. Reports the cut that rejects 3 % of those photos (variant none) and, at it and at
+    `cut`, the share rejected per label and variant."""
+    y = [s["label"] for s in samples]
+    pk = np.array([s["package"] for s in samples])
+    scores = np.zeros(len(samples))
+    for held in sorted(set(pk)):
+        te = pk == held
+        scaler, model = fit(x[~te], [y[i] for i in np.flatnonzero(~te)], c)
+        scores[te] = art_scores(scaler, model, x[te])
+    photo = np.array([s["label"] == "photo" and s["variant"] == "none" for s in samples])
+    cut3 = float(np.quantile(scores[photo], 0.97))
+    return {"cut_rejecting_3pct_of_photos": round(cut3, 3), f"at_{cut3:.3f}": figures(scores, samples, cut3),
+            f"at_{cut}": figures(scores, samples, cut)}
+
+
 def bench_tune_rows(folder: Path, labels: Path, images: Path) -> list[dict]:
     """The quality bench's tune split as pool rows (the eval split is skipped, never opened)."""
     with open(images, newline="") as f:
@@ -145,6 +174,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cut", type=float, default=0.5, help="art.max_score the figures are given at")
     ap.add_argument("--cache", type=Path, default=Path("~/.cache/humanset/art-pool/features").expanduser())
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lopo", action="store_true", help="also score each package with a probe fitted without it")
     ap.add_argument("--out", type=Path, help=f"probe to write (the shipped one: {PROBE_FILE.relative_to(ROOT)})")
     a = ap.parse_args(argv)
 
@@ -173,6 +203,8 @@ def main(argv=None) -> int:
               "c": best, "validation": tried[best], "tried": {str(c): tried[c]["roc_auc_nonphoto_vs_photo"]
                                                             for c in tried},
               "packages": sorted({f"{r['package']} {r['version']}".strip() for r in rows})}
+    if a.lopo:
+        report["leave_one_package_out"] = leave_one_package_out(x, samples, best, a.cut)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         np.savez_compressed(
