@@ -12,7 +12,7 @@ regression (scikit-learn, L2, balanced class weights); C is chosen on a validati
 groups (a photo and its variants stay on one side), then the shipped probe is fitted on every sample.
 
 --bench-tune DIR adds the quality bench's TUNE split (bench/quality/labels.csv, split == tune; images from
-its cache DIR): person and text categories as photo, painted_person as painting, non_photo as their own
+its cache, DIR = ~/.cache/humanset/quality/images): person and text categories as photo, painted_person as painting, non_photo as their own
 class "other". The eval split is never read here.
 """
 from __future__ import annotations
@@ -156,7 +156,10 @@ def bench_tune_rows(folder: Path, labels: Path, images: Path) -> list[dict]:
             if r.get("split") != "tune" or r["category"] not in BENCH_LABEL:
                 continue
             m = manifest[r["id"]]
-            path = folder / (m.get("file") or m.get("path") or r["id"])
+            found = sorted(folder.glob(f"{r['id']}.*"))  # the bench's cache keeps images/ID.EXT
+            if not found:
+                raise SystemExit(f"{folder}: no image {r['id']}.*; fetch it with bench/quality_data.py --split tune")
+            path = found[0]
             rows.append({"label": BENCH_LABEL[r["category"]], "package": m.get("package", "bench"),
                          "version": m.get("version", ""), "member": m.get("member", r["id"]),
                          "group": f"bench:{r['id']}", "sha256": m["sha256"], "file": str(path)})
