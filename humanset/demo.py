@@ -2,7 +2,8 @@
 
 1. curation: a small crawl from photos shipped in installed packages (plus generated duplicates,
    overlays, watermarks, graphics and broken files) -> catalog, curated shards, funnel, HTML report;
-   the watermark stage runs its ocr method (no weights needed) and rejects the marked photos
+   all seven stages run: the watermark stage its ocr method (no weights needed), rejecting the marked
+   photos, and the art stage its shipped probe (pipeline/stages/art_probe.py)
 2. synthetic humans: a few anny bodies rendered with BlenderProc under the HDRIs shipped in bpy
    -> RGB, metric depth, normals, masks, cameras in render shards + contact sheets
 3. MAE pretraining for a few dozen steps on the curated shards + a reconstruction figure
@@ -10,7 +11,7 @@
    one rendered image
 5. the watermark and art filters trained briefly from the curated photos and the renders (encoder
    from step 3, synthetic watermarks and stylised non-photos), then the crawl curated again with
-   them: the funnel of RUN-filters shows all seven stages active (demo-quality figures; a filter that
+   them in place of the ocr method and the probe (demo-quality figures; a filter that
    validates no better than chance scores every sample and rejects none)
 Rerunning resumes or skips what is already there.
 """
