@@ -18,6 +18,7 @@ The effective config is saved in RUN/manifest.json.
 Generated from pipeline/settings.py (python -m humanset.settings_files --write): edit the dataclasses there."""
 
 WATERMARK_METHODS = ("auto", "ocr", "laion", "card")  # watermark.method (pipeline/stages/watermark/stage.py)
+ART_METHODS = ("auto", "probe", "clip", "card")  # art.method (pipeline/stages/art.py)
 CONCURRENCY = ("actors: auto = autoscale from 1 to what the cluster's CPUs (GPUs) hold at\n"
                "these resources; N = a fixed pool; [min, max]. Each uses num_cpus threads")
 _RESOURCE_KEYS = {"num_cpus": Check(("number",), low=0), "num_gpus": Check(("number",), low=0)}
@@ -166,9 +167,13 @@ class WatermarkSettings:
 
 @dataclass
 class ArtSettings:
-    weights: str | None = weights("OpenCLIP checkpoint; null = skip")
-    model: str = setting("ViT-B-32")
-    max_score: float = threshold(ART)
+    method: str = setting("auto", "auto: probe without weights, clip or card with them | probe | clip | card",
+                          choices=ART_METHODS)
+    weights: str | None = weights("clip: an OpenCLIP checkpoint of art.model; card: a `humanset train-filter art`\n"
+                                  "folder; null = the probe shipped in pipeline/stages/art_probe.npz")
+    model: str = setting("ViT-B-32", "clip: the checkpoint's OpenCLIP architecture")
+    max_score: float = threshold(ART, "art_score = 1 - P(photo); the probe's cut, fitted on the quality bench's "
+                                      "tune split")
     batch_size: int = batch_size(16)
     concurrency: int | list | str | None = concurrency()
     resources: dict = resources(num_cpus=1, num_gpus=0)

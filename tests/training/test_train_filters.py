@@ -354,6 +354,7 @@ def test_demo_trains_both_filters_and_curates_with_all_seven_stages(demo_crawl, 
                             progress=False, steps=2)
     manifest = json.loads((filtered / "manifest.json").read_text())
     assert manifest["skipped_stages"] == {}
+    assert manifest["stage_info"]["art"] == {"method": "card"}  # auto: the trained card replaces the probe
     stages = [f["stage"] for f in manifest["funnel"]]
     assert stages == ["decode", "size", "dedup", "person", "text", "watermark", "art"]
     wm = next(f for f in manifest["funnel"] if f["stage"] == "watermark")
