@@ -22,7 +22,8 @@ from collections import OrderedDict
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from catalog.source_bytes import is_uri, read_source
+from catalog.source_bytes import read_source
+from catalog.storage import is_uri
 
 SIZES = {"s": 256, "l": 1280}  # grid thumbnail, sample page
 CACHE_BYTES = 128 << 20
@@ -129,8 +130,8 @@ class SampleBytes:
     def source(self, uri: str) -> bytes:
         """read_source, except that a remote store whose read failed slowly (no network, no credentials)
         is not asked again for DEAD_STORE_S: one timeout, not one per thumbnail."""
-        u = urlsplit(uri) if is_uri(uri) else None
-        root = f"{u.scheme}://{u.netloc}" if u and u.scheme != "file" else None
+        u = urlsplit(uri) if is_uri(uri) else None  # on a store (file:// is local)
+        root = f"{u.scheme}://{u.netloc}" if u else None
         dead = self._dead.get(root) if root else None
         if dead and time.monotonic() - dead[0] < DEAD_STORE_S:
             raise Unreadable(f"not read: {root} failed a moment ago ({dead[1]})")
