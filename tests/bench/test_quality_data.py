@@ -61,6 +61,14 @@ def test_split_is_the_documented_rule_and_each_split_holds_every_category():
         assert abs(counts[(cat, "tune")] - counts[(cat, "eval")]) <= 1, cat
 
 
+def test_batches_are_appended_in_order():
+    batches = [int(r["batch"]) for r in MANIFEST]
+    assert batches[0] == 1 and batches == sorted(batches), "a later batch is appended after the earlier rows"
+    with open(qd.LABELS_CSV) as fh:
+        label_ids = [line.split(",", 1)[0] for line in fh.read().splitlines()[1:]]
+    assert label_ids == [r["id"] for r in MANIFEST], "labels.csv lists the images in the manifest's order"
+
+
 def test_frozen_category_reads_a_correction_note():
     assert qd.frozen_category({"category": "painted_person", "note": "relabelled from non_photo: a figure"}) == "non_photo"
     assert qd.frozen_category({"category": "no_person", "note": "a lake"}) == "no_person"
@@ -74,6 +82,20 @@ def test_split_rule_alternates_within_a_category():
     got = qd.split_rule(rows)
     assert [got[f"a{i}"] for i in range(5)] == ["tune", "eval", "tune", "eval", "tune"]
     assert got["b0"] == "tune"
+
+
+def test_split_rule_appends_a_batch_without_moving_earlier_images():
+    first = [{"id": f"a{i}", "category": "no_person", "sha256": f"{i:064x}", "batch": "1"} for i in range(3)]
+    later = [{"id": f"n{i}", "category": "no_person", "sha256": f"{i:064x}", "batch": "2"} for i in range(3)]
+    later += [{"id": "p0", "category": "person_clear", "sha256": "0" * 64, "batch": "2"}]
+    before = qd.split_rule(first)
+    got = qd.split_rule(first + later)
+    assert {k: got[k] for k in before} == before  # tune, eval, tune: batch 1 as it was
+    # batch 2 starts with the split batch 1 left short (eval), so the category stays balanced
+    assert [got[f"n{i}"] for i in range(3)] == ["eval", "tune", "eval"]
+    assert got["p0"] == "tune"  # a category new in batch 2 starts with tune
+    # the sha order decides within a batch, not the order of the rows
+    assert qd.split_rule(first + later[::-1]) == got
 
 
 def _rcc(files: dict[str, bytes], compress: set[str]) -> bytes:
