@@ -45,6 +45,7 @@ import catalog
 from catalog import FRAMES, HDRIS, SCANS, ShardWriter, conform
 from catalog import run_kind
 from catalog.storage import is_uri, run_root, storage_for
+from catalog.storage.lock import LEASE_S
 from catalog.storage.paths import absolute
 
 from render.run import output as outfmt
@@ -64,7 +65,7 @@ _HELD: dict = {}  # OUT on an object store -> its lock's Held
 
 
 def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: RenderConfig,
-                force_unlock: bool = False, lock_lease: float = 120.0) -> RunSpec:
+                force_unlock: bool = False, lock_lease: float = LEASE_S) -> RunSpec:
     """Check OUT and the inputs, then (holding OUT's lock) write the run's marker, its catalogs of scans
     and HDRIs (at the first start) and its manifest. Nothing is written before every check passed:
     a refused start leaves OUT as it was."""
