@@ -43,6 +43,8 @@ TABLE = [
     (["stats", "{FILE}"], "{FILE}"),
     (["query", "{MISSING}", "SELECT 1"], "{MISSING}"),
     (["query", "{CURATE}", ""], "SQL"),
+    (["browse", "{MISSING}", "--port", "0"], "{MISSING}"),
+    (["browse", "{RENDER}", "--port", "0"], "{RENDER}"),
     (["report", "{MISSING}"], "{MISSING}"),
     (["report", "{RENDER}"], "{RENDER}"),
     (["pretrain", "--data", "{MISSING}", "--output", "{NEW}"], "{MISSING}"),

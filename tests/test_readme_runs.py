@@ -9,7 +9,9 @@ file descriptors, which pytest's capture replaces). The only changes to README's
 - INPUTS: what README assumes the reader has (a crawl, a photo, hand labels, a scan library), provided
   here, and the card thresholds README asks the reader to copy (T_FROM_CARD);
 - ELSEWHERE: the commands that need a cluster or an object store, run as README shows them by the tests
-  named there; SETUP: the two set-up commands, which are how this suite itself is run.
+  named there; SETUP: the two set-up commands, which are how this suite itself is run;
+- `browse`, a server, runs as a program on any free port (`--port 0`), serves its page once and is stopped
+  with Ctrl-C, as its reader stops it.
 """
 from __future__ import annotations
 
@@ -155,6 +157,29 @@ def program(args: list[str], cwd: Path) -> tuple[int, str]:
     return p.returncode, p.stderr
 
 
+def served(args: list[str], cwd: Path) -> tuple[int, str]:
+    """A server README starts: on a free port, its first page fetched, then Ctrl-C (SIGINT), which ends it with 0."""
+    import signal
+    import urllib.request
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.Popen([sys.executable, "-m", "humanset.cli", *args, "--port", "0"], cwd=cwd, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()  # "browse RUN: http://127.0.0.1:PORT/ (...)"; empty if it ended
+        url = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        if url:
+            with urllib.request.urlopen(url.group(0), timeout=60) as page:
+                assert page.status == 200 and b"<html" in page.read().lower()
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return (p.returncode if url else p.returncode or 1), line + err
+
+
 def test_every_readme_command_runs_as_written(scratch, capsys, request):
     from humanset.cli import main
 
@@ -169,7 +194,9 @@ def test_every_readme_command_runs_as_written(scratch, capsys, request):
             continue
         argv = inputs(with_small_flags(shlex.split(text, comments=True), small), scratch)
         t0 = time.perf_counter()
-        if argv[1:2] == ["render"] and not set(argv[2:3]) & SUBCOMMANDS["render"]:
+        if argv[1:2] == ["browse"]:
+            status, err = served(argv[1:], scratch)
+        elif argv[1:2] == ["render"] and not set(argv[2:3]) & SUBCOMMANDS["render"]:
             status, err = program(argv[1:], scratch)  # Blender writes to the process's own descriptors
         else:
             status, err = main(argv[1:]), capsys.readouterr().err
@@ -180,4 +207,5 @@ def test_every_readme_command_runs_as_written(scratch, capsys, request):
     if request.config.getoption("capture") == "no":  # pytest -s: where the minutes go
         with capsys.disabled():
             print("\n" + "\n".join(timings))
-    assert {"curate", "select", "render", "pretrain", "finetune", "train-filter", "query", "python block"} <= set(ran)
+    assert {"curate", "select", "render", "pretrain", "finetune", "train-filter", "query", "browse",
+            "python block"} <= set(ran)
