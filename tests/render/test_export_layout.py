@@ -68,6 +68,8 @@ def test_background_is_zero_and_the_frames_are_sapiens_listable(run, tmp_path):
     manifest = json.loads((to / "manifest.json").read_text())
     assert manifest["complete"] and manifest["normal_frame"] == "opengl" and manifest["frames"] == 4
     assert manifest["frames_with_parts"] == 0 and os.listdir(to / "images")
+    hidden = sorted(x for x in os.listdir(to) if x.startswith("."))
+    assert hidden == [".humanset.json"], hidden  # its kind marker; no .lock left in the dataset once it is done
 
 
 def test_rerun_opens_no_finished_shard_and_redoes_a_cut_frame(run, tmp_path, monkeypatch):

@@ -88,6 +88,14 @@ def test_finetune_reads_the_encoder_json_beside_the_encoder(trained, tmp_path):
     assert not (tmp_path / "d").exists()
 
 
+def test_finetune_records_its_paths_absolute_so_evaluate_works_from_anywhere(trained, tmp_path, monkeypatch):
+    (tmp_path / "render").mkdir()
+    monkeypatch.chdir(tmp_path)
+    cfg = finetune_inputs(FinetuneConfig(task="depth", data="render", encoder=str(trained / "encoder.pth"),
+                                         output="d", image_size=(32, 32)))
+    assert (cfg.data, cfg.output) == (str(tmp_path / "render"), str(tmp_path / "d"))
+
+
 def test_vis_names_the_checkpoint_it_cannot_draw_and_the_image_it_cannot_read(trained, tmp_path):
     notes, photo = tmp_path / "notes.txt", tmp_path / "photo.png"
     notes.write_text("not an image")

@@ -19,7 +19,6 @@ the run log, and Ray Train with `--workers N`.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import sys
@@ -341,9 +340,7 @@ def _train_filter(cfg: FilterConfig, photos: list, renders: list, t0: float) -> 
              f", {len(renders)} render frames" if renders else "")
     recipe = FilterRecipe(cfg, photos, renders)
     if cfg.workers:
-        paths = {k: str(Path(getattr(cfg, k)).resolve()) for k in ("images", "renders", "output", "encoder")
-                 if getattr(cfg, k)}
-        trainer.launch_ray(train_loop, dataclasses.replace(cfg, **paths), f"train-filter-{cfg.filter}")
+        trainer.launch_ray(train_loop, cfg, f"train-filter-{cfg.filter}")  # its paths resolved (run_folder)
         run = {"train_seconds": time.perf_counter() - t0, "steps_run": None, "final_loss": None}
     else:
         run = trainer.train(recipe)
