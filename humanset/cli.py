@@ -113,6 +113,7 @@ def pipe_closed() -> int:
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
     except (OSError, ValueError):
         pass
     return EXIT_PIPE_CLOSED
