@@ -4,6 +4,8 @@
               is visible, with as many threads as the machine has cores), over the whole mixed
               crawl. watermark and art run randomly initialised checkpoints of their real
               architectures: same compute, meaningless scores.
+  per_stage.person_vs_onnxruntime: CPU seconds per image of the person stage (1 thread) against those of
+              its ONNX Runtime session alone on the same batches, in the same run (target <= 1.2x).
   plain_ultralytics: what a user would write for the person rule alone: an ultralytics predict
               loop over the same files with the same weights, batches of person.batch_size paths.
   plain_cascade: the loop a user would write for the same cascade, in one process: that predict
@@ -132,6 +134,35 @@ def bench_stage(stage, files: list[Path]) -> dict:
     dt = time.perf_counter() - t0
     return {"images_per_s": round(len(files) / dt, 2), "images": len(files), "batch_size": bs,
             "seconds": round(dt, 2), "setup_s": round(setup_s, 2)}
+
+
+def bench_person_vs_onnxruntime(cfg: dict, files: list[Path]) -> dict:
+    """The person stage's measure() against ONNX Runtime alone on the same batches, per core: CPU seconds
+    (every thread of this process) of the whole stage (decode, letterbox, the model, NMS, boxes) and of
+    its session.run calls inside it, in the same run. Target: the stage within 1.2x of the model alone."""
+    from pipeline.stages.person import PersonStage
+    stage = PersonStage(dict(cfg, backend="onnx"))
+    stage.setup()
+    bs = stage.batch_size
+    batches = [_batch(files[i:i + bs]) for i in range(0, len(files), bs)]
+    stage.measure({k: v[:1] for k, v in batches[0].items()})  # warm-up
+    forward, model_s = stage._forward, [0.0]
+
+    def timed(x):
+        c0 = time.process_time()
+        try:
+            return forward(x)
+        finally:
+            model_s[0] += time.process_time() - c0
+
+    stage._forward = timed
+    c0 = time.process_time()
+    for b in batches:
+        stage.measure(b)
+    total = time.process_time() - c0
+    return {"images": len(files), "threads": stage.threads, "stage_cpu_ms_per_image": round(1e3 * total / len(files), 2),
+            "onnxruntime_cpu_ms_per_image": round(1e3 * model_s[0] / len(files), 2),
+            "stage_over_onnxruntime": round(total / model_s[0], 3)}
 
 
 def random_checkpoints(folder: Path, with_art: bool) -> dict:
@@ -370,6 +401,7 @@ def main(argv=None) -> int:
         per_stage["text_recognize_all"] = bench_stage(stage_class("text")(tcfg), files)
         per_stage["text_speedup_over_recognize_all"] = round(
             per_stage["text"]["images_per_s"] / per_stage["text_recognize_all"]["images_per_s"], 3)
+        per_stage["person_vs_onnxruntime"] = bench_person_vs_onnxruntime(cfg["person"], files)
         result["per_stage"] = per_stage
         person = PersonStage(cfg["person"])
         weights = str(person.weights_path())

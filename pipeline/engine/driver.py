@@ -51,9 +51,9 @@ from pipeline.settings import DEFAULTS
 from pipeline.engine.errors import EnvironmentFault, RunError, environment_fault
 from pipeline.engine.blocks import measure_block, retries_of, score_ds, unit_blocks, units_ds
 from pipeline.engine.early import EarlyScore, start_actors_early
-from pipeline.engine.ray_compat import set_task_poll as task_poll
+from pipeline.engine.ray_compat import set_task_poll as task_poll, wake_on_first_task
 from pipeline.engine.ray_setup import init_ray
-from pipeline.engine.run_state import NameSet, drain_batches, failed_units, unit_windows, reason_counts
+from pipeline.engine.run_state import NameSet, Spans, drain_batches, failed_units, unit_windows, reason_counts
 from pipeline.inputs.units import Unit, check_inputs
 from pipeline.inputs.listing import count_new, iter_listing, write_listing
 from pipeline.stages import Stage, build_stages
@@ -258,32 +258,40 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
 
     if n_todo and not is_uri(str(run)):
         compact_mod.invalidate(Path(run))  # parts are written again: the views read them, not a stale copy
+    spans = Spans()
     if n_todo:
-        init_ray(cfg)  # Ray Data's own progress off: ours (console.progress) counts units
+        with spans("ray_start"):
+            init_ray(cfg)  # Ray Data's own progress off: ours (console.progress) counts units
         task_poll(float(section(cfg, "engine")["task_poll_s"]))
+        wake_on_first_task()
         t_start = time.time()
-        timeline = manifest["timeline"] = {"start": round(t_start, 3)}
+        timeline = manifest["timeline"] = {"start": round(t_start, 3), "spans": spans.items}
         todo = lambda uid: uid not in done  # noqa: E731
         n_fallbacks = fallback.max_fallbacks(cfg_active, score_stages)  # phase 3 in rounds (pipeline/dedup/fallback.py)
         cfg_score = fallback.round_cfg(cfg_active, 0) if n_fallbacks else cfg_active
         # model actors load while phases 1 and 2 run (engine.start_actors_early), for the first window
+        # with fallbacks, phase 3 is one pipeline of all its passes when it fits one (its actors start once)
+        passes = fallback_rounds.passes(n_fallbacks) if n_fallbacks else None
+        one = bool(n_fallbacks) and fallback_rounds.one_pipeline(run, n_todo, window)
         early = None
         if start_actors_early(cfg, score_stages, n_measure):
             scored = NameSet((store, fallback.SCORED_DIR), ".parquet") if n_fallbacks else ()
             first = next(unit_windows(run, lambda uid: uid not in done and uid not in scored, window))
-            early = EarlyScore(run, first, score_stages, cfg_score, score_all)
+            early = EarlyScore(run, first, score_stages, cfg_active if one else cfg_score, score_all,
+                               passes if one else None)
         try:
             if n_measure:  # with early actors, measure leaves their CPUs to them
                 t0 = time.perf_counter()
                 cpus = early.measure_cpus() if early is not None else None
-                with console.progress(n_measure, "measure", enabled=progress) as bar:
+                with spans("measure"), console.progress(n_measure, "measure", enabled=progress) as bar:
                     for units in unit_windows(run, lambda uid: uid not in done and uid not in measured, window):
                         _measure(run, units, cfg_active, score_all, bar, progress, cpus)
                 seconds["measure"] = round(time.perf_counter() - t0, 2)
             timeline["measured"] = round(time.time(), 3)
             if not dedup_mod.is_done(run):
                 t0 = time.perf_counter()
-                st = _run_dedup(run, cfg_active)
+                with spans("dedup"):
+                    st = _run_dedup(run, cfg_active)
                 seconds["dedup"] = round(time.perf_counter() - t0, 2)
                 log.info("dedup: %d of %d candidates are duplicates (%.2f s)", st["duplicates"], st["candidates"],
                          seconds["dedup"])
@@ -292,10 +300,11 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
             if n_fallbacks:
                 manifest["fallbacks"] = fallback_rounds.run_rounds(
                     run, cfg_active, score_stages, progress, early, window, retries_of(cfg),
-                    lambda *a: _score_and_write(run, *a[:3], score_all, a[3], progress, *a[4:]))
+                    lambda *a: _score_and_write(run, *a[:3], score_all, a[3], progress, *a[4:]), spans,
+                    lambda units: EarlyScore(run, units, score_stages, cfg_active, score_all, passes))
                 early = None
             else:
-                with console.progress(n_todo, "score+write", enabled=progress) as bar:
+                with spans("score+write"), console.progress(n_todo, "score+write", enabled=progress) as bar:
                     for i, units in enumerate(unit_windows(run, todo, window)):
                         _score_and_write(run, units, score_stages, cfg_active, score_all, bar, progress,
                                          early if i == 0 else None)
@@ -317,14 +326,19 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
                        "rerun the same command to finish them")
     if not is_uri(str(run)) and not compact_mod.is_compacted(Path(run)):
         t0 = time.perf_counter()
-        _compact(Path(run), cfg, n_units)
+        with spans("compact"):
+            _compact(Path(run), cfg, n_units)
         seconds["compact"] = round(time.perf_counter() - t0, 2)
-    counts, n_inputs, n_kept, reasons = reason_counts(run)
+    with spans("counts"):
+        counts, n_inputs, n_kept, reasons = reason_counts(run)
     manifest.update(status="complete", finished=_now(), funnel=funnel_from_counts(counts, n_inputs, manifest["stages"]),
                     counts={"inputs": n_inputs, "kept": n_kept}, reject_reasons=reasons, seconds=seconds)
     store.write_json("manifest.json", manifest)
     if not section(cfg, "engine")["keep_work"]:  # complete: the scratch nothing reads now (pipeline/engine/cleanup.py)
-        run_cleanup.remove_scratch(run)
+        with spans("cleanup"):
+            run_cleanup.remove_scratch(run)
+        if "timeline" in manifest:  # the clean-up's span too (the manifest above said complete already)
+            store.write_json("manifest.json", manifest)
     return manifest
 
 

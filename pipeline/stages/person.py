@@ -260,6 +260,15 @@ class PersonStage(Stage):
             y = y[0] if isinstance(y, (list, tuple)) else y
             return y.float().cpu().numpy()
 
+    def _input(self, n: int, shape: tuple) -> np.ndarray:
+        """The model's input batch (n, 3, h, w) float32, in one buffer the actor keeps: a new array per
+        batch would be fresh pages each time, and their page faults cost as much as filling them."""
+        h, w, c = shape
+        size = n * c * h * w
+        if getattr(self, "_buffer", None) is None or self._buffer.size < size:
+            self._buffer = np.empty(size, np.float32)
+        return self._buffer[:size].reshape(n, c, h, w)
+
     def _predict(self, images: list[np.ndarray]) -> list[dict]:
         """RGB arrays -> per image {boxes (N,4) xyxy, scores (N,), kpts (N,K,3) or None} in the
         arrays' own pixels, sorted as ultralytics returns them."""
@@ -279,8 +288,9 @@ class PersonStage(Stage):
         for shape, members in groups.items():
             for k in range(0, len(members), bs):
                 part = members[k:k + bs]
-                x = np.ascontiguousarray(np.stack([boxed[j] for j in part]).transpose(0, 3, 1, 2), np.float32)
-                np.divide(x, 255.0, out=x)  # as ultralytics: float, then / 255
+                x = self._input(len(part), shape)
+                for i, j in enumerate(part):  # as ultralytics: float, then / 255 (in float32), HWC -> CHW
+                    np.divide(boxed[j].transpose(2, 0, 1), np.float32(255.0), out=x[i], dtype=np.float32)
                 preds = self._forward(x)
                 dets = nms.non_max_suppression(
                     torch.from_numpy(preds),
