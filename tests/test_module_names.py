@@ -38,6 +38,18 @@ def test_no_module_in_a_script_folder_shadows_another():
     assert not clashes, "modules that shadow others when their folder is sys.path[0]: " + ", ".join(clashes)
 
 
+def test_the_curate_script_runs_although_a_sub_package_is_named_like_the_standard_library():
+    """pipeline/select/ is a package named like the standard library's select: pipeline/curate.py takes
+    its own folder off sys.path before it imports anything of ours (duckdb imports select, through socket)."""
+    import subprocess
+    assert (ROOT / "pipeline" / "select" / "__init__.py").is_file() and "select" in sys.stdlib_module_names
+    missing = ROOT / "no-such-input-here"
+    out = subprocess.run([sys.executable, str(ROOT / "pipeline" / "curate.py"), "--input", str(missing), "--output",
+                          str(missing / "run")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]  # the config and catalog imported; the input refused by name
+    assert "no-such-input-here: no such file or directory" in out.stderr and not missing.exists()
+
+
 def test_the_check_finds_a_clash():
     found = _clashes(["select", "numpy", "no_such_module_here"])
     assert [f.split()[0] for f in found] == ["select", "numpy"]
