@@ -67,9 +67,11 @@ def kept_path(unit_id: str) -> str:
 def write_scored(store, table: pa.Table, cfg: dict) -> str:
     """A scoring round's terminal: the unit's scored rows (no bytes, its counters in the metadata)
     into the run's `store`. Returns the unit id."""
-    uid = unit_meta(table)["unit"]["unit_id"]
+    meta = unit_meta(table)
+    uid = meta["unit"]["unit_id"]
+    meta.pop("pass", None)  # which pass of a pipeline scored them (blocks.pass_of) is not theirs to keep
     keep = [c for c in table.column_names if c not in ("image", "_thumb")]
-    store.write_parquet(scored_path(uid, int(round_of(cfg))), table.select(keep))
+    store.write_parquet(scored_path(uid, int(round_of(cfg))), with_meta(table.select(keep), meta))
     return uid
 
 

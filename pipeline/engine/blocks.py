@@ -119,12 +119,14 @@ def _score_block(batch: pa.Table, run: str, limits: dict, score_all: bool, cfg: 
     unit = _units_of(batch, run)[0]  # unbundled: one unit a block
     with _faults_reported(run, unit.unit_id, out):
         table = read_for_score(run, unit, limits, score_all, cfg)
-        if table.num_rows:
-            if p is not None:  # the writer at the end of the pipeline finishes it for this pass
-                meta = unit_meta(table)
+        if table.num_rows:  # the writer at the end of the pipeline finishes it for this pass (a round's
+            # rows read back carry no pass of their own: write_scored keeps none)
+            meta = unit_meta(table)
+            if p is None:
+                meta.pop("pass", None)
+            else:
                 meta["pass"] = p
-                table = with_meta(table, meta)
-            return table
+            return with_meta(table, meta)
         # an empty unit is finished here (Ray Data drops empty blocks): its summary passes the stages
         # and the writer untouched
         out.append(finish_unit(run, table, cfg))

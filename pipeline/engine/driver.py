@@ -48,6 +48,7 @@ from pipeline.dedup import clusters as dedup_mod, partitioned as dedup_dist, fal
 from pipeline.engine import cleanup as run_cleanup
 from pipeline.config import load_config, section, with_defaults
 from pipeline.settings import DEFAULTS
+from pipeline.engine.funnel import funnel_from_counts
 from pipeline.engine.errors import EnvironmentFault, RunError, environment_fault
 from pipeline.engine.blocks import measure_block, retries_of, score_ds, unit_blocks, units_ds
 from pipeline.engine.early import EarlyScore, start_actors_early
@@ -81,9 +82,14 @@ def _window_units(cfg: dict) -> int:
 def _measure(run: Path, units: list[Unit], cfg: dict, score_all: bool, bar, progress: bool,
              cpus: float | None = None):
     import ray
+
+    from pipeline.engine import adapter
     retries = retries_of(cfg)
     measure_cpus = max([s.resources.num_cpus for s in build_stages(cfg)
                         if s.phase == "measure" and s.name in cfg["stages"]] or [1.0])
+    if adapter.local_cores:  # a local Ray counts more CPUs than cores (init_ray); measure is CPU-bound: more
+        # tasks at once than cores would only start more worker processes (seconds of CPU each)
+        cpus = min(cpus or float(adapter.local_cores), float(adapter.local_cores))
     with unit_blocks(ray, cpus):
         ds = units_ds(units, cfg, bundled=True).map_batches(
             measure_block, fn_kwargs=dict(run=str(run), limits=limits_of(cfg), cfg=cfg, score_all=score_all),
@@ -345,6 +351,11 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
 def _compact(run: Path, cfg: dict, n_units: int) -> None:
     """The catalog's compacted copy (catalog/compact.py): one Ray task per group of consecutive units
     of the listing, at most 4 per CPU in flight (the driver holds their unit ids, never the run's)."""
+    if n_units <= compact_mod.GROUP:  # one file: copied here, no task to schedule
+        rows = compact_mod.compact_group(str(run), 0, [u.unit_id for u in iter_listing(listing_path(run))])
+        compact_mod.finish(run, 1, rows, n_units)
+        log.info("catalog: %d parts compacted into 1 file (%d rows)", n_units, rows)
+        return
     import ray
     init_ray(cfg)
     task = ray.remote(num_cpus=1, max_retries=retries_of(cfg))(compact_mod.compact_group)
@@ -376,18 +387,3 @@ def _compact(run: Path, cfg: dict, n_units: int) -> None:
     rows += collect(0)
     compact_mod.finish(run, files, rows, n_units)
     log.info("catalog: %d parts compacted into %d files (%d rows)", n_units, files, rows)
-
-
-def funnel_from_counts(rejected: dict[str, int], n_inputs: int, stage_names: list[str]) -> list[dict]:
-    """inputs -> survivors after each stage -> kept (decide.funnel's shape, from grouped counts)."""
-    from pipeline.decide import funnel_stages
-    stage_names = funnel_stages(stage_names, rejected)  # 'input' first when a source had no bytes
-    rows, alive = [], n_inputs
-    for name in stage_names:
-        out = alive - rejected.get(name, 0)
-        rows.append({"stage": name, "in": alive, "out": out})
-        alive = out
-    unknown = sum(n for s, n in rejected.items() if s not in stage_names)
-    if unknown:
-        rows.append({"stage": "other", "in": alive, "out": alive - unknown})
-    return rows

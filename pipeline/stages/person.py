@@ -229,7 +229,6 @@ class PersonStage(Stage):
         self.device = "cuda:0" if backend == "torch" and torch.cuda.is_available() else "cpu"
         if backend == "onnx":
             import onnxruntime as ort
-
             so = ort.SessionOptions()
             so.intra_op_num_threads = self.threads
             so.inter_op_num_threads = 1
@@ -261,13 +260,11 @@ class PersonStage(Stage):
             return y.float().cpu().numpy()
 
     def _input(self, n: int, shape: tuple) -> np.ndarray:
-        """The model's input batch (n, 3, h, w) float32, in one buffer the actor keeps: a new array per
-        batch would be fresh pages each time, and their page faults cost as much as filling them."""
+        """The model's input (n, 3, h, w) float32 in a kept buffer (new pages per batch fault as much as filling)."""
         h, w, c = shape
-        size = n * c * h * w
-        if getattr(self, "_buffer", None) is None or self._buffer.size < size:
-            self._buffer = np.empty(size, np.float32)
-        return self._buffer[:size].reshape(n, c, h, w)
+        if getattr(self, "_buffer", None) is None or self._buffer.size < n * c * h * w:
+            self._buffer = np.empty(n * c * h * w, np.float32)
+        return self._buffer[:n * c * h * w].reshape(n, c, h, w)
 
     def _predict(self, images: list[np.ndarray]) -> list[dict]:
         """RGB arrays -> per image {boxes (N,4) xyxy, scores (N,), kpts (N,K,3) or None} in the
@@ -276,10 +273,7 @@ class PersonStage(Stage):
         from ultralytics.data.augment import LetterBox
         from ultralytics.utils import nms, ops
 
-        boxed = []
-        for im in images:
-            lb = LetterBox(self.imgsz, auto=self.rect, stride=self.stride)
-            boxed.append(lb(image=im))
+        boxed = [LetterBox(self.imgsz, auto=self.rect, stride=self.stride)(image=im) for im in images]
         groups: dict[tuple, list[int]] = {}
         for j, b in enumerate(boxed):
             groups.setdefault(b.shape, []).append(j)
@@ -402,8 +396,5 @@ class PersonStage(Stage):
 
 
 def _get(batch: dict, key: str, i: int):
-    col = batch.get(key)
-    if col is None:
-        return None
-    v = col[i]
+    v = batch[key][i] if batch.get(key) is not None else None
     return int(v) if v else None
