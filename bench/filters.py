@@ -12,8 +12,7 @@
               loop over all inputs, then rapidocr (same detection size and thresholds) on the
               images passing the person rule, batches of text.batch_size; its verdicts.
   cascade:    `pipeline.engine.driver.curate` on the mixed crawl (default config: decode -> size -> dedup
-              -> person -> text; watermark/art skipped without weights, watermark.method=laion unless
-              --set says otherwise). Ray start-up is timed
+              -> person -> text -> watermark (its ocr method); art skipped without weights). Ray start-up is timed
               apart; `breakdown` splits the run with its own stats (RUN/stats/*.json): work seconds
               per stage summed over rows (decode = read + decode), the writer, and what the wall
               time on all cores leaves (Ray scheduling, queueing, dedup, driver); `phases_s` the
@@ -252,6 +251,7 @@ def bench_plain_cascade(weights: str, files: list[Path], cfg: dict) -> dict:
     ocr = RapidOCR(params={"Global.use_cls": False, "Global.log_level": "error", "Global.max_side_len": side,
                            "Det.limit_type": "max", "Det.limit_side_len": side})
     ocr(np.zeros((64, 64, 3), np.uint8))  # model load, as the predict loop's warm-up
+    c0 = _own_cpu()
     people, dt_person = _ultralytics_loop(weights, files, int(p["batch_size"]), int(p["imgsz"]),
                                           float(p["min_score"]), float(p["min_box_px"]))
     t0 = time.perf_counter()
@@ -270,9 +270,26 @@ def bench_plain_cascade(weights: str, files: list[Path], cfg: dict) -> dict:
             kept += frac <= float(t["max_area_frac"])
     dt_text = time.perf_counter() - t0
     dt = dt_person + dt_text
-    return {"images_per_s": round(len(files) / dt, 2), "seconds": round(dt, 2),
+    return {"images_per_s": round(len(files) / dt, 2), "seconds": round(dt, 2), "cpu_s": round(_own_cpu() - c0, 2),
             "person_seconds": round(dt_person, 2), "text_seconds": round(dt_text, 2),
             "passed_person": len(people), "kept": int(kept)}
+
+
+def _own_cpu() -> float:
+    """User + system seconds of this process, every thread."""
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _tree_cpu():
+    """bench/run_profile.py's sampler of the CPU time of this process' descendants (a TreeCPU)."""
+    import importlib.util
+    if "bench_run_profile" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("bench_run_profile", Path(__file__).with_name("run_profile.py"))
+        sys.modules["bench_run_profile"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["bench_run_profile"])
+    return sys.modules["bench_run_profile"].TreeCPU()
 
 
 def bench_cascade(crawl: Path, out: Path, cfg: dict) -> dict:
@@ -284,9 +301,14 @@ def bench_cascade(crawl: Path, out: Path, cfg: dict) -> dict:
     startup = time.perf_counter() - t0
     cpus = float(ray.cluster_resources().get("CPU", 0))
     n = len(list(crawl.glob("*.jpg")))
+    tree = _tree_cpu()  # Ray's processes are this process' children
+    tree.start()
+    c0, k0 = _own_cpu(), tree.total()
     t0 = time.perf_counter()
     manifest = engine.curate([str(crawl)], str(out), cfg, progress=False)
     dt = time.perf_counter() - t0
+    cpu_s = _own_cpu() - c0 + tree.total() - k0
+    tree.stop()
     work: dict[str, float] = {}
     spans: dict[str, set] = {}  # stage -> (started, ready) of each of its actors
     for f in sorted((out / "stats").glob("*.json")):
@@ -296,7 +318,8 @@ def bench_cascade(crawl: Path, out: Path, cfg: dict) -> dict:
         for k, span in (stats.get("actor_setup") or {}).items():
             spans.setdefault(k, set()).add(tuple(span))
     busy = sum(work.values())
-    return {"images_per_s": round(n / dt, 2), "seconds": round(dt, 2), "funnel": manifest.get("funnel"),
+    return {"images_per_s": round(n / dt, 2), "seconds": round(dt, 2), "cpu_s": round(cpu_s, 2),
+            "funnel": manifest.get("funnel"),
             **fallback_work(out, manifest, n),
             "kept": manifest.get("counts", {}).get("kept"), "skipped_stages": manifest.get("skipped_stages"),
             "breakdown": {
@@ -350,6 +373,8 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, default=96, help="images in the mixed crawl (default 96)")
     p.add_argument("--skip-art", action="store_true", help="leave out the OpenCLIP stage timing")
     p.add_argument("--skip-cascade", action="store_true", help="leave out the Ray cascade")
+    p.add_argument("--skip-per-stage", action="store_true",
+                   help="leave out the per-stage timings (the cascade against its peers only)")
     p.add_argument("--files-per-unit", type=int, default=16,
                    help="the engine cuts the crawl into units of this many files (default 16): one unit is one "
                         "block through the cascade, and a crawl in one unit would leave no pipelining between "
@@ -365,10 +390,9 @@ def main(argv=None) -> int:
 
     cfg = load_config(sets=args.sets)
     cfg["stages"] = list(CASCADE)  # the whole cascade, whatever default.yaml enables today
-    if not any(x.startswith("watermark.method=") for x in args.sets or []):
-        # the plain cascade it is compared with runs person and text only: the watermark stage stays
-        # skipped (laion without weights) as in README's figures; bench/watermark.py measures the ocr method
-        cfg["watermark"]["method"] = "laion"
+    # the default stages as they are (watermark: its ocr method without weights; art skipped without
+    # them), though the plain cascade does no watermark check: --set watermark.method=laion leaves it
+    # out, as the figures before 2026-12-02 did
     cfg["input"]["files_per_unit"] = args.files_per_unit
     result: dict = {"machine": {"cpus": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()],
                                 "torch_threads": torch.get_num_threads(),
@@ -385,22 +409,23 @@ def main(argv=None) -> int:
                            "non_human_fraction": round(sum(v for k, v in counts.items() if not k.startswith("human"))
                                                        / len(files), 3)}
         ckpts = random_checkpoints(tmp, with_art=not args.skip_art)
-        per_stage = {}
-        for name in ("decode", "person", "text", "watermark", "art"):
-            if name == "art" and args.skip_art:
-                continue
-            scfg = dict(cfg.get(name) or {})
-            scfg["resources"] = dict(scfg.get("resources") or {}, num_cpus=os.cpu_count())  # all cores
-            if name in ckpts:
-                scfg["weights"] = str(ckpts[name])
-            per_stage[name] = bench_stage(stage_class(name)(scfg), files)
-            if name in ckpts:
-                per_stage[name]["weights"] = "random init of the real architecture (timing only)"
-        # the text stage as it was: every detected box recognised (same detection)
-        tcfg = dict(cfg["text"], recognize="all", resources={"num_cpus": os.cpu_count()})
-        per_stage["text_recognize_all"] = bench_stage(stage_class("text")(tcfg), files)
-        per_stage["text_speedup_over_recognize_all"] = round(
-            per_stage["text"]["images_per_s"] / per_stage["text_recognize_all"]["images_per_s"], 3)
+        per_stage: dict = {}
+        if not args.skip_per_stage:
+            for name in ("decode", "person", "text", "watermark", "art"):
+                if name == "art" and args.skip_art:
+                    continue
+                scfg = dict(cfg.get(name) or {})
+                scfg["resources"] = dict(scfg.get("resources") or {}, num_cpus=os.cpu_count())  # all cores
+                if name in ckpts:
+                    scfg["weights"] = str(ckpts[name])
+                per_stage[name] = bench_stage(stage_class(name)(scfg), files)
+                if name in ckpts:
+                    per_stage[name]["weights"] = "random init of the real architecture (timing only)"
+            # the text stage as it was: every detected box recognised (same detection)
+            tcfg = dict(cfg["text"], recognize="all", resources={"num_cpus": os.cpu_count()})
+            per_stage["text_recognize_all"] = bench_stage(stage_class("text")(tcfg), files)
+            per_stage["text_speedup_over_recognize_all"] = round(
+                per_stage["text"]["images_per_s"] / per_stage["text_recognize_all"]["images_per_s"], 3)
         per_stage["person_vs_onnxruntime"] = bench_person_vs_onnxruntime(cfg["person"], files)
         result["per_stage"] = per_stage
         person = PersonStage(cfg["person"])
@@ -414,6 +439,8 @@ def main(argv=None) -> int:
             for peer in ("plain_ultralytics", "plain_cascade"):
                 result[f"ratio_cascade_over_{peer}"] = round(
                     result["cascade"]["images_per_s"] / result[peer]["images_per_s"], 3)
+            result["cpu_ratio_plain_cascade_over_cascade"] = round(
+                result["plain_cascade"]["cpu_s"] / result["cascade"]["cpu_s"], 3)
         result["text_area"] = text_area_cases(cfg)
     text = json.dumps(result, indent=2)
     print(text)

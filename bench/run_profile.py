@@ -306,13 +306,17 @@ def main(argv=None) -> int:
     ap.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: as `humanset curate`)")
     ap.add_argument("--workdir", help="keeps the generated crawl for reuse (default: a temp dir, removed)")
     ap.add_argument("--keep-run", action="store_true", help="keep the run directory (in --workdir)")
+    ap.add_argument("--code", help="run the engine of another checkout of humanset (its root folder), e.g. the "
+                                   "commit before a change, for a side-by-side comparison on the same crawl")
     ap.add_argument("--out", help="also write the JSON here")
     ap.add_argument("--driver", nargs=2, metavar=("CRAWL", "RUN"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.driver:
+        if args.code:  # that checkout's modules, not this one's
+            sys.path[:] = [str(Path(args.code).resolve())] + [p for p in sys.path if p != str(ROOT)]
         driver(*args.driver, args.sets, args.num_cpus)
         return 0
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="humanset-profile-"))
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="humanset-profile-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     try:
         crawl, sets = _crawl(args, work)
@@ -321,12 +325,13 @@ def main(argv=None) -> int:
         subreaper = _become_subreaper()
         load0 = os.getloadavg()
         tree = TreeCPU()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-        cmd = [sys.executable, __file__, str(args.n), "--driver", str(crawl), str(run),
+        code = str(Path(args.code).resolve()) if args.code else str(ROOT)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (code, os.environ.get("PYTHONPATH")) if p))
+        cmd = [sys.executable, str(Path(__file__).resolve()), str(args.n), "--driver", str(crawl), str(run), "--code", code,
                *(["--num-cpus", str(args.num_cpus)] if args.num_cpus else []),
                *(a for kv in [*sets, *args.sets] for a in ("--set", kv))]
         t0 = time.time()
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=code)
         tree.driver_pid = proc.pid
         tree.start()
         out, err = proc.communicate()
@@ -340,7 +345,7 @@ def main(argv=None) -> int:
         manifest = json.loads((run / "manifest.json").read_text())
         spans = (manifest.get("timeline") or {}).get("spans") or []
         cpus = float(args.num_cpus or os.cpu_count() or 1)
-        result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "n": args.n,
+        result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "n": args.n, "code": code,
                   "crawl": "cheap (bench/scale.py shards)" if args.cheap else "mixed (bench/filters.py)",
                   "sets": [*sets, *args.sets], "stages": info["stages"], "units": info["units"],
                   "machine": {"cpus": os.cpu_count(), "load_avg_start": [round(x, 2) for x in load0],
