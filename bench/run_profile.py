@@ -288,13 +288,26 @@ def _crawl(args, work: Path) -> tuple[Path, list[str]]:
         folder = work / f"cheap-{args.n}"
         scale.make_crawl(folder, args.n, max(1, os.cpu_count() or 1))
         return folder, ["stages=[decode,size,dedup]", "size.min_short_side=300"]
-    filters = sibling("filters")
     folder = work / f"mixed-{args.n}"
     if not (folder / ".complete").exists():
         shutil.rmtree(folder, ignore_errors=True)
-        filters.make_crawl(folder, args.n)
+        if args.n <= CHUNK:  # bench/filters.py's crawl of n images, the same files
+            sibling("filters").make_crawl(folder, args.n)
+        else:  # sub-folders of CHUNK images, each its own seed, made by a process per CPU
+            from multiprocessing import Pool
+            jobs = [(str(folder / f"c{k:04d}"), min(CHUNK, args.n - k * CHUNK), k)
+                    for k in range((args.n + CHUNK - 1) // CHUNK)]
+            with Pool(os.cpu_count() or 1) as pool:
+                pool.starmap(_mixed_chunk, jobs)
         (folder / ".complete").write_text("")
     return folder, [f"input.files_per_unit={args.files_per_unit}"]
+
+
+CHUNK = 1000  # images per sub-folder of a large mixed crawl
+
+
+def _mixed_chunk(folder: str, n: int, seed: int) -> None:
+    sibling("filters").make_crawl(Path(folder), n, seed=seed)
 
 
 def main(argv=None) -> int:
