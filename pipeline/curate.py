@@ -10,9 +10,9 @@ import os
 import sys
 
 if __name__ == "__main__":
-    # run as a script, this file's folder is sys.path[0], where its sub-packages would shadow modules of
-    # the same name (pipeline/select/ the standard library's select): it leaves sys.path first
+    # run as a script, this file's folder is sys.path[0], where the sub-package pipeline/select/ would
+    # shadow the standard library's select: the folder leaves the path, pipeline.* imports as a package
     here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     from pipeline.cli import main_curate
     sys.exit(main_curate())

@@ -12,21 +12,21 @@ pyarrow.fs; on S3 through obstore, with pyarrow's S3 client built only when `.fs
   succeeds), so a failed writer leaves nothing under the final name. Names are deterministic: a
   retried task rewrites the same object.
 
-The layers, each importing only those above it (no module imports this facade):
-catalog/storage/core.py (errors, Entry, scrub, path and URI checks) -> storage_lock.py (the run lock
-on object stores) -> storage_base.py (Storage, LocalStorage) -> storage_mem.py, storage_s3.py (the
-backends) -> storage_open.py (open_storage, expand, duckdb_connect_for) -> storage_paths.py (files
-named by a URI, run roots). Import from here: `from catalog.storage import open_storage, ...`.
+The modules, each importing only those above it (no module imports this facade):
+catalog/storage/core.py (errors, Entry, scrub, path and URI checks) -> lock.py (the run lock on object
+stores) -> base.py (Storage, LocalStorage; globs.py: shard patterns) -> memory.py, s3.py (the backends)
+-> factory.py (open_storage, expand, duckdb_connect_for) -> paths.py (files named by a URI, run roots). Import from here: `from catalog.storage import open_storage, ...`.
 """
 from catalog.storage.base import SPOOL_BYTES, LocalStorage, Storage
 from catalog.storage.core import ConditionalWritesUnsupported, Entry, StorageError, scrub
 from catalog.storage.factory import duckdb_connect_for, expand, open_storage
-from catalog.storage.paths import (exists_at, is_uri, join, locate, read_json_at, read_schema_at, read_table_at,
-                                   run_root, storage_for, write_bytes_at, write_json_at, write_parquet_at)
+from catalog.storage.paths import (exists_at, is_uri, join, local_path, locate, open_input, read_json_at,
+                                   read_schema_at, read_table_at, run_root, storage_for, write_bytes_at,
+                                   write_json_at, write_parquet_at)
 
 __all__ = [
     "SPOOL_BYTES", "LocalStorage", "Storage", "ConditionalWritesUnsupported", "Entry", "StorageError", "scrub",
-    "duckdb_connect_for", "expand", "open_storage", "exists_at", "is_uri", "join", "locate", "read_json_at",
+    "duckdb_connect_for", "expand", "open_storage", "exists_at", "is_uri", "join", "local_path", "locate", "open_input", "read_json_at",
     "read_schema_at", "read_table_at", "run_root", "storage_for", "write_bytes_at", "write_json_at",
     "write_parquet_at",
 ]
