@@ -12,7 +12,7 @@
               loop over all inputs, then rapidocr (same detection size and thresholds) on the
               images passing the person rule, batches of text.batch_size; its verdicts.
   cascade:    `pipeline.engine.driver.curate` on the mixed crawl (default config: decode -> size -> dedup
-              -> person -> text -> watermark (its ocr method); art skipped without weights). Ray start-up is timed
+              -> person -> text -> watermark (its ocr method) -> art (the shipped probe)). Ray start-up is timed
               apart; `breakdown` splits the run with its own stats (RUN/stats/*.json): work seconds
               per stage summed over rows (decode = read + decode), the writer, and what the wall
               time on all cores leaves (Ray scheduling, queueing, dedup, driver); `phases_s` the
@@ -283,13 +283,13 @@ def _own_cpu() -> float:
 
 
 def _tree_cpu():
-    """bench/run_profile.py's sampler of the CPU time of this process' descendants (a TreeCPU)."""
+    """bench/profile.py's sampler of the CPU time of this process' descendants (a TreeCPU)."""
     import importlib.util
-    if "bench_run_profile" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("bench_run_profile", Path(__file__).with_name("run_profile.py"))
-        sys.modules["bench_run_profile"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["bench_run_profile"])
-    return sys.modules["bench_run_profile"].TreeCPU()
+    if "bench_profile" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("bench_profile", Path(__file__).with_name("profile.py"))
+        sys.modules["bench_profile"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["bench_profile"])
+    return sys.modules["bench_profile"].TreeCPU()
 
 
 def bench_cascade(crawl: Path, out: Path, cfg: dict) -> dict:

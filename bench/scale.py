@@ -11,7 +11,7 @@ JPEGs (320x320, WebDataset shards of 1,000). Prints JSON:
            imagehash.phash, size), the exact dedup across shards in the parent, then a write pass
            (each shard's kept members into a tar of its own) and a JSON-lines index (no near dedup);
   ratio:   engine images/s over each peer's images/s; `cpu_s` of each: user + system seconds of all
-           its processes (the engine's from bench/run_profile.py's sampler, the pool's from its rusage).
+           its processes (the engine's from bench/profile.py's sampler, the pool's from its rusage).
 
     python bench/scale.py --n 20000 [--workdir DIR] [--num-cpus 2] [--skip-plain] [--noise 5] [--side 128]
     python bench/scale.py --units 10000 [--per-unit 1]   # per-unit costs: one small shard per unit
@@ -248,13 +248,13 @@ def _stats_cost(run: Path, env: dict, *command: str) -> dict:
 
 
 def _tree_cpu():
-    """bench/run_profile.py's sampler of the CPU time of this process' descendants (a TreeCPU)."""
+    """bench/profile.py's sampler of the CPU time of this process' descendants (a TreeCPU)."""
     import importlib.util
-    if "bench_run_profile" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("bench_run_profile", Path(__file__).with_name("run_profile.py"))
-        sys.modules["bench_run_profile"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["bench_run_profile"])
-    prof = sys.modules["bench_run_profile"]
+    if "bench_profile" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("bench_profile", Path(__file__).with_name("profile.py"))
+        sys.modules["bench_profile"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["bench_profile"])
+    prof = sys.modules["bench_profile"]
     prof._become_subreaper()
     return prof.TreeCPU()
 

@@ -61,7 +61,7 @@ def wake_on_first_task() -> None:
     The loop waits for all its running tasks or the timeout (set_task_poll), whichever comes first:
     with a short timeout a finished task's CPU is handed on soon, but the loop then runs ~100 times a
     second for as long as the pipeline runs (its driver's CPU: ~14% of a core on two CPUs, measured in
-    bench/run_profile.py); with the long one a CPU idles. Waking on the first finished task gives both.
+    bench/profile.py); with the long one a CPU idles. Waking on the first finished task gives both.
     Where a Ray version lacks the call, nothing changes (the test of this module fails instead)."""
     import importlib
     try:

@@ -23,7 +23,7 @@ from pipeline.engine.unit_io import listing_path, run_store
 class Spans:
     """The driver's steps on its own clock: [name, start, end] in epoch seconds (ms resolution), in
     the order they ended (manifest.json `timeline.spans`), so a run shows its fixed costs (Ray start,
-    phase barriers, the fallback exchanges, compaction, clean-up) beside its phases; bench/run_profile.py
+    phase barriers, the fallback exchanges, compaction, clean-up) beside its phases; bench/profile.py
     adds the CPU time of every process of the run over each span."""
 
     def __init__(self, into: list | None = None):

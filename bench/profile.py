@@ -1,12 +1,19 @@
 """Where a curation run's time goes: per phase wall and CPU time, split into fixed cost and per-image
 cost, and per stage images/s per core. Prints one JSON object.
 
-    python bench/run_profile.py 480                   # the default stages on the mixed crawl of bench/filters.py
-    python bench/run_profile.py 20000 --workdir DIR   # keeps the generated crawl in DIR for reuse
-    python bench/run_profile.py 100000 --cheap --workdir DIR   # the cheap path (decode, size, dedup) on bench/scale.py's crawl
+    python bench/profile.py 480                   # the default stages on the mixed crawl of bench/filters.py
+    python bench/profile.py 20000 --workdir DIR   # keeps the generated crawl in DIR for reuse
+    python bench/profile.py 100000 --cheap --workdir DIR   # the cheap path (decode, size, dedup) on bench/scale.py's crawl
 
-(Not bench/profile.py: a script's folder comes first on sys.path, so that name would shadow the standard
-library's `profile`, which cProfile imports, in every bench script run from this folder.)
+Markdown for docs/benchmarks.md (the per-phase and per-stage tables, one column group per run):
+
+    python bench/profile.py 480 --out p480.json
+    python bench/profile.py 20000 --workdir DIR --out p20k.json
+    python bench/profile.py --table p480.json p20k.json
+
+(A script run from bench/ has this folder first on sys.path, where this file is found for the standard
+library's `profile`, which cProfile imports (torch._dynamo does): imported under that name, it puts the
+standard library's module in its place before anything else; tests/test_bench_profile.py checks it.)
 
 The run is `pipeline.engine.driver.curate` in a child process with a private local Ray, as `humanset
 curate` runs it. This process is made the child subreaper of everything the run starts (so no process
@@ -28,27 +35,45 @@ clean-up) gets its CPU seconds as well as its wall seconds.
   totals:   wall_s of the run (Ray start included), cpu_s of every process, images/s, images/s per
             core (images / cpu_s).
 
+  table:    with --table, the markdown of saved JSON outputs instead of a run.
+
 Options: --files-per-unit (16 for the mixed crawl, as bench/filters.py; the cheap crawl is shards of
 1,000), --set KEY=VALUE (config overrides, repeatable), --num-cpus (the local Ray's CPUs), --out FILE.
 """
 from __future__ import annotations
 
-import argparse
-import ctypes
-import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import threading
-import time
-from datetime import datetime, timezone
-from pathlib import Path
+
+
+def _standard_profile():
+    """The standard library's profile module, loaded by its path and registered as `profile`."""
+    import importlib.util
+    import sysconfig
+    from pathlib import Path as _Path
+    spec = importlib.util.spec_from_file_location("profile", _Path(sysconfig.get_paths()["stdlib"]) / "profile.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["profile"] = module  # the import statement that found this file returns this entry
+    spec.loader.exec_module(module)
+    return module
+
+
+if __name__ == "profile":  # found for `import profile` because bench/ is sys.path[0]: not this benchmark
+    _standard_profile()
+
+import argparse  # noqa: E402
+import ctypes  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from datetime import datetime, timezone  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT))
 
 PR_SET_CHILD_SUBREAPER = 36
 SAMPLE_S = 0.1
@@ -310,9 +335,44 @@ def _mixed_chunk(folder: str, n: int, seed: int) -> None:
     sibling("filters").make_crawl(Path(folder), n, seed=seed)
 
 
+def _cell(v) -> str:
+    return "–" if v is None else f"{v:,.2f}" if isinstance(v, float) else f"{v:,}"
+
+
+def markdown(results: list[dict]) -> str:
+    """The per-phase and per-stage tables of one or more runs' JSON, one column group per run."""
+    heads = [f"{r['n']:,}" for r in results]
+    lines = [f"- {h} images ({r['crawl']}): {r['date']}, load average {r['machine']['load_avg_start'][0]} at the "
+             f"start, {r['machine']['cpus']} CPUs; wall {r['totals']['wall_s']} s, CPU {r['totals']['cpu_s']} s, "
+             f"{r['totals']['images_per_s']} images/s, {r['totals']['images_per_s_per_core']} images/s per core, "
+             f"{r['totals']['kept']} kept, {r['model_actors']['started']} model actors"
+             for h, r in zip(heads, results)]
+    cols = ("wall s", "fixed wall s", "CPU s", "per-image CPU s")
+    lines += ["", "| phase | " + " | ".join(f"{h}: {c}" for h in heads for c in cols) + " |",
+              "|---|" + "---|" * (len(cols) * len(results))]
+    names = list(dict.fromkeys(ph["name"] for r in results for ph in r["phases"]))
+    for name in names:
+        cells = []
+        for r in results:
+            ph = next((x for x in r["phases"] if x["name"] == name), {})
+            cells += [_cell(ph.get(k)) for k in ("wall_s", "fixed_wall_s", "cpu_s", "per_image_cpu_s")]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    cols = ("images", "images/s per core", "CPU ms per image")
+    lines += ["", "| stage | " + " | ".join(f"{h}: {c}" for h in heads for c in cols) + " |",
+              "|---|" + "---|" * (len(cols) * len(results))]
+    for step in dict.fromkeys(k for r in results for k in r["stages"]):
+        cells = []
+        for r in results:
+            st = r["stages"].get(step, {})
+            cells += [_cell(st.get(k)) for k in ("images", "images_per_s_per_core", "cpu_ms_per_image")]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("n", type=int, help="RUN_SIZE: images in the generated crawl")
+    ap.add_argument("n", type=int, nargs="?", help="RUN_SIZE: images in the generated crawl")
+    ap.add_argument("--table", nargs="+", metavar="JSON", help="print the markdown tables of these saved outputs")
     ap.add_argument("--cheap", action="store_true", help="the cheap path (decode, size, dedup) on 320 px shards")
     ap.add_argument("--files-per-unit", type=int, default=16, help="units of the mixed crawl (default 16)")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
@@ -324,11 +384,17 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="also write the JSON here")
     ap.add_argument("--driver", nargs=2, metavar=("CRAWL", "RUN"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.table:
+        print(markdown([json.loads(Path(f).read_text()) for f in args.table]), end="")
+        return 0
+    if args.n is None:
+        ap.error("RUN_SIZE is needed (or --table JSON...)")
     if args.driver:
         if args.code:  # that checkout's modules, not this one's
             sys.path[:] = [str(Path(args.code).resolve())] + [p for p in sys.path if p != str(ROOT)]
         driver(*args.driver, args.sets, args.num_cpus)
         return 0
+    sys.path.insert(0, str(ROOT))  # catalog, to read the run
     work = Path(args.workdir or tempfile.mkdtemp(prefix="humanset-profile-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     try:
