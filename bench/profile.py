@@ -29,13 +29,14 @@ clean-up) gets its CPU seconds as well as its wall seconds.
             stages, the writer), fixed_cpu_s = cpu_s - per_image_cpu_s (Ray's scheduling, process and
             actor start, model load, barriers, the driver), and fixed_wall_s = wall_s - per_image_cpu_s /
             CPUs (the wall time the work on images does not explain, at full use of the CPUs).
-  stages{}: per step: images it saw, CPU seconds, images/s per core (= images / CPU seconds), ms per image.
+  stages{}: per step: images it saw, CPU seconds, images/s per core (= images / CPU seconds), ms per
+            image (`run_stages`: the run's configured stages).
   model_actors: model actors started in the run (a process each: ray::...(_ActorFn)) and their
             set-up seconds (start to model ready, from the markers).
   totals:   wall_s of the run (Ray start included), cpu_s of every process, images/s, images/s per
             core (images / cpu_s).
 
-  table:    with --table, the markdown of saved JSON outputs instead of a run.
+  table:    the run's markdown tables go to stderr; --table prints those of saved JSON outputs instead of a run.
 
 Options: --files-per-unit (16 for the mixed crawl, as bench/filters.py; the cheap crawl is shards of
 1,000), --set KEY=VALUE (config overrides, repeatable), --num-cpus (the local Ray's CPUs), --out FILE.
@@ -426,7 +427,7 @@ def main(argv=None) -> int:
         cpus = float(args.num_cpus or os.cpu_count() or 1)
         result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "n": args.n, "code": code,
                   "crawl": "cheap (bench/scale.py shards)" if args.cheap else "mixed (bench/filters.py)",
-                  "sets": [*sets, *args.sets], "stages": info["stages"], "units": info["units"],
+                  "sets": [*sets, *args.sets], "run_stages": info["stages"], "units": info["units"],
                   "machine": {"cpus": os.cpu_count(), "load_avg_start": [round(x, 2) for x in load0],
                               "load_avg_end": [round(x, 2) for x in os.getloadavg()],
                               "orphans_reaped_here": subreaper},
@@ -440,6 +441,7 @@ def main(argv=None) -> int:
                   "fallbacks": manifest.get("fallbacks"), "processes": tree.processes(t0)}
         text = json.dumps(result, indent=2)
         print(text)
+        print(markdown([result]), end="", file=sys.stderr)  # the tables; stdout stays one JSON object
         if args.out:
             Path(args.out).write_text(text + "\n")
     finally:
