@@ -48,7 +48,7 @@ from catalog.storage.paths import absolute
 from catalog import console, run_kind
 from pipeline.dedup import clusters as dedup_mod, partitioned as dedup_dist, fallback, fallback_rounds
 from pipeline.engine import cleanup as run_cleanup
-from pipeline.config import load_config, section, with_defaults, with_local_weights
+from pipeline.config import load_config, section, with_local_weights
 from pipeline.settings import DEFAULTS
 from pipeline.engine.funnel import funnel_from_counts
 from pipeline.engine.errors import EnvironmentFault, RunError, environment_fault
@@ -56,7 +56,7 @@ from pipeline.engine.blocks import measure_block, retries_of, score_ds, unit_blo
 from pipeline.engine.early import EarlyScore, start_actors_early
 from pipeline.engine.ray_compat import set_task_poll as task_poll, wake_on_first_task
 from pipeline.engine.ray_setup import init_ray
-from pipeline.engine.run_state import NameSet, Spans, drain_batches, failed_units, unit_windows, reason_counts
+from pipeline.engine.run_state import NameSet, Spans, drain_batches, failed_units, unit_windows, reason_counts, resumed_manifest
 from pipeline.inputs.kinds import check_inputs
 from pipeline.inputs.units import Unit
 from pipeline.inputs.listing import count_new, iter_listing, write_listing
@@ -231,19 +231,8 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
     manifest = {"config": cfg, "inputs": [str(i) for i in inputs], "score_all": score_all}
     if store.exists("manifest.json"):
         old = store.read_json("manifest.json")
-        old_inputs = old.get("inputs") or []
-        changed = [what for what, differs in (
-            ("inputs", [absolute(i) for i in old_inputs] != manifest["inputs"]),
-            ("config", with_local_weights(with_defaults(old.get("config"))) != cfg),
-            ("--score-all", old.get("score_all") != score_all))
-            if differs]
-        if changed:
-            raise RunError(f"{run}: holds a curation run with other {' and '.join(changed)}; rerun its own "
-                           "command to resume it, or pass another --output")
-        inputs = manifest["inputs"] = list(old_inputs)  # as its listing names them (older runs: relative)
-        manifest["started"] = old.get("started")
-        if old.get("dedup"):
-            manifest["dedup"] = old["dedup"]
+        manifest = resumed_manifest(run, old, manifest)  # refused when the inputs, config or --score-all differ
+        inputs = manifest["inputs"]  # as its listing names them (older runs: relative)
         repeated = int(old.get("repeated_inputs") or 0)
         log.info("resuming %s", run)
     else:
