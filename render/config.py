@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from catalog import config as loader
+from catalog.storage.retry import StorageSettings
 
 from render.scene import RenderSettings
 from render.sampling import SamplingConfig
@@ -35,10 +36,11 @@ class RenderConfig:
     cycles: RenderSettings = field(default_factory=RenderSettings)
     output: OutputConfig = field(default_factory=OutputConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    storage: StorageSettings = field(default_factory=StorageSettings)  # retries of requests to s3:// (docs/storage.md)
 
     def to_dict(self) -> dict:
         return {"sampling": self.sampling.to_dict(), "cycles": asdict(self.cycles), "output": asdict(self.output),
-                "schedule": asdict(self.schedule)}
+                "schedule": asdict(self.schedule), "storage": asdict(self.storage)}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "RenderConfig":

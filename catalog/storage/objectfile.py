@@ -16,7 +16,7 @@ from __future__ import annotations
 import io
 from typing import Callable, Iterator
 
-from catalog.storage import retry
+from catalog.storage import answers, retry
 
 OpenAt = Callable[[int, "int | None", "str | None"], "tuple[str | None, int, Iterator]"]
 
@@ -52,7 +52,7 @@ def read_all(open_at: OpenAt, uri: str, start: int = 0, end: int | None = None, 
             p.got += len(chunk)
         stop = size if end is None else min(end, size)
         if start + p.got < stop:
-            raise retry.CutBody(f"{uri}: the body ended at byte {start + p.got} of {stop}")
+            raise answers.CutBody(f"{uri}: the body ended at byte {start + p.got} of {stop}")
 
     retry.attempt(what, uri, once, on_fault=p.fault)
     data = parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)
@@ -177,7 +177,7 @@ class ObjectStream(io.RawIOBase):
                 chunk = next(self._chunks)
             except StopIteration:
                 if self._pos < self._size:
-                    raise retry.CutBody(f"{self.uri}: the body ended at byte {self._pos} of {self._size}") from None
+                    raise answers.CutBody(f"{self.uri}: the body ended at byte {self._pos} of {self._size}") from None
                 return None
             self._conn_got += len(chunk)
             return chunk

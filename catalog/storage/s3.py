@@ -46,7 +46,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from catalog.storage import retry
+from catalog.storage import answers, retry
 from catalog.storage.base import Storage
 from catalog.storage.core import ConditionalWritesUnsupported, Entry, StorageError, remote_parts, scrub
 from catalog.storage.objectfile import ObjectFile, ObjectStream, read_all
@@ -220,9 +220,9 @@ class S3Storage(Storage):
         """The error of a failed request: StoreRefused for a permanent answer (one line, the fix)."""
         if isinstance(e, StorageError):
             return e
-        verdict = retry.classify(e)
+        verdict = answers.classify(e)
         if verdict.kind == "permanent":
-            return retry.refusal(self.uri_of(path), verdict)
+            return answers.refusal(self.uri_of(path), verdict)
         return StorageError(f"{self.uri_of(path)}: {what} failed: {_short(e)}")
 
     def _missing(self, path: str) -> FileNotFoundError:
@@ -428,7 +428,7 @@ class S3Storage(Storage):
             except NotSupportedError:
                 raise ConditionalWritesUnsupported(f"{self.uri}: the store refuses {what}") from None
             except Exception as e:
-                verdict = retry.classify(e)
+                verdict = answers.classify(e)
                 if verdict.status == 501 or verdict.code == "NotImplemented":
                     raise ConditionalWritesUnsupported(f"{self.uri}: the store refuses {what}") from None
                 raise
@@ -464,7 +464,7 @@ class S3Storage(Storage):
                 code = m.group(1).decode() if m else ""
                 if e.code in (401, 403, 408, 429) or (e.code >= 500 and e.code != 501):
                     after = e.headers.get("Retry-After")
-                    raise retry.AnswerStatus(f"HTTP {e.code} {code}".strip(), e.code, code,
+                    raise answers.AnswerStatus(f"HTTP {e.code} {code}".strip(), e.code, code,
                                              float(after) if after and after.isdigit() else None) from None
                 return e.code, e.headers
             except urllib.error.URLError as e:  # no answer: a reset, a refused connection, a timeout

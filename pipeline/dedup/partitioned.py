@@ -180,6 +180,8 @@ def fingerprint(units_hash: str, settings: dict) -> str:
 def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
     """Phase 2 as the engine runs it: partitioned by hash when dedup.partitioned says so (true, or
     auto and the run too large for one process), else pipeline/dedup.run_dedup in this process."""
+    from catalog.storage import retry
+    retry.configure(cfg)  # a Ray task of its own: the run's storage.retry_*
     d = cfg.get("dedup", {}) or {}
     if d.get("partitioned", DEFAULTS.dedup.partitioned):
         st = run_dedup_distributed(run, unit_ids, cfg)

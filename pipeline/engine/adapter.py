@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from catalog.storage import retry
 from pipeline.engine.columns import add_seconds, append_name, flag, scatter, set_column, typed, unit_meta, with_meta
 from pipeline.engine.errors import RunError
 from pipeline.inputs.fetch import ByteSource
@@ -112,6 +113,7 @@ def run_on_unit(stage: Stage, table: pa.Table, score_all: bool) -> pa.Table:
         return table
     meta = unit_meta(table)
     t0 = time.perf_counter()
+    before = retry.snapshot()
     step = max(1, stage.batch_size)
     src = _byte_source(stage, table, meta)
     fetch_s, parts = 0.0, []
@@ -143,6 +145,7 @@ def run_on_unit(stage: Stage, table: pa.Table, score_all: bool) -> pa.Table:
     add_seconds(meta, stage.name, time.perf_counter() - t0 - fetch_s)
     if src is not None:
         add_seconds(meta, "read_2", fetch_s)
+    meta["store"] = retry.total([meta.get("store"), retry.since(before)])  # its byte fetches' retries
     return with_meta(out, meta)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 
 import catalog
+from catalog.storage import retry
 
 from pipeline.engine.adapter import apply_stage
 from pipeline.engine.columns import unit_meta
@@ -85,6 +86,7 @@ def _each_unit(batch: pa.Table, run: str, work) -> pa.Table:
 
 def measure_block(batch: pa.Table, run: str, limits: dict, cfg: dict, score_all: bool) -> pa.Table:
     """Phase 1 of a bundle's units: their summaries."""
+    retry.configure(cfg)  # the run's storage.retry_* in this worker (a remote cluster's too)
     stages = [s for s in build_stages(cfg) if s.phase == "measure" and s.name in cfg["stages"]]
     return _each_unit(batch, run, lambda unit: measure_unit(run, unit, stages, limits, score_all,
                                                             max_batch_bytes(cfg)))
@@ -93,6 +95,7 @@ def measure_block(batch: pa.Table, run: str, limits: dict, cfg: dict, score_all:
 def _score_block(batch: pa.Table, run: str, limits: dict, score_all: bool, cfg: dict, fused: bool = False) -> pa.Table:
     """Phase 3's read of one unit, whose rows go on to the stages; or, with `fused` (no stage in
     phase 3), read and write of each unit of the bundle: their summaries."""
+    retry.configure(cfg)
     if fused:
         return _each_unit(batch, run, lambda unit: finish_unit(run, read_for_score(run, unit, limits, score_all, cfg),
                                                                cfg))
@@ -109,6 +112,7 @@ def _score_block(batch: pa.Table, run: str, limits: dict, score_all: bool, cfg: 
 
 
 def _finish_unit_block(batch: pa.Table, run: str, cfg: dict) -> pa.Table:
+    retry.configure(cfg)
     if "fault" in batch.column_names:  # summaries from _score_block (empty units, faults) pass through
         return batch
     out: list = []

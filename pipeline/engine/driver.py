@@ -41,7 +41,7 @@ from pathlib import Path
 
 import catalog
 from catalog import compact as compact_mod
-from catalog.storage import is_uri, run_root
+from catalog.storage import is_uri, retry, run_root
 
 from catalog import console
 from pipeline.dedup import clusters as dedup_mod, partitioned as dedup_dist, fallback, fallback_rounds
@@ -185,6 +185,7 @@ def curate(inputs: list[str], output: str, config: dict | None = None, score_all
            progress: bool = True, force_unlock: bool = False, lock_lease_s: float = 120.0) -> dict:
     """Run (or finish) a curation run. Returns the manifest."""
     cfg = config or load_config()
+    retry.configure(cfg)  # storage.retry_*: this driver's requests, and the processes it starts
     run = _run_root(output)  # workers write into it, from their own working directories
     # unusable inputs are refused, naming the input, before anything is written; the listing itself
     # is streamed into RUN/units.jsonl under the lock
@@ -215,12 +216,19 @@ def check_stages(cfg: dict) -> None:
                        "or [decode,size,dedup,person])")
 
 
+def _identity(cfg) -> dict:
+    """What makes a run the same run: its config without `storage` (how the store is talked to)."""
+    cfg = with_defaults(cfg)
+    return {k: v for k, v in cfg.items() if k != "storage"} if isinstance(cfg, dict) else cfg
+
+
 def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress: bool, held=None) -> dict:
     store = run_store(run)
+    before = retry.snapshot()
     manifest = {"config": cfg, "inputs": [str(i) for i in inputs], "score_all": score_all}
     if store.exists("manifest.json"):
         old = store.read_json("manifest.json")
-        if with_defaults(old.get("config")) != cfg or old.get("inputs") != manifest["inputs"] or old.get("score_all") != score_all:
+        if _identity(old.get("config")) != _identity(cfg) or old.get("inputs") != manifest["inputs"] or old.get("score_all") != score_all:
             raise RunError(f"{run}: holds a run with other inputs or config; resume it with the same "
                            "command, or pass a new --output")
         manifest["started"] = old.get("started")
@@ -319,9 +327,10 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
         t0 = time.perf_counter()
         _compact(Path(run), cfg, n_units)
         seconds["compact"] = round(time.perf_counter() - t0, 2)
-    counts, n_inputs, n_kept, reasons = reason_counts(run)
+    counts, n_inputs, n_kept, reasons, units_store = reason_counts(run)
     manifest.update(status="complete", finished=_now(), funnel=funnel_from_counts(counts, n_inputs, manifest["stages"]),
-                    counts={"inputs": n_inputs, "kept": n_kept}, reject_reasons=reasons, seconds=seconds)
+                    counts={"inputs": n_inputs, "kept": n_kept}, reject_reasons=reasons, seconds=seconds,
+                    store=retry.total([units_store, retry.since(before)]))  # the units' and this driver's
     store.write_json("manifest.json", manifest)
     if not section(cfg, "engine")["keep_work"]:  # complete: the scratch nothing reads now (pipeline/engine/cleanup.py)
         run_cleanup.remove_scratch(run)
