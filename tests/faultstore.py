@@ -14,6 +14,7 @@ order the clients' threads send them in):
   `500 InternalError` (the store did it, the client does not know);
 - `latency`: the request waits `latency_s` seconds (a range) before it is forwarded.
 
+`once(method, path_part, fault)` aims a fault at the next matching request (before the random ones).
 Request bodies are forwarded as they come (Content-Length or chunked, `Expect: 100-continue`
 honoured), so streamed and multipart uploads pass. Signatures still verify: the client signs the
 Host header, which is the proxy's, and the proxy forwards it unchanged. `counts` holds the requests
@@ -21,6 +22,7 @@ seen and the faults applied. Use it as a context manager, or `close()` it.
 """
 from __future__ import annotations
 
+import contextlib
 import http.client
 import random
 import socket
@@ -60,6 +62,7 @@ class FaultStore:
         self.latency_s, self.retry_after = latency_s, retry_after
         self.rates = {}
         self.set(slowdown=slowdown, cut=cut, reset=reset, lost_ack=lost_ack, latency=latency)
+        self._script: list[tuple[str, str, str]] = []
         self.log: list | None = None  # a list to record (method, path, fault) of each request in
         self.counts = {"requests": 0, "reads": 0, "writes": 0, **{k: 0 for k in KINDS}}
         store = self
@@ -79,6 +82,14 @@ class FaultStore:
         with self._lock:
             self.rates.update(rates)
 
+    def once(self, method: str, path_part: str, fault: str, times: int = 1) -> None:
+        """The next `times` requests of `method` whose path holds `path_part` meet `fault` (before the
+        random ones): a test aims a fault at one request, e.g. once("PUT", "/.lock", "lost_ack")."""
+        if fault not in KINDS:
+            raise ValueError(f"fault {fault}: known faults are {', '.join(KINDS)}")
+        with self._lock:
+            self._script.extend([(method, path_part, fault)] * times)
+
     def decide(self, method: str, path: str = "") -> tuple[str | None, float, float]:
         """(the fault for this request or None, the fraction of a cut body sent, the latency in s)."""
         with self._lock:
@@ -87,7 +98,12 @@ class FaultStore:
             self.counts["writes" if method in WRITES else "reads"] += 1
             fault = None
             r = self.rates
-            if u < r["slowdown"]:
+            aimed = next((i for i, (m, part, _) in enumerate(self._script) if m == method and part in path), None)
+            if aimed is not None:
+                fault = self._script.pop(aimed)[2]
+                if fault == "latency":
+                    fault, f = None, -1.0
+            elif u < r["slowdown"]:
                 fault = "slowdown"
             elif v < r["reset"]:
                 fault = "reset"
@@ -296,3 +312,20 @@ class _Handler(BaseHTTPRequestHandler):
             pass
         if self._upstream is not None:
             self._upstream.close()
+
+
+@contextlib.contextmanager
+def through(target: str, **kw):
+    """A FaultStore in front of `target`, with AWS_ENDPOINT_URL pointing at it in this process for the
+    block (Storage objects opened inside it talk to the proxy; those opened before keep their client)."""
+    import os
+    with FaultStore(target, **kw) as fs:
+        saved = os.environ.get("AWS_ENDPOINT_URL")
+        os.environ["AWS_ENDPOINT_URL"] = fs.endpoint
+        try:
+            yield fs
+        finally:
+            if saved is None:
+                os.environ.pop("AWS_ENDPOINT_URL", None)
+            else:
+                os.environ["AWS_ENDPOINT_URL"] = saved

@@ -97,8 +97,7 @@ def classify(exc: BaseException) -> Verdict:
     m = _STATUS.search(text)
     status = int(m.group(1)) if m else getattr(exc, "status", None)
     codes = _codes(text)
-    code = next((c for c in codes if c in PERMANENT or c in THROTTLE_CODES or c in TRANSIENT_CODES),
-                codes[0] if codes else "")
+    code = next((c for c in codes if c in PERMANENT or c in THROTTLE_CODES or c in TRANSIENT_CODES), "")
     if name in ("UnauthenticatedError",):
         return Verdict("permanent", status or 401, code if code in PERMANENT else "UNAUTHENTICATED")
     if code in PERMANENT or (code == "" and name == "PermissionDeniedError"):
@@ -108,14 +107,14 @@ def classify(exc: BaseException) -> Verdict:
         return Verdict(None, status, code)
     if code in THROTTLE_CODES or status in (429, 503):
         return Verdict("throttled", status, code or str(status))
+    if any(s in low for s in _CUT):
+        return Verdict("cut", status, code)
     if code in TRANSIENT_CODES or status in (500, 502, 504, 408):
         return Verdict("transient", status, code or str(status))
     if status == 403 or status == 401:
         return Verdict("permanent", status, "FORBIDDEN" if status == 403 else "UNAUTHENTICATED")
     if status is not None and status < 500:
         return Verdict(None, status, code)
-    if any(s in low for s in _CUT):
-        return Verdict("cut", status, code)
     if any(s in low for s in _CONNECTION) or isinstance(exc, (ConnectionError, TimeoutError)):
         return Verdict("transient", status, code)
     return Verdict(None, status, code)
