@@ -1,10 +1,12 @@
 """A run against an object store that throttles, drops connections and loses acknowledgements.
 
-Starts SeaweedFS (`weed mini`, tests/s3server.py) on 127.0.0.1, writes a crawl of --shards shards of
---per-shard images (the demo crawl's photos) to s3://crawl/shards/, curates it once straight to the
-store (the clean run), then once per seed through the fault-injecting proxy of tests/faultstore.py:
-`humanset curate --input s3://crawl/shards/ --output s3://runs/rN --set 'stages=[decode,size,dedup]'`
-in a process of its own (its own local Ray), every request of it through the proxy. Prints JSON:
+Starts SeaweedFS (`weed mini`, tests/s3server.py) on 127.0.0.1 and the fault-injecting proxy of
+tests/faultstore.py in front of it, writes a crawl of --shards shards of --per-shard images (the demo
+crawl's photos) to s3://crawl/shards/, starts one local Ray (--num-cpus) whose processes reach the
+store through the proxy, then curates the crawl once with every rate 0 (the clean run) and once per
+seed with the given rates: `humanset curate --input s3://crawl/shards/ --output s3://runs/rN --set
+'stages=[decode,size,dedup]'`, each a driver process of its own on that Ray (RAY_ADDRESS), every
+request of the driver and its workers through the proxy. Prints JSON:
 
   finished            runs that exited 0, of --seeds
   catalog_equal       runs whose catalog (every row, sorted) and curated shards (key, sample id,
@@ -12,17 +14,16 @@ in a process of its own (its own local Ray), every request of it through the pro
   clean_files         runs whose objects are exactly the clean run's names (no lock, no probe, no
                       temporary object) with no multipart upload left open under them
   retries_per_1000    the runs' retries (their manifests' `store`) per 1,000 requests they counted
-  proxy               requests the proxy saw and the faults it injected, summed over the runs
-  wall_s              the clean run's and the faulty runs' median wall time, and their ratio
+  proxy               requests the proxy saw and the faults it injected, summed over the faulty runs
+  wall_s              the clean run's and the faulty runs' median wall time, and their ratio (both
+                      through the proxy: its relay costs the same in both)
   runs                per seed: exit status, wall seconds, the manifest's `store`, the last
                       stderr line of a run that failed
 
     python bench/store_faults.py --seeds 20 --rate-503 0.1 --rate-cut 0.05 --rate-lost-ack 0.05
     python bench/store_faults.py --seeds 3 --rate-503 0.3 --rate-reset 0.05 --rate-latency 0.02
 
-Timings are only comparable within one invocation (same machine load); the faulty runs pay the
-proxy's Python relay on every request, the clean run does not (--clean-through-proxy: it does too,
-with every rate 0).
+Timings are only comparable within one invocation (same machine load).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -95,8 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-shard", type=int, default=8, help="images a shard (default 8)")
     ap.add_argument("--num-cpus", type=int, default=2, help="Ray CPUs of each run (default 2)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds a run may take (default 900)")
-    ap.add_argument("--clean-through-proxy", action="store_true",
-                    help="the clean run goes through the proxy too, every rate 0 (its relay cost in both)")
     args = ap.parse_args(argv)
 
     import boto3
@@ -126,12 +126,26 @@ def main(argv: list[str] | None = None) -> int:
 
         rates = dict(slowdown=args.rate_503, cut=args.rate_cut, lost_ack=args.rate_lost_ack, reset=args.rate_reset,
                      latency=args.rate_latency)
-        if args.clean_through_proxy:
-            with FaultStore(endpoint, seed=0) as fs:
-                rc, clean_s, err = curate("s3://runs/clean", _env(fs.endpoint, key, secret), args.num_cpus,
-                                          args.timeout)
-        else:
-            rc, clean_s, err = curate("s3://runs/clean", clean_env, args.num_cpus, args.timeout)
+        fs = FaultStore(endpoint, seed=0, retry_after=args.retry_after)
+        run_env = _env(fs.endpoint, key, secret)
+        os.environ["AWS_ENDPOINT_URL"] = fs.endpoint  # the Ray started here passes it to its workers
+        # a private cluster on loopback, its token known to the runs' drivers (as tests/pipeline/test_s3_cluster.py)
+        os.environ.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="token",
+                          RAY_AUTH_TOKEN=uuid.uuid4().hex + uuid.uuid4().hex)
+        run_env.update({k: os.environ[k] for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE",
+                                                   "RAY_AUTH_TOKEN")})
+        import ray
+        for left in (2, 1, 0):  # on a loaded machine the raylet can miss Ray's 30 s start-up window
+            try:
+                ray.init(num_cpus=args.num_cpus, include_dashboard=False, logging_level="ERROR")
+                break
+            except Exception:
+                ray.shutdown()
+                if not left:
+                    raise
+        run_env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+        os.environ["AWS_ENDPOINT_URL"] = endpoint  # this process checks the runs straight on the store
+        rc, clean_s, err = curate("s3://runs/clean", run_env, args.num_cpus, args.timeout)
         if rc != 0:
             print(f"store_faults: the clean run failed (exit {rc}):\n{err[-3000:]}", file=sys.stderr)
             return 1
@@ -141,10 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         runs, proxy = [], {}
         for seed in range(1, args.seeds + 1):
             run = f"s3://runs/r{seed}"
-            with FaultStore(endpoint, seed=seed, retry_after=args.retry_after, **rates) as fs:
-                rc, wall, err = curate(run, _env(fs.endpoint, key, secret), args.num_cpus, args.timeout)
-                for k, v in fs.counts.items():
-                    proxy[k] = proxy.get(k, 0) + v
+            fs.reseed(seed, **rates)
+            rc, wall, err = curate(run, run_env, args.num_cpus, args.timeout)
+            for k, v in fs.counts.items():
+                proxy[k] = proxy.get(k, 0) + v
+            fs.reseed(0, **{k: 0.0 for k in rates})
             one = {"seed": seed, "exit": rc, "wall_s": round(wall, 1)}
             if rc == 0:
                 rows, shards = catalog_of(run)
@@ -182,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=2))
         return 0 if len(ok) == args.seeds and result["catalog_equal"] == args.seeds else 1
     finally:
+        if "ray" in sys.modules:
+            sys.modules["ray"].shutdown()
+        if "fs" in locals():
+            fs.close()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -339,7 +339,7 @@ def curated(con, p: str = "") -> dict | None:
 
 
 def run_info(manifest: dict, run_dir) -> dict:
-    keys = ("stages", "skipped_stages", "inputs", "started", "finished", "versions")
+    keys = ("stages", "skipped_stages", "inputs", "started", "finished", "versions", "store")
     return {"run": str(run_dir), "has_manifest": bool(manifest), **{k: manifest.get(k) for k in keys}}
 
 

@@ -82,6 +82,14 @@ class FaultStore:
         with self._lock:
             self.rates.update(rates)
 
+    def reseed(self, seed: int, **rates: float) -> None:
+        """Start over: a new seed, new rates (the others kept), counts at zero (one proxy, many runs)."""
+        self.set(**rates)
+        with self._lock:
+            self._rng = random.Random(seed)
+            self._script.clear()
+            self.counts = {k: 0 for k in self.counts}
+
     def once(self, method: str, path_part: str, fault: str, times: int = 1) -> None:
         """The next `times` requests of `method` whose path holds `path_part` meet `fault` (before the
         random ones): a test aims a fault at one request, e.g. once("PUT", "/.lock", "lost_ack")."""

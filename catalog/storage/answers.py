@@ -148,6 +148,10 @@ class GaveUp(StorageError):
     failing, not the data; commands exit 3 on it and a rerun resumes."""
 
 
+STORE_FAULTS = (StoreRefused, GaveUp)  # a store refusing or failing, never a fault of the data: readers
+# that turn a read error into a row (a damaged shard, a changed source) let these through
+
+
 def store_fault(exc: BaseException) -> StorageError | None:
     """The StoreRefused or GaveUp behind an exception (a Ray task error, a wrapped OSError), if any:
     what a command reports as its one line, exit status 3."""

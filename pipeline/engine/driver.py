@@ -224,7 +224,7 @@ def _identity(cfg) -> dict:
 
 def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress: bool, held=None) -> dict:
     store = run_store(run)
-    before = retry.snapshot()
+    before, store_parts = retry.snapshot(), []  # this driver's retries, then dedup's task's
     manifest = {"config": cfg, "inputs": [str(i) for i in inputs], "score_all": score_all}
     if store.exists("manifest.json"):
         old = store.read_json("manifest.json")
@@ -292,6 +292,7 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
             if not dedup_mod.is_done(run):
                 t0 = time.perf_counter()
                 st = _run_dedup(run, cfg_active)
+                store_parts.append(st.get("store"))
                 seconds["dedup"] = round(time.perf_counter() - t0, 2)
                 log.info("dedup: %d of %d candidates are duplicates (%.2f s)", st["duplicates"], st["candidates"],
                          seconds["dedup"])
@@ -330,7 +331,7 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
     counts, n_inputs, n_kept, reasons, units_store = reason_counts(run)
     manifest.update(status="complete", finished=_now(), funnel=funnel_from_counts(counts, n_inputs, manifest["stages"]),
                     counts={"inputs": n_inputs, "kept": n_kept}, reject_reasons=reasons, seconds=seconds,
-                    store=retry.total([units_store, retry.since(before)]))  # the units' and this driver's
+                    store=retry.total([units_store, retry.since(before), *store_parts]))  # units, driver, dedup
     store.write_json("manifest.json", manifest)
     if not section(cfg, "engine")["keep_work"]:  # complete: the scratch nothing reads now (pipeline/engine/cleanup.py)
         run_cleanup.remove_scratch(run)

@@ -15,6 +15,8 @@ import logging
 
 import pyarrow as pa
 
+from catalog.storage.answers import STORE_FAULTS
+
 from pipeline.inputs.units import Unit, is_uri
 from pipeline.inputs.reading import UnitReader, file_row
 
@@ -80,6 +82,8 @@ class ByteSource:
                 span = self._reparsed.get(sid)
                 return self._span_bytes(*span) if span else None
             return None if offset is None else self._span_bytes(offset, size)
+        except STORE_FAULTS:
+            raise  # the store refused or kept failing: not a changed source
         except OSError as e:
             log.warning("%s: cannot read the shard again (%s); its samples are rejected as source_changed",
                         self.unit.uri, e)
@@ -107,6 +111,8 @@ class ByteSource:
                 end, j = max(end, rows[j][0] + rows[j][1]), j + 1
             try:
                 blob = self._span_bytes(start, end - start)
+            except STORE_FAULTS:
+                raise
             except OSError:
                 blob = None
             if blob is not None:

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from catalog import SAMPLES, ShardTruncated, iter_tar
+from catalog.storage.answers import STORE_FAULTS
 
 from pipeline.settings import DEFAULTS
 from pipeline.inputs.units import IMAGE_EXTS, Unit, is_uri, open_input, sample_id
@@ -76,6 +77,8 @@ class UnitReader:
             for row in rows:
                 self.rows += 1
                 yield row
+        except STORE_FAULTS:
+            raise  # the store refused or kept failing: the run stops with its line, the unit is redone
         except Exception as e:  # a bug here must not end the run: the unit records it
             self._fail(f"reader_error: {self.unit.uri}: {type(e).__name__}: {e}; samples before it kept")
         if self.error:
@@ -99,6 +102,8 @@ class UnitReader:
         u, limits = self.unit, self.limits
         try:
             fh = open_input(u.uri)
+        except STORE_FAULTS:
+            raise
         except Exception as e:
             self._fail(f"cannot_open_shard: {u.uri}: {type(e).__name__}: {e}")
             return
@@ -130,6 +135,8 @@ class UnitReader:
         u = self.unit
         try:
             pf = _index_file(u.uri)
+        except STORE_FAULTS:
+            raise
         except Exception as e:
             self._fail(f"bad_index: {u.uri}: the Parquet index beside the tar cannot be read "
                        f"({type(e).__name__}: {e}); the tar's samples are kept")
@@ -165,6 +172,8 @@ class UnitReader:
                         yield _unique(seen, _row(u, key, f"{u.uri}#{key}", None,
                                                  "missing member: the shard's index lists this key, its tar does not "
                                                  "hold it", source=rec if img2 else None))
+        except STORE_FAULTS:
+            raise
         except Exception as e:
             self._fail(f"bad_index: {u.uri}: the Parquet index beside the tar is corrupt "
                        f"({type(e).__name__}: {e}); rows read before it kept")
@@ -222,6 +231,8 @@ def file_row(unit: Unit, key: str, uri: str, limits: dict) -> dict:
             return _row(unit, key, uri, None, f"too large: file is over the cap of {cap} bytes; "
                                               "raise input.max_file_bytes to read it")
         return _row(unit, key, uri, data)
+    except STORE_FAULTS:
+        raise
     except Exception as e:  # one file never stops its unit: any failure is this sample's row
         return _row(unit, key, uri, None, f"cannot read file: {type(e).__name__}: {e}")
 
@@ -274,6 +285,8 @@ def read_members(unit: Unit, spans: dict[str, tuple[int, int]]) -> dict[str, byt
                 data = fh.read(n)
                 if len(data) == n:
                     out[sid] = data
+    except STORE_FAULTS:
+        raise
     except OSError as e:
         log.warning("%s: cannot read the shard again (%s); its samples are rejected as source_changed", unit.uri, e)
     return out

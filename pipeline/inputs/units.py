@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 import catalog
 import catalog.storage
+from catalog.storage.answers import GaveUp, StoreRefused
 
 from pipeline.inputs import shards as shard_inputs
 
@@ -49,10 +50,12 @@ def open_input(uri: str):
     hdfs://, memory://): remote reads go through one buffered stream (a few large GETs)."""
     if is_uri(uri) and not uri.startswith("file://"):
         store, name = catalog.storage.locate(uri)
-        try:
-            return store.fs.open_input_stream(store.fs_path(name), buffer_size=READ_BUFFER)
+        try:  # S3: one streamed GET, resumed where a fault cuts it (catalog/storage/objectfile.py)
+            return store.open_stream(name, buffer_size=READ_BUFFER)
         except FileNotFoundError:
             raise FileNotFoundError(f"{uri}: no such file") from None
+        except (StoreRefused, GaveUp):
+            raise
         except OSError as e:
             raise OSError(f"{uri}: cannot open: {catalog.storage.scrub(str(e))}") from None
     return open(uri.removeprefix("file://"), "rb")
@@ -206,6 +209,8 @@ def _manifest_units(uri: str, files_per_unit: int) -> Iterator[Unit]:
         try:
             for b in _manifest_file(uri).iter_batches(batch_size=min(files_per_unit, 4096), columns=[col]):
                 yield from b.column(0).to_pylist()
+        except (StoreRefused, GaveUp):
+            raise
         except Exception as e:  # a corrupt row group: the rows before it are listed
             failed.append(f"{uri}: manifest unreadable after the rows listed ({type(e).__name__}: {e})")
 
@@ -249,6 +254,8 @@ def _input_parts(inputs: list[str], exts: tuple[str, ...], check_only: bool = Fa
                     continue
             except shard_inputs.ShardInputError as e:
                 raise InputError(str(e)) from None
+            except (StoreRefused, GaveUp):
+                raise  # the store's own line (its URI, the cause, the fix): exit 3, not a bad --input
             except (OSError, ValueError) as e:
                 raise InputError(f"--input {inp}: cannot be listed or read ({catalog.storage.scrub(str(e))}); "
                                  "check the URI and the store's credentials") from None

@@ -6,6 +6,8 @@ import torch
 
 import catalog
 from catalog import storage as st
+from catalog.storage import retry
+from faultstore import through
 from training.data import ShardStream
 from training_fixtures import skimage_samples, write_curated_shards
 
@@ -18,8 +20,8 @@ def test_the_shard_stream_on_s3_equals_the_local_one_and_copies_nothing(s3_serve
         store.write_bytes(p.name, p.read_bytes())
     assert catalog.list_shard_names(store.uri) == catalog.list_shard_names(local) != []
     opened = []
-    real_open = st.Storage.open_input
-    monkeypatch.setattr(st.Storage, "open_input", lambda self, path: opened.append(path) or real_open(self, path))
+    real_open = type(store).open_input
+    monkeypatch.setattr(type(store), "open_input", lambda self, path: opened.append(path) or real_open(self, path))
     monkeypatch.chdir(tmp_path)  # nothing lands in the working folder either
     remote, here = (iter(ShardStream(src, 64, 4, seed=3)) for src in (store.uri, local))
     for _ in range(6):  # more than one epoch of the 14 decodable samples
@@ -32,3 +34,25 @@ def test_pretrain_refuses_an_s3_prefix_without_shards(s3_server):
     from training.pretrain import PretrainConfig, check_inputs
     with pytest.raises(FileNotFoundError, match="no curated shards"):
         check_inputs(PretrainConfig(data=s3_server.prefix("empty") + "/shards", output="x"))
+
+
+def test_the_shard_stream_through_a_faulty_store_equals_the_local_one(s3_server, tmp_path):
+    """Throttling, cut bodies and resets on every kind of request the stream makes (listing, index
+    reads, ranged member reads): the same batches as from local disk, the faults retried and counted."""
+    local = tmp_path / "shards"
+    write_curated_shards(local, skimage_samples(), per_shard=5)
+    store = st.open_storage(s3_server.prefix("train-faults") + "/shards")
+    for p in sorted(local.iterdir()):
+        store.write_bytes(p.name, p.read_bytes())
+    retry.configure({"retry_first_wait_s": 0.01, "retry_max_wait_s": 0.1})
+    before = retry.snapshot()
+    try:
+        with through(s3_server.endpoint, seed=5, slowdown=0.15, cut=0.1, reset=0.05) as fs:
+            remote, here = (iter(ShardStream(src, 64, 4, seed=3)) for src in (store.uri, local))
+            for _ in range(4):
+                a, b = next(remote), next(here)
+                assert torch.equal(a["images"], b["images"]) and a["position"] == b["position"]
+    finally:
+        retry.configure(None)
+    got = retry.since(before)
+    assert fs.counts["slowdown"] + fs.counts["cut"] + fs.counts["reset"] > 0 and got["retries"] > 0, (fs.counts, got)
