@@ -113,17 +113,6 @@ def _count_pct(n, pct) -> str:
     return f"{n:,} ({pct:.1f}%)"
 
 
-def store_line(store: dict) -> str:
-    """The manifest's `store` counts (catalog/storage/retry.py) in one line: what the object store
-    made the run retry, and for what."""
-    n, retries = int(store.get("requests") or 0), int(store.get("retries") or 0)
-    per = f" ({1000 * retries / n:.1f} per 1,000)" if n else ""
-    line = (f"store: {n:,} requests, {retries:,} retried{per}, {int(store.get('throttled') or 0):,} throttled, "
-            f"{int(store.get('resumed_reads') or 0):,} reads resumed")
-    kinds = ", ".join(f"{k} {v:,}" for k, v in (store.get("retries_for") or {}).items())
-    return f"{line} (retries: {kinds})" if kinds else line
-
-
 def format_stats(runs: list[dict], overlap: dict | None = None) -> str:
     """Plain-text tables of one or more runs' statistics, runs as columns."""
     labels = _labels(runs)
@@ -147,6 +136,7 @@ def format_stats(runs: list[dict], overlap: dict | None = None) -> str:
                    f"{tot['decode_errors']:,} decode errors")
         out.append(f"  {tot['units']:,} input units, {tot['units_with_errors']:,} units with errors")
         if info.get("store"):
+            from explore.stats import store_line
             out.append(f"  {store_line(info['store'])}")
 
     # funnel: the union of stages, in the first run's order

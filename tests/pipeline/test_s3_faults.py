@@ -110,8 +110,11 @@ def test_select_stats_and_report_through_a_faulty_store_give_what_they_give_on_a
     assert stats.returncode == 0, stats.stderr[-2000:]
     clean_stats = json.loads(_cli("stats", clean, "--json", cwd=cwd).stdout)
     got = json.loads(stats.stdout)
-    for k in ("totals", "funnel", "reasons", "curated", "duplicates"):
+    for k in ("totals", "funnel", "reasons", "curated"):
         assert got[k] == clean_stats[k], k
+    for d in (got, clean_stats):  # arg_max over clusters of one size: any of them, in scan order
+        d["duplicates"].pop("largest_canonical")
+    assert got["duplicates"] == clean_stats["duplicates"]
     assert report.returncode == 0, report.stderr[-2000:]
     assert st.open_storage(faulty).exists("report.html")
 
