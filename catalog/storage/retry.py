@@ -164,12 +164,6 @@ class Limiter:
         self._mine = threading.local()  # a request made while this thread holds a slot (a read-back
         # inside a conditional write) uses that slot: no thread waits on itself
 
-    def resize(self, max_in_flight: int) -> None:
-        with self._cv:
-            self.max = max(1, int(max_in_flight))
-            self.limit = min(self.limit, float(self.max))
-            self._cv.notify_all()
-
     @contextmanager
     def slot(self):
         if getattr(self._mine, "held", False):
@@ -223,12 +217,8 @@ def configure(settings) -> RetryPolicy:
         settings = settings.get("storage")  # a whole config: its section (absent: the defaults)
     policy = RetryPolicy.of(settings)
     with _STATE_LOCK:
-        if _STATE["policy"] != policy:
-            _STATE["policy"] = policy
-            if _STATE["limiter"] is None:
-                _STATE["limiter"] = Limiter(policy.max_in_flight)
-            else:
-                _STATE["limiter"].resize(policy.max_in_flight)
+        if _STATE["policy"] != policy:  # a new policy starts with its own, fresh limit
+            _STATE["policy"], _STATE["limiter"] = policy, Limiter(policy.max_in_flight)
     os.environ[ENV] = json.dumps(policy.settings(), sort_keys=True)
     return policy
 

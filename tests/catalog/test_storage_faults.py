@@ -5,6 +5,7 @@ never fools a conditional write or the lock's probe, and a permanent refusal is 
 import os
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -127,3 +128,28 @@ def test_a_wrong_secret_or_a_missing_bucket_is_one_line_and_one_request(s3_serve
         with pytest.raises(StoreRefused, match=r"no such bucket \(NoSuchBucket\); create s3://no-such-bucket-"):
             list(missing.list())  # (SeaweedFS makes a bucket a PUT names; S3 answers NoSuchBucket to both)
         assert fs.counts["requests"] == n + 1
+
+
+def test_sustained_throttling_lowers_the_requests_in_flight_and_they_recover(s3_server):
+    retry.configure({"retry_first_wait_s": 0.01, "retry_max_wait_s": 0.1, "retry_max_in_flight": 8})
+    try:
+        data = b"x" * 100_000
+        gate = retry.limiter()
+        lowest = [gate.limit]
+        with through(s3_server.endpoint, seed=6, slowdown=0.5) as fs:
+            src = st.open_storage(s3_server.prefix("busy"))  # its client talks to the proxy
+            src.write_bytes("a.bin", data)
+
+            def reads(_):
+                for _ in range(10):
+                    assert src.read_bytes("a.bin") == data
+                    lowest[0] = min(lowest[0], gate.limit)
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(reads, range(8)))
+            assert fs.counts["slowdown"] > 20 and lowest[0] <= 2  # halved again and again, not failed
+            fs.set(slowdown=0.0)
+            for _ in range(80):  # the store recovered: so does the limit, by 1/limit a success
+                src.read_bytes("a.bin")
+        assert gate.limit == 8
+    finally:
+        retry.configure(None)
