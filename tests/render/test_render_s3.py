@@ -136,16 +136,20 @@ def test_a_render_and_its_export_through_a_faulty_store_equal_the_clean_ones(s3_
         assert e.returncode == 0, e.stderr[-3000:]
     assert fs.counts["slowdown"] and fs.counts["lost_ack"] and fs.counts["cut"] + fs.counts["reset"], fs.counts
     assert {x.path for x in st.open_storage(faulty).list()} == {x.path for x in st.open_storage(out).list()}
-    frames = [catalog.connect(r).sql("SELECT * EXCLUDE (render_seconds) FROM frames ORDER BY frame_index")
-              .fetchall() for r in (out, faulty)]
+    # what a frame is (its scan, light, camera, body: a pure function of seed and index) and what its
+    # shard holds; Cycles' pixels, and so the members' sizes, may differ from one render to the next
+    cols = "key, shard, frame_index, scan_id, hdri_id, height, width, params, K, cam_to_world, error, " \
+           "list_transform(members, m -> m.name) AS names"
+    frames = [catalog.connect(r).sql(f"SELECT {cols} FROM frames ORDER BY frame_index").fetchall() for r in (out, faulty)]
     assert frames[0] == frames[1] and len(frames[0]) == 2
     p = _humanset(["render", "export", out, "--format", "sapiens", "--to", str(tmp_path / "clean"),
                    "--normal-frame", "opencv", "--no-progress"], cwd, scratch)
     assert p.returncode == 0, p.stderr[-3000:]
-    clean = {f.relative_to(tmp_path / "clean"): f for f in (tmp_path / "clean").rglob("*") if f.is_file()}
-    got = {f.relative_to(tmp_path / "faulty"): f for f in (tmp_path / "faulty").rglob("*") if f.is_file()}
-    assert sorted(got) == sorted(clean)
-    for rel in clean:
-        if rel.parts[0] in ("masks", "depths"):
-            assert got[rel].read_bytes() == clean[rel].read_bytes(), rel
+    clean = sorted(f.relative_to(tmp_path / "clean") for f in (tmp_path / "clean").rglob("*") if f.is_file())
+    assert sorted(f.relative_to(tmp_path / "faulty") for f in (tmp_path / "faulty").rglob("*") if f.is_file()) == clean
+    px = dict(catalog.connect(faulty).sql("SELECT frame_index, person_px FROM frames").fetchall())
+    for i, person_px in px.items():  # the exported files are the faulty run's own frames, whole
+        mask = load_png((tmp_path / "faulty" / "masks" / f"{i:08d}.png").read_bytes())
+        depth = load_npy((tmp_path / "faulty" / "depths" / f"{i:08d}.npy").read_bytes())
+        assert int((mask > 0).sum()) == person_px > 100 and np.array_equal(depth > 0, mask > 0)
     assert list(cwd.iterdir()) == []
