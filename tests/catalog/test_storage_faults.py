@@ -153,3 +153,15 @@ def test_sustained_throttling_lowers_the_requests_in_flight_and_they_recover(s3_
         assert gate.limit == 8
     finally:
         retry.configure(None)
+
+
+def test_a_retry_after_answer_is_waited_out(s3_server, quick_retries):
+    """The requests whose answer's headers reach humanset (the lock's signed HEAD and DELETE) wait at
+    least what Retry-After asks (obstore does not pass the header on: its requests back off as usual)."""
+    with through(s3_server.endpoint, seed=8, retry_after=1) as fs:
+        store = st.open_storage(s3_server.prefix("after"))
+        assert store.create_once("lk", b"1")
+        fs.once("HEAD", "/lk", "slowdown")
+        t0 = time.monotonic()
+        tag, age = store._stat("lk")
+        assert time.monotonic() - t0 >= 1.0 and tag and fs.counts["slowdown"] == 1

@@ -139,7 +139,7 @@ def test_a_render_and_its_export_through_a_faulty_store_equal_the_clean_ones(s3_
     # what a frame is (its scan, light, camera, body: a pure function of seed and index) and what its
     # shard holds; Cycles' pixels, and so the members' sizes, may differ from one render to the next
     cols = "key, shard, frame_index, scan_id, hdri_id, height, width, params, K, cam_to_world, error, " \
-           "list_transform(members, m -> m.name) AS names"
+           "list_transform(members, lambda m: m.name) AS names"
     frames = [catalog.connect(r).sql(f"SELECT {cols} FROM frames ORDER BY frame_index").fetchall() for r in (out, faulty)]
     assert frames[0] == frames[1] and len(frames[0]) == 2
     p = _humanset(["render", "export", out, "--format", "sapiens", "--to", str(tmp_path / "clean"),
