@@ -273,8 +273,8 @@ def attempt(what: str, uri: str, fn: Callable[[], T], *, on_fault: Callable[[Bas
         if verdict.kind == "permanent":
             raise (exc if isinstance(exc, StoreRefused) else refusal(uri, verdict)) from None
         wait = pol.next_wait(wait)
-        if verdict.retry_after is not None:
-            wait = max(wait, min(verdict.retry_after, pol.max_wait_s))
+        if verdict.retry_after is not None:  # the store said how long: at least that (within retry_total_s)
+            wait = max(wait, verdict.retry_after)
         elapsed = time.monotonic() - start
         out_of_tries = verdict.kind != "throttled" and tries >= pol.attempts
         if out_of_tries or elapsed + wait > pol.total_s:
