@@ -56,3 +56,27 @@ def test_the_shard_stream_through_a_faulty_store_equals_the_local_one(s3_server,
         retry.configure(None)
     got = retry.since(before)
     assert fs.counts["slowdown"] + fs.counts["cut"] + fs.counts["reset"] > 0 and got["retries"] > 0, (fs.counts, got)
+
+
+def test_pretrain_through_a_faulty_store_logs_the_losses_of_a_local_run(s3_server, tmp_path):
+    """`humanset pretrain --data s3://...` with its requests through tests/faultstore.py: the same
+    losses, step by step, as the same pretraining on the same shards on local disk."""
+    from humanset.cli import main as humanset_main
+    from training_fixtures import logged_losses
+    local = tmp_path / "shards"
+    write_curated_shards(local, skimage_samples(), per_shard=5)
+    store = st.open_storage(s3_server.prefix("pretrain-faults") + "/shards")
+    for p in sorted(local.iterdir()):
+        store.write_bytes(p.name, p.read_bytes())
+    args = ["--model", "micro", "--image-size", "64", "--batch-size", "4", "--steps", "3", "--set", "loader_workers=0",
+            "--set", "progress=false", "--set", "cpu_threads=1", "--set", "log_every=1"]
+    try:
+        assert humanset_main(["pretrain", "--data", str(local), "--output", str(tmp_path / "local"), *args]) == 0
+        with through(s3_server.endpoint, seed=9, slowdown=0.15, cut=0.1, reset=0.05) as fs:
+            assert humanset_main(["pretrain", "--data", store.uri, "--output", str(tmp_path / "s3"), *args,
+                                  "--set", "storage.retry_first_wait_s=0.02"]) == 0
+    finally:
+        retry.configure(None)
+    assert fs.counts["slowdown"] + fs.counts["cut"] + fs.counts["reset"] > 0, fs.counts
+    a, b = logged_losses(tmp_path / "local"), logged_losses(tmp_path / "s3")
+    assert sorted(a) == sorted(b) == [1, 2, 3] and all(a[s] == pytest.approx(b[s], rel=1e-6) for s in a)
