@@ -37,7 +37,7 @@ TASKS = ("depth", "normal", "seg", "pose")
 FIGURES = {"depth": ["absrel", "rmse", "delta1"], "normal": ["mean", "median", "within_30"],
            "seg": ["mIoU", "mAcc"], "pose": ["PCK@0.05", "PCK@0.1", "PCK@0.2", "AP"]}
 TARGET_GAIN = 0.10
-# fine-tuning peak lr per head (docs/learning.md, "Second look"): at 2e-3 the normal head under-fits and stays
+# fine-tuning peak lr per head (research/notes/learning.md, "Second look"): at 2e-3 the normal head under-fits and stays
 # near the mean normal (300 steps at 5e-4: +7.5 % against +3.7 % after 400 at 2e-3); at 5e-4 the seg head,
 # under sapiens28's weights (background 0.1), still labels almost every pixel a part after 300 steps (mIoU
 # 0.005 against 0.094 after 400 at 2e-3); depth and pose gained >= 16 % at 2e-3
@@ -45,8 +45,8 @@ TASK_LR = {"depth": 2e-3, "normal": 5e-4, "seg": 2e-3, "pose": 2e-3}
 # seg: background weight 1 instead of sapiens28's 0.1 (600 steps, held-out mIoU 0.129 against 0.108 with the
 # vocabulary's weights and 0.099 with uniform ones; background IoU 0.91 against 0.73)
 SEG_BACKGROUND_WEIGHT = 1.0
-# heads that also see the image through two 3x3 convs (FinetuneConfig.head_image_skip; docs/learning.md, "Third
-# look"): at 128x96 the encoder sees 8 x 6 tokens and the normal head, from tokens alone, learns little beyond the
+# heads that also see the image through two 3x3 convs (FinetuneConfig.head_image_skip; research/notes/learning.md,
+# "Third look"): at 128x96 the encoder sees 8 x 6 tokens and the normal head, from tokens alone, learns little beyond the
 # mean normal (300 steps, 32 frames, random init: 31.0 deg held-out with the skip, 36.7 without, baseline 39.7);
 # seg: mIoU 0.194 with the skip against 0.129 without (600 steps; baseline 0.099); depth and pose not measured
 IMAGE_SKIP = ("normal", "seg")

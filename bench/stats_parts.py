@@ -2,7 +2,7 @@
 and `select`.
 
 For each N a synthetic run of N small catalog parts (`--rows-per-part` rows each, realistic columns
-from bench/stats.py's generator conformed to catalog.SAMPLES; every 50th part has zero rows), one
+from bench/synthetic_catalog.py conformed to catalog.SAMPLES; every 50th part has zero rows), one
 stats marker per unit (every 40th unit failed with a unit error, some with their `unit_error_kind`,
 some without) and a manifest of a complete run. The parts are one generated table written again
 with other ids, so generating 50,000 costs little more than writing them. Each command runs in its
@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import catalog  # noqa: E402
-from stats import CONFIG, chunk  # noqa: E402  (bench/stats.py, this folder)
+from synthetic_catalog import CONFIG, chunk  # noqa: E402  (bench/, this script's folder)
 
 UNIT_ERRORS = [("not_a_tar", "not a tar archive (bad header checksum at byte 0)"),
                ("truncated", "tar ends inside member 00017.jpg at byte 81920"),

@@ -47,7 +47,7 @@ from pipeline.config import load_config  # noqa: E402
 @contextlib.contextmanager
 def det_model(path: str | None):
     """While inside, rapidocr builds its detector from the ONNX file `path` (None: its shipped one), so
-    experiments (--det-model, bench/wm_detectors.py) can swap the detector of the OCR they load."""
+    experiments (--det-model, research/watermark/detectors.py) can swap the detector of the OCR they load."""
     if path is None:
         yield
         return
@@ -288,7 +288,7 @@ def main(argv=None) -> int:
                     help="config override, as humanset curate's (e.g. watermark.min_det_score=0.5)")
     ap.add_argument("--det-model", default=None, metavar="FILE.onnx",
                     help="experiments: this ONNX DB detector instead of rapidocr's shipped one, in both stages "
-                         "(bench/wm_detft.py --onnx writes one)")
+                         "(research/watermark/detft.py --onnx writes one)")
     ap.add_argument("--det-levels", default=None, metavar="L[,L...]",
                     help="experiments: also binarise the detector's map at these levels (e.g. 0.7) and add the boxes "
                          "found there (LevelBoxes), in both stages")

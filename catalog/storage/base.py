@@ -1,5 +1,5 @@
 """The base classes of the storage layer (catalog/storage/__init__.py is the facade): `Storage`, over any
-pyarrow file system (gs://, hdfs://; the backends of catalog/storage/memory.py and storage_s3.py
+pyarrow file system (gs://, hdfs://; the backends of catalog/storage/memory.py and s3.py
 subclass it), and `LocalStorage` (temp + fsync + rename writes, create_once by link(2), the run lock
 by flock). Each class reopens itself from a URI (`from_uri`); a pickled Storage is its class and
 its URI, so no client or secret travels (catalog/storage/factory.py dispatches a URI to its class).
@@ -23,7 +23,7 @@ from catalog.storage import globs
 from catalog import io as cio
 from catalog.storage.core import (ConditionalWritesUnsupported, Entry, StorageError, clean_rel, is_local_scheme,
                                   remote_parts, scrub, split_uri)
-from catalog.storage.lock import Held, object_run_lock
+from catalog.storage.lock import LEASE_S, Held, object_run_lock
 
 SPOOL_BYTES = 64 << 20  # open_output on object stores keeps this much in memory, then spills to a temp file
 PYARROW_SCHEMES = ("gs", "gcs", "hdfs")  # the stores a plain Storage opens through pyarrow.fs
@@ -95,9 +95,11 @@ class Storage:
             raise self._err("open", path, e) from None
 
     def open_stream(self, path: str, buffer_size: int = 1 << 20):
-        """A sequential reader (read, readline; a context manager), `buffer_size` bytes a request."""
+        """A sequential reader (read, readline; a context manager), `buffer_size` bytes a request; the
+        bytes as stored (pyarrow's default would decompress a name ending in .gz, .bz2, ...)."""
         try:
-            return io.BufferedReader(self.fs.open_input_stream(self.fs_path(path), buffer_size=buffer_size))
+            return io.BufferedReader(self.fs.open_input_stream(self.fs_path(path), compression=None,
+                                                               buffer_size=buffer_size))
         except FileNotFoundError:
             raise FileNotFoundError(f"{self.uri_of(path)}: no such file") from None
         except OSError as e:
@@ -233,7 +235,7 @@ class Storage:
         return self._conditional
 
     @contextmanager
-    def run_lock(self, force: bool = False, lease_s: float = 120.0, heartbeat_s: float | None = None):
+    def run_lock(self, force: bool = False, lease_s: float = LEASE_S, heartbeat_s: float | None = None):
         """Exclusive lock on this run folder; see catalog/storage/lock.py."""
         with object_run_lock(self, force=force, lease_s=lease_s, heartbeat_s=heartbeat_s) as handle:
             yield handle
@@ -312,7 +314,7 @@ class LocalStorage(Storage):
             tmp.unlink(missing_ok=True)
 
     @contextmanager
-    def run_lock(self, force: bool = False, lease_s: float = 120.0, heartbeat_s: float | None = None):
+    def run_lock(self, force: bool = False, lease_s: float = LEASE_S, heartbeat_s: float | None = None):
         """flock on ROOT/.lock (catalog/io.py): dies with its process, so nothing is ever stale."""
         with cio.run_lock(self.base):
             yield Held(self.uri_of(".lock"))

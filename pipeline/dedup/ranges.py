@@ -35,7 +35,7 @@ from catalog.schema import NEAR_PAIRS
 from pipeline.settings import DEFAULTS
 from pipeline.dedup.tables import DEFAULT_BUCKET_CAP, Layout, loc, read_table_stats, sorted_table_pairs, blocks, tables
 
-# one (table, range) task per hash, measured by bench/dedup_candidates.py (table_task): the range's
+# one (table, range) task per hash, measured by research/dedup/candidates.py (table_task): the range's
 # hashes (8), their sorted permuted copy (8), candidate positions and scan temporaries; see docs/dedup.md
 TASK_BYTES_PER_HASH = 48
 TASK_BASE_BYTES = 256 << 20  # a Ray worker with numpy and pyarrow imported, before any hash

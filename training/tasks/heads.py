@@ -8,7 +8,7 @@
 With `image_skip` (not in Sapiens; for small frames, where a patch token covers a whole limb: at 128x96
 the encoder sees 8 x 6 tokens) the input image, area-resized to the deconvs' output, goes through two
 3x3 convs of the head's width and is concatenated to the upsampled features before the 1x1 convs, so the
-head sees edges at its output resolution that 16x16 patches blur (docs/learning.md, "Third look").
+head sees edges at its output resolution that 16x16 patches blur (research/notes/learning.md, "Third look").
 
 Sapiens' layouts (widths configurable, e.g. small ones for CPU tests):
     pose    2 deconvs, 2 convs at 768  -> K heatmaps at 1/4 input

@@ -18,7 +18,7 @@ calibrate` sweeps above the cut want `recognize: all`). Crops are recognised one
 own width (REC_MIN_WIDTH, REC_BATCH: no padding to the batch's widest or to 320 px).
 
 With `watermark.corner_read: true` the images still at or below the cut (watermark.max_score) are read
-once more, without boxes: the five corner crops (wm_evidence.corner_crops) in one recognition call
+once more, without boxes: the five corner crops (evidence.corner_crops) in one recognition call
 across the batch. It finds corner lines the detector puts no box on, at about one detection pass of
 cost per image read (docs/watermark.md), so it is off by default.
 """
@@ -42,7 +42,7 @@ COLUMNS = ("watermark_score", "watermark_opacity", "watermark_repeat", "watermar
            "watermark_strings", "watermark_error")
 # recognition one crop at a time at its own width: rapidocr pads every crop of a batch to the batch's
 # widest and to at least 320 px (at height 48), and 96 % of the boxes this stage reads are narrower;
-# unpadded, the same reads cost ~0.6x (docs/watermark.md: Speed)
+# unpadded, the same reads cost ~0.6x (research/notes/watermark.md: This stop, Speed)
 REC_MIN_WIDTH, REC_BATCH = 48, 1
 ROUND_BOXES = 1  # recognize: needed reads this many more boxes of each image per round (docs/watermark.md)
 SHARED = ("text_det_boxes", "text_det_scores", "text_det_strings", "text_det_rec_scores")  # from the text stage

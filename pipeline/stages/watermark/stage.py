@@ -1,6 +1,6 @@
 """watermark: three methods (`watermark.method`). `ocr`, the default when no weights are given, reads
 PP-OCR's text boxes (shared with the text stage) and scores the evidence of a text watermark
-(pipeline/stages/watermark/ocr_rule.py, wm_evidence.py); it cannot see logos without text. `laion` and `card`
+(pipeline/stages/watermark/ocr_rule.py, evidence.py); it cannot see logos without text. `laion` and `card`
 are classifiers whose weights the user brings, as below; `auto` picks by `watermark.weights`.
 
 `laion`: LAION's watermark classifier, bring your own weights.
@@ -78,7 +78,7 @@ def to_input(rgb: np.ndarray) -> np.ndarray:
 class WatermarkStage(Stage):
     name = "watermark"
     phase = "score"
-    # the text stage's boxes and reads, where it ran (wm_ocr.SHARED)
+    # the text stage's boxes and reads, where it ran (ocr_rule.SHARED)
     reads = ("image", "text_det_boxes", "text_det_scores", "text_det_strings", "text_det_rec_scores")
     writes = ("watermark_score", "watermark_opacity", "watermark_repeat", "watermark_placement",
               "watermark_mark_text", "watermark_center_word", "watermark_corner_text", "watermark_n_boxes",

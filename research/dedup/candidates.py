@@ -14,7 +14,7 @@ the median rule's shape) at the same n and layouts. Also the per-task rates of o
 (table_pairs on uniform hashes, fresh process: seconds, peak RSS above its start), from which
 docs/dedup.md projects 1e9 hashes on 64 nodes x 32 cores x 256 GB. Prints one JSON object.
 
-    python bench/dedup_candidates.py --n 200000 --rate-n 4000000 16000000
+    python research/dedup/candidates.py --n 200000 --rate-n 4000000 16000000
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pipeline.dedup.tables import Layout, choose_blocks, tables  # noqa: E402
 

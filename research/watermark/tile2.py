@@ -1,5 +1,5 @@
-"""Experiment: the tile classifier of bench/wm_tile.py with the three ideas its section of
-docs/watermark.md left untried ("Tile classifier, second try"). Prints one JSON object.
+"""Experiment: the tile classifier of research/watermark/tile.py with the three ideas its section of
+research/notes/watermark.md left untried ("Tile classifier, second try"). Prints one JSON object.
 
 1. Input without the photo's kind: the image as grey level (JPEG draft "L": the Y plane only),
    resized to SIZE x SIZE, minus a Gaussian-blurred copy (sigma BLUR px), divided by that high-pass
@@ -7,7 +7,7 @@ docs/watermark.md left untried ("Tile classifier, second try"). Prints one JSON 
    +-CLIP. One channel: the net sees edges, not colours.
 2. Paired training: each drawn background crop appears twice, clean and with a tune-family mark, both
    re-encoded at the same JPEG quality, so only the mark tells the two apart. The loss is per-tile
-   BCE on both copies (as in wm_tile.py) plus a pair term: softplus(MARGIN - (S_marked - S_clean))
+   BCE on both copies (as in tile.py) plus a pair term: softplus(MARGIN - (S_marked - S_clean))
    on the image score logits (S: mean of the TOPK highest tile logits), weighted by the mark's
    opacity (min(1, opacity / 0.3): near-invisible marks weigh less).
 3. More backgrounds: the tune photos plus shipped images in neither family's photo list (scikit-learn
@@ -16,7 +16,7 @@ docs/watermark.md left untried ("Tile classifier, second try"). Prints one JSON 
    per side), flips, rescales, brightness/contrast/colour/gamma jitter, blur or noise, plus
    synthetic smooth colour fields and 2-photo mosaics. Never an eval photo, font or string.
 
-Everything else is wm_tile.py's protocol: the net (five 3x3 convolutions, 16 x 16 tiles), the image's
+Everything else is tile.py's protocol: the net (five 3x3 convolutions, 16 x 16 tiles), the image's
 tile score (mean probability of its 3 most mark-like tiles), the noisy-OR term
 1 - (1 - ocr_score)(1 - W * tile) at the rule's cut 0.8, W chosen on the tune family's bench set
 (seed 1; training draws seed 1000) as the largest recall with <= 5 % of clean photos rejected, then
@@ -31,10 +31,10 @@ their clean views (<= 5 % rejected by the tile term alone).
 
 Fourth try (`--net wide`, `--size N`, `--rendered DIR --rendered-share F`): a net with five times the
 parameters and a four times wider receptive field, a larger input, and backgrounds drawn from
-bench/wm_scenes.py's rendered frames (scene text under HDRI light). `--train-threads` only speeds
+research/watermark/scenes.py's rendered frames (scene text under HDRI light). `--train-threads` only speeds
 training; scoring stays on one thread.
 
-usage: python bench/wm_tile2.py [--tune-rows T.jsonl] [--eval-rows E.jsonl] [--n-pairs 1000] [--epochs 12]
+usage: python research/watermark/tile2.py [--tune-rows T.jsonl] [--eval-rows E.jsonl] [--n-pairs 1000] [--epochs 12]
                                 [--norm global|local] [--no-pair-loss] [--topk-loss] [--plain-backgrounds]
                                 [--dead-leaves F] [--scene-text F] [--hdris] [--text-check]
                                 [--net tiny|wide] [--size 256] [--rendered DIR] [--rendered-share F]
@@ -44,13 +44,13 @@ usage: python bench/wm_tile2.py [--tune-rows T.jsonl] [--eval-rows E.jsonl] [--n
   The measured run (B): `--topk-loss --cache P.npz --save B.pt --tune-rows T`, then
   `--load B.pt --tune-rows T --eval-rows E`.
 
-Result (2026-12-01, docs/watermark.md "Tile classifier, second try"): of three settings scored on
+Result (2026-12-01, research/notes/watermark.md "Tile classifier, second try"): of three settings scored on
 tune (A: pair loss; B: A + --topk-loss; C: B + --norm local), B was picked (tune AUC 0.744, W 0.85,
 tune recall 0.601 -> 0.652 at 3/60 clean). On eval, measured once: tile AUC 0.699 (first try 0.54),
 marked copies above clean ones on 7 of 8 photos, but at W 0.85 recall 0.427 -> 0.720 only with 15 of
 60 clean and 6 of 22 scene-text photos rejected. 7.0 ms per image (2.5 % of the text stage). Not taken.
 
-Third try (2026-12-02, docs/watermark.md "Tile classifier, third try"): of two settings scored on tune,
+Third try (2026-12-02, research/notes/watermark.md "Tile classifier, third try"): of two settings scored on tune,
 D2 (`--topk-loss --dead-leaves 0.4 --scene-text 0.4 --hdris --n-pairs 2000`) was picked (tune AUC 0.767,
 W 1.0, tune recall 0.601 -> 0.709 at 2/60 clean). On eval, measured once: tile AUC 0.792, marked copies
 above clean ones on all 8 photos, but at W 1.0 recall 0.427 -> 0.793 only with 20 of 60 clean and 13 of
@@ -74,10 +74,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageEnhance, ImageFilter, ImageOps
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]  # the other experiments here; the product
 
-import wm_tile as wt  # noqa: E402
+import tile as wt  # noqa: E402
 
 from pipeline.stages.watermark import marks  # noqa: E402
 
@@ -254,7 +254,7 @@ def _draw_background(base: dict[str, Image.Image], names: list[str], rng: np.ran
                      plain: bool, leaves: float) -> Image.Image:
     if leaves and rng.random() < leaves:
         return augment(dead_leaves(rng), rng)
-    if plain:  # wm_tile.py's draw: the photo or a clean_view of it
+    if plain:  # tile.py's draw: the photo or a clean_view of it
         im = base[names[int(rng.integers(0, len(names)))]]
         im = marks.clean_view(im, rng) if rng.random() < 0.7 else im
         if max(im.size) > 384:
@@ -311,12 +311,12 @@ def tile_mask(size, spec) -> np.ndarray:
 
 
 def rendered_frames(folder: str | None) -> list[Image.Image]:
-    """The frames bench/wm_scenes.py rendered (scene text under HDRI light), RGB."""
+    """The frames research/watermark/scenes.py rendered (scene text under HDRI light), RGB."""
     if not folder:
         return []
     files = sorted(Path(folder).glob("scene_*.png"))
     if not files:
-        raise SystemExit(f"--rendered {folder}: no scene_*.png frames there (render them with bench/wm_scenes.py)")
+        raise SystemExit(f"--rendered {folder}: no scene_*.png frames there (render them with research/watermark/scenes.py)")
     return [Image.open(f).convert("RGB") for f in files]
 
 
@@ -358,7 +358,7 @@ def text_check_images(n_views: int = 20, seed: int = 2000) -> list[bytes]:
 
 
 def build_net():
-    """wm_tile.py's net on one grey channel, or with `--net wide` (fourth try) a wider one with a larger
+    """tile.py's net on one grey channel, or with `--net wide` (fourth try) a wider one with a larger
     receptive field: four stride-2 3x3 convolutions (16, 32, 64, 64 channels), then two 3x3 convolutions
     dilated 2 and 4 on the tile grid (64 channels), batch norm, a 1 x 1 head; tiles of 16 px."""
     if NET == "tiny":
@@ -463,7 +463,7 @@ def main(argv=None) -> int:
     ap.add_argument("--norm", choices=("global", "local"), default="global")
     ap.add_argument("--no-pair-loss", action="store_true")
     ap.add_argument("--topk-loss", action="store_true", help="also BCE on each copy's image score logit")
-    ap.add_argument("--plain-backgrounds", action="store_true", help="wm_tile.py's backgrounds and draw")
+    ap.add_argument("--plain-backgrounds", action="store_true", help="tile.py's backgrounds and draw")
     ap.add_argument("--dead-leaves", type=float, default=0.0, metavar="F",
                     help="draw this share of the backgrounds as dead-leaves images (third try)")
     ap.add_argument("--scene-text", type=float, default=0.0, metavar="F",
@@ -472,7 +472,7 @@ def main(argv=None) -> int:
     ap.add_argument("--text-check", action="store_true",
                     help="hold scikit-image's text and page photos out of training; W must also reject <= 5 %% "
                          "of their clean views (tile term alone)")
-    ap.add_argument("--rendered", default=None, metavar="DIR", help="frames of bench/wm_scenes.py (fourth try)")
+    ap.add_argument("--rendered", default=None, metavar="DIR", help="frames of research/watermark/scenes.py (fourth try)")
     ap.add_argument("--rendered-share", type=float, default=0.0, metavar="F",
                     help="draw this share of the backgrounds from --rendered's frames")
     ap.add_argument("--net", choices=("tiny", "wide"), default="tiny", help="wide: the fourth try's net")

@@ -1,8 +1,8 @@
-"""Experiment: fine-tune PP-OCR's shipped text detector on generated translucent marks (docs/watermark.md,
+"""Experiment: fine-tune PP-OCR's shipped text detector on generated translucent marks (research/notes/watermark.md,
 "Fine-tuning the detector"). Prints one JSON object.
 
 The watermark rule's largest loss is detection: the shipped detector puts no box on about a third of
-the marks, and nothing in its probability map can be thresholded out of it (docs/watermark.md). The
+the marks, and nothing in its probability map can be thresholded out of it (research/notes/watermark.md). The
 learned models tried instead (tile nets, a probe on the detector's features) read any text as a mark,
 scene text included, while the OCR rule keeps scene text (opaque, no mark words, not repeated). So
 this teaches the detector itself to see translucent text, and leaves reading and scoring to the rule.
@@ -16,8 +16,8 @@ this teaches the detector itself to see translucent text, and leaves reading and
   mark's text regions: the mark's pixels (marks.mark_mask) closed into words and shrunk a little,
   as DB's shrunk polygons are. A ring around each mark region is left out of the loss, and marks at
   opacity < 0.15 are left out entirely (near invisible).
-- Images: wm_tile2's backgrounds (tune photos, shipped images in neither family's photo list, the
-  eight bpy HDRIs, dead leaves, painted scene text, and with --rendered bench/wm_scenes.py's frames),
+- Images: tile2.py's backgrounds (tune photos, shipped images in neither family's photo list, the
+  eight bpy HDRIs, dead leaves, painted scene text, and with --rendered research/watermark/scenes.py's frames),
   on --marked of them a tune-family mark (tune fonts and strings; seed --seed), JPEG 60-95.
 - Loss: BCE on the probability map, balanced (positives and negatives weigh the same per image) or
   a per-pixel mean with positives weighted --pos-weight; Adam, --lr, one image per step; stops after
@@ -30,12 +30,12 @@ boxes >= 0.5). --save keeps the tuned weights (a torch state dict) and --onnx th
 
 Then the rule on it: python bench/watermark.py --family tune --no-own --det-model FILE.onnx
 
-Result (2026-12-02, docs/watermark.md): not taken. F1 (balanced, lr 1e-4, 40 min) over-predicts:
+Result (2026-12-02, research/notes/watermark.md): not taken. F1 (balanced, lr 1e-4, 40 min) over-predicts:
 16 weak boxes per clean image, marks with a box 0.658 -> 0.411. F2 (`--loss mean --pos-weight 3
 --lr 3e-5`, 33 min) keeps clean images as they were but finds fewer marks (0.487); with the rule,
 tune recall 0.601 -> 0.253.
 
-usage: python bench/wm_detft.py [--minutes 40] [--steps N] [--lr 1e-4] [--marked 0.75] [--seed 21]
+usage: python research/watermark/detft.py [--minutes 40] [--steps N] [--lr 1e-4] [--marked 0.75] [--seed 21]
                                 [--loss balanced|mean] [--pos-weight 3]
                                 [--rendered DIR] [--save FILE.pt] [--load FILE.pt] [--onnx FILE.onnx]
 """
@@ -52,12 +52,13 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[2]
+# the other experiments here; the product; bench/watermark.py (the generated tune and eval sets)
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT), str(ROOT / "bench")]
 
 import watermark as bw  # noqa: E402
-import wm_detectors as wd  # noqa: E402
-import wm_tile2 as wt2  # noqa: E402
+import detectors as wd  # noqa: E402
+import tile2 as wt2  # noqa: E402
 
 from pipeline.stages.watermark import marks  # noqa: E402
 from pipeline.stages import rapidocr_compat as rc  # noqa: E402

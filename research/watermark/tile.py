@@ -1,4 +1,4 @@
-"""Experiment: a tiny CNN on the downscaled image as extra watermark evidence (docs/watermark.md,
+"""Experiment: a tiny CNN on the downscaled image as extra watermark evidence (research/notes/watermark.md,
 "Tile classifier (tried)"). Prints one JSON object.
 
 Trained ONLY on generated tune-family marks (pipeline/stages/watermark/marks.py: tune photos, DejaVu fonts, tune
@@ -15,11 +15,11 @@ The evaluation combines the tile score as its own noisy-OR term with the OCR rul
 chosen on the tune family's bench set (seed 1, which the training, seeds 1000+, never drew) as the
 largest recall with <= 5 % of clean photos rejected, then measured once on the eval family.
 
-usage: python bench/wm_tile.py [--tune-rows T.jsonl] [--eval-rows E.jsonl] [--n-train 2000] [--epochs 12]
+usage: python research/watermark/tile.py [--tune-rows T.jsonl] [--eval-rows E.jsonl] [--n-train 2000] [--epochs 12]
                                [--cache FILE.npz] [--save FILE.pt | --load FILE.pt]
   (T, E: `python bench/watermark.py --family tune|eval --no-own --rows T|E.jsonl`)
 
-Result (2026-12-01, docs/watermark.md "Tile classifier (tried)"): tile ROC AUC 0.78 on the tune bench
+Result (2026-12-01, research/notes/watermark.md "Tile classifier (tried)"): tile ROC AUC 0.78 on the tune bench
 set but 0.54 on eval, where it scores nearly every photo, clean or marked, near 1; at the W chosen on
 tune (0.8) eval recall at opacity >= 0.2 rose 0.43 -> 0.73 only by rejecting 8 of 60 clean photos and
 8 of 22 scene-text photos. Not wired in.
@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 
 from pipeline.stages.watermark import marks  # noqa: E402
 
@@ -164,7 +165,7 @@ def train(X, M, epochs: int, seed: int):
 
 def tile_scores(net, images: list[bytes], make_input=None, make_batch=None) -> tuple[np.ndarray, float]:
     """Sigmoid scores and CPU seconds per image (decode to SIZE + forward, one image at a time, 1 thread);
-    make_input / make_batch: another input (bench/wm_tile2.py), else this file's to_input / prep."""
+    make_input / make_batch: another input (research/watermark/tile2.py), else this file's to_input / prep."""
     import torch
 
     make_input, make_batch = make_input or to_input, make_batch or prep
@@ -216,7 +217,7 @@ def family_images(family: str) -> list[bytes]:
     """The bench set's images, rebuilt exactly as bench/watermark.py draws them (same seed)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench_watermark", Path(__file__).with_name("watermark.py"))
+    spec = importlib.util.spec_from_file_location("bench_watermark", ROOT / "bench" / "watermark.py")
     bw = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bw)
     return [r["image"] for r in bw.build_set(family, 180, 60, marks.SEEDS[family])]

@@ -1,4 +1,4 @@
-"""Experiment: a linear probe on PP-OCR's own detector features as watermark evidence (docs/watermark.md,
+"""Experiment: a linear probe on PP-OCR's own detector features as watermark evidence (research/notes/watermark.md,
 "A probe on the detector's features"). Prints one JSON object.
 
 The text stage already runs PP-OCR's detector (rapidocr's PP-OCRv6 det, ONNX) on every image. Its DB
@@ -8,9 +8,9 @@ disk), the two tensors are added as outputs in memory, and a logistic regression
 standardised features) is fitted per map cell: positive where a tune-family mark covers >= 40 % of
 the cell (marks.mark_mask), negative where it covers < 5 %.
 
-Training images (seed --seed): backgrounds from bench/wm_tile2.py (shipped images in neither family's
+Training images (seed --seed): backgrounds from research/watermark/tile2.py (shipped images in neither family's
 photo list, the bpy wheel's eight world HDRIs; with --with-tune-photos also the tune photos), a
-random view of each, on 40 % of them opaque perspective scene text (wm_tile2.scene_text: a negative),
+random view of each, on 40 % of them opaque perspective scene text (tile2.scene_text: a negative),
 on 70 % a tune-family mark; JPEG at quality 60-95. Up to 1000 positive and 1000 negative cells each.
 
 An image's probe score is an aggregate of its cell probabilities (max, top-k mean, share above 0.5;
@@ -19,11 +19,11 @@ the cut (0.8) or the probe score passes T. T is chosen on the tune family's benc
 clean photos rejected), then applied once to eval; the eval-chosen T is printed too, marked as an
 upper bound (it is fitted on the set it is measured on).
 
-usage: python bench/wm_dbprobe.py --tune-rows T.jsonl --eval-rows E.jsonl [--n-train 1000] [--seed 12]
+usage: python research/watermark/dbprobe.py --tune-rows T.jsonl --eval-rows E.jsonl [--n-train 1000] [--seed 12]
                                   [--with-tune-photos]
   (T, E: `python bench/watermark.py --family tune|eval --no-own --rows T|E.jsonl`)
 
-Result (2026-12-02, docs/watermark.md): not taken. See there.
+Result (2026-12-02, research/notes/watermark.md): not taken. See there.
 """
 from __future__ import annotations
 
@@ -38,11 +38,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]  # the other experiments here; the product
 
-import wm_tile as wt  # noqa: E402
-import wm_tile2 as wt2  # noqa: E402
+import tile as wt  # noqa: E402
+import tile2 as wt2  # noqa: E402
 
 from pipeline.stages.watermark import marks  # noqa: E402
 

@@ -1,12 +1,12 @@
-"""Experiment: rendered scene text, as backgrounds for the watermark experiments (bench/wm_tile2.py
---rendered, bench/wm_detft.py --rendered; docs/watermark.md, "Fine-tuning the detector"). Writes PNG
+"""Experiment: rendered scene text, as backgrounds for the watermark experiments (research/watermark/tile2.py
+--rendered, research/watermark/detft.py --rendered; research/notes/watermark.md, "Fine-tuning the detector"). Writes PNG
 frames to a folder; prints one JSON object.
 
 Every learned watermark model tried so far scores real scene text (the bus's ad, the motorcycles'
 brand) like a mark, and text painted flat on a photo did not teach it otherwise. These frames hold
 scene text as a camera sees it: signs (a plate with a word), 3D lettering and printed surfaces bent
 like a shirt or a bus's side, under the bpy wheel's eight CC0 world HDRIs (which are also the
-backdrop), in perspective, lit, shaded and occluded by a few plain objects. Words: wm_tile2's
+backdrop), in perspective, lit, shaded and occluded by a few plain objects. Words: tile2.py's
 SCENE_WORDS; fonts: the tune family's only (marks.family_fonts("tune")), so the eval fonts stay unseen.
 
 Cycles on the CPU, plain bpy (no BlenderProc: nothing here is a humanset render). Seeded: frame i
@@ -14,8 +14,8 @@ draws from seed (SEED, i).
 
 Cost: 8-9 s a frame at 384 px, 32 samples, one thread (2026-12-02, load ~2).
 
-usage: python bench/wm_scenes.py OUT_DIR [--n 300] [--start 0] [--size 384] [--samples 32] [--threads 2]
-then: python bench/wm_tile2.py ... --rendered OUT_DIR --rendered-share F  (or bench/wm_detft.py --rendered OUT_DIR)
+usage: python research/watermark/scenes.py OUT_DIR [--n 300] [--start 0] [--size 384] [--samples 32] [--threads 2]
+then: python research/watermark/tile2.py ... --rendered OUT_DIR --rendered-share F  (or research/watermark/detft.py --rendered OUT_DIR)
 """
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]  # the other experiments here; the product
 
-import wm_tile2 as wt2  # noqa: E402
+import tile2 as wt2  # noqa: E402
 
 from pipeline.stages.watermark import marks  # noqa: E402
 

