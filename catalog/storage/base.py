@@ -140,7 +140,8 @@ class Storage:
             yield spool
             spool.seek(0)
             try:
-                with self.fs.open_output_stream(self.fs_path(path)) as out:
+                # the bytes as given: pyarrow's default would compress a name ending in .gz, .bz2, ...
+                with self.fs.open_output_stream(self.fs_path(path), compression=None) as out:
                     shutil.copyfileobj(spool, out, 8 << 20)
             except OSError as e:
                 raise self._err("write", path, e) from None
