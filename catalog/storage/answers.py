@@ -58,8 +58,9 @@ PERMANENT = {
     "AccountProblem": ("the store's account has a problem (AccountProblem)", "ask the account's owner"),
     "UNAUTHENTICATED": ("the store refuses the credentials (401)",
                         "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the AWS profile"),
-    "FORBIDDEN": ("access denied (403)", "give these credentials read, write, list and delete rights on "
-                                         "s3://{bucket}"),
+    "FORBIDDEN": ("the store refuses the request (403, no reason given: a HEAD's answer has no body)",
+                  "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the AWS profile), and that they may read, "
+                  "write, list and delete in s3://{bucket}"),
 }
 _PA_CODES = {"ACCESS_DENIED": "AccessDenied", "INVALID_ACCESS_KEY_ID": "InvalidAccessKeyId",
              "SIGNATURE_DOES_NOT_MATCH": "SignatureDoesNotMatch", "NO_SUCH_BUCKET": "NoSuchBucket",
@@ -86,8 +87,6 @@ def classify(exc: BaseException) -> Verdict:
     """What a failed request's exception means (obstore's, pyarrow's, urllib's or ours)."""
     if isinstance(exc, StoreRefused):
         return Verdict("permanent", None, exc.code)
-    if isinstance(exc, (FileNotFoundError,)) and not isinstance(exc, StorageError):
-        return Verdict(None, 404)
     given = getattr(exc, "verdict", None)
     if isinstance(given, Verdict):
         return given
@@ -98,6 +97,9 @@ def classify(exc: BaseException) -> Verdict:
     status = int(m.group(1)) if m else getattr(exc, "status", None)
     codes = _codes(text)
     code = next((c for c in codes if c in PERMANENT or c in THROTTLE_CODES or c in TRANSIENT_CODES), "")
+    if isinstance(exc, FileNotFoundError) and not isinstance(exc, StorageError):
+        # a missing key, unless the body says the bucket itself is missing (a GET's 404 NoSuchBucket)
+        return Verdict("permanent", 404, code) if code in PERMANENT else Verdict(None, 404)
     if name in ("UnauthenticatedError",):
         return Verdict("permanent", status or 401, code if code in PERMANENT else "UNAUTHENTICATED")
     if code in PERMANENT or (code == "" and name == "PermissionDeniedError"):

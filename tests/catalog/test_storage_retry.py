@@ -49,6 +49,8 @@ def test_an_answer_that_only_looks_like_a_fault_is_not_one():
     # the timing obstore prints ("45.015013ms") holds "501": no status is read from it
     assert classify(OSError(OBSTORE_500)).status == 500
     assert classify(FileNotFoundError("s3://b/k: no such file")).kind is None
+    # obstore raises a GET's 404 as FileNotFoundError; a missing bucket says so in the body
+    assert classify(FileNotFoundError(OBSTORE_BUCKET)).kind == "permanent"
     assert classify(ConnectionResetError("reset")).kind == "transient"
 
 
@@ -59,6 +61,8 @@ def test_a_permanent_answer_is_one_line_naming_the_uri_the_cause_and_the_fix():
     assert "AWS_SECRET_ACCESS_KEY" in str(e)
     e = answers.refusal("s3://missing/runs/r1", classify(OSError(OBSTORE_BUCKET)))
     assert "no such bucket (NoSuchBucket)" in str(e) and "create s3://missing" in str(e)
+    e = answers.refusal("s3://b/r/x.json", classify(OSError("HEAD ... status code: 403 Forbidden")))  # no body
+    assert "AWS_SECRET_ACCESS_KEY" in str(e) and "delete in s3://b" in str(e) and "\n" not in str(e)
 
 
 def _policy(**kw):

@@ -135,6 +135,9 @@ def test_a_wrong_secret_or_a_missing_bucket_is_one_line_exit_3_and_no_retry_loop
     assert p.returncode == 3, p.stderr[-2000:]
     err = [x for x in p.stderr.splitlines() if x.strip()]
     assert len(err) == 1 and "no such bucket (NoSuchBucket); create s3://no-such-bucket-" in err[0], err
-    p = _cli("stats", missing + "runs/r1", cwd=cwd)
-    assert p.returncode == 3 and "NoSuchBucket" in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
-    assert time.monotonic() - t0 < 120  # three commands refused at once, none waiting out a retry policy
+    for cmd in (["stats", missing + "runs/r1"],  # a listing, and a GET (the manifest): each a 404 NoSuchBucket
+                ["select", missing + "runs/r1", "--set", "size.min_short_side=400", "--output", missing + "sel"]):
+        p = _cli(*cmd, cwd=cwd)
+        err = [x for x in p.stderr.splitlines() if x.strip()]
+        assert p.returncode == 3 and len(err) == 1 and "NoSuchBucket" in err[0], p.stderr[-2000:]
+    assert time.monotonic() - t0 < 120  # four commands refused at once, none waiting out a retry policy
