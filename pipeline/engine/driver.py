@@ -226,8 +226,7 @@ def check_stages(cfg: dict) -> None:
 
 def _identity(cfg) -> dict:
     """What makes a run the same run: its config without `storage` (how the store is talked to)."""
-    cfg = with_defaults(cfg)
-    return {k: v for k, v in cfg.items() if k != "storage"} if isinstance(cfg, dict) else cfg
+    return {k: v for k, v in c.items() if k != "storage"} if isinstance(c := with_defaults(cfg), dict) else c
 
 
 def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress: bool, held=None) -> dict:
