@@ -85,11 +85,13 @@ def run(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         raise
     except Exception as e:  # the rooms print their own errors; what reaches here is named in one line
-        status = user_error(e)
+        from catalog.storage.answers import store_fault
+        fault = store_fault(e)  # the store refused for good, or kept failing: the machine's, exit 3
+        status = EXIT_ENVIRONMENT if fault is not None else user_error(e)
         if status is None or args.verbose:
             raise
         command = " ".join([args.command] + [v for k, v in vars(args).items() if k.endswith("_command") and v])
-        print(f"humanset {command}: error: {e}", file=sys.stderr)
+        print(f"humanset {command}: error: {e if fault is None else fault}", file=sys.stderr)
         return status
 
 

@@ -44,7 +44,7 @@ import numpy as np
 import catalog
 from catalog import FRAMES, HDRIS, SCANS, ShardWriter, conform
 from catalog import run_kind
-from catalog.storage import is_uri, run_root, storage_for
+from catalog.storage import is_uri, retry, run_root, storage_for
 from catalog.storage.lock import LEASE_S
 from catalog.storage.paths import absolute
 
@@ -52,8 +52,8 @@ from render.run import output as outfmt
 from render.config import RenderConfig
 from render.run.files import (HDRI_CATALOG, SCAN_CATALOG, crash_file, crashed_scans, read_table, reject_crashed_scans,
                               run_store)
-from render.run.spec import (CONVENTIONS, IDENTITY, MANIFEST, PREFIX, RunSpec, frame_key, index_inputs,
-                             resume_manifest, shard_done, shard_name, shards_todo, staging_dir, usable_hdris,
+from render.run.spec import (CONVENTIONS, MANIFEST, PREFIX, RunSpec, frame_key, index_inputs,
+                             resume_manifest, run_identity, shard_done, shard_name, shards_todo, staging_dir, usable_hdris,
                              usable_scans)
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: Render
     hdris = hdris if hdris == "builtin" else absolute(hdris)
     config = json.loads(json.dumps(cfg.to_dict()))  # as the manifest stores it (tuples become lists)
     spec = RunSpec(key, int(seed), int(frames), str(scans), str(hdris), config)
-    identity = {k: spec.to_dict()[k] for k in IDENTITY}
+    identity = run_identity(spec.to_dict())
     run_kind.check(key, "render", identity)
     old = resume_manifest(store, out, spec)
     fresh = None if old else index_inputs(spec)  # a resume reuses the catalogs its first start wrote
@@ -134,6 +134,7 @@ class ShardRenderer:
     def __init__(self, spec: RunSpec | dict, threads: int | None = None):
         self.spec = spec if isinstance(spec, RunSpec) else RunSpec(**spec)
         self.cfg = self.spec.cfg
+        retry.configure(self.spec.config)  # its storage.retry_* in this worker
         if threads is not None and self.cfg.cycles.threads == 0:
             self.cfg.cycles.threads = threads  # a Ray actor renders with the CPUs it reserved, not the node's
         self.hdris = usable_hdris(self.spec)

@@ -107,17 +107,25 @@ def shards_todo(spec: RunSpec) -> list[int]:
 IDENTITY = ("seed", "scans", "hdris", "config")  # what a resume must not change (frames may grow)
 
 
+def run_identity(manifest: dict) -> dict:
+    """IDENTITY as a manifest records it, the config without `storage`: how the store is talked to is not
+    part of what a run renders."""
+    out = {k: manifest.get(k) for k in IDENTITY}
+    out["config"] = {k: v for k, v in (out["config"] or {}).items() if k != "storage"}
+    return out
+
+
 def resume_manifest(store, out, spec: RunSpec) -> dict | None:
     """The manifest of the run OUT holds, checked against `spec` (whose frames it may raise); None if
     the run was never started (or its first start was refused before the manifest)."""
     if not store.exists(MANIFEST):
         return None
     old = store.read_json(MANIFEST)
-    was = {k: old.get(k) for k in IDENTITY}
+    was = run_identity(old)
     for k in ("scans", "hdris"):  # older runs recorded the paths as given
         if was[k] not in (None, "anny", "builtin"):
             was[k] = absolute(was[k])
-    now = {k: spec.to_dict()[k] for k in IDENTITY}
+    now = run_identity(spec.to_dict())
     if was != now:
         changed = sorted(k for k in now if was[k] != now[k])
         raise ValueError(f"{out} was rendered with a different {', '.join(changed)}; resuming would mix "
