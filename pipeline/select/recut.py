@@ -361,6 +361,10 @@ def plan(run, sets: list[str]) -> tuple[dict, dict, list[str]]:
     return manifest, new, changed
 
 
+def _no_storage(cfg) -> dict:
+    return {k: v for k, v in (cfg or {}).items() if k != "storage"}
+
+
 def _at(cfg: dict, key: str):
     for part in key.split("."):
         cfg = cfg.get(part) if isinstance(cfg, dict) else None
@@ -372,7 +376,8 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
     run_p, out = _store(run), _store(output)  # either may be local or on an object store
     manifest, cfg, changed = plan(run_p, sets)
     retry.configure(cfg)  # the run's storage.retry_*, or this command's --set storage.retry_*=...
-    identity = {"selected_from": run_p.uri, "changed": {k: _at(cfg, k) for k in changed}}
+    # how the store is talked to (storage.*) is not part of what a selection is
+    identity = {"selected_from": run_p.uri, "changed": {k: _at(cfg, k) for k in changed if not k.startswith("storage.")}}
     flag = "--output"
     run_kind.check(output, "select", identity, flag)  # before anything is written
     try:
@@ -380,7 +385,7 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
             run_kind.claim(out, "select", identity, flag)
             if out.exists("manifest.json"):
                 done = out.read_json("manifest.json")
-                if done.get("selected_from") != run_p.uri or done.get("config") != cfg:
+                if done.get("selected_from") != run_p.uri or _no_storage(done.get("config")) != _no_storage(cfg):
                     raise SelectError(f"{output}: holds another selection (of {done.get('selected_from')}, "
                                       f"changed {done.get('changed')}); pass another --output")
                 if done.get("status") == "complete":
