@@ -68,7 +68,8 @@ TARGETS = {  # issue #38's done-when, read on eval: (value key, comparison, targ
 def stage_labels(category: str) -> dict[str, int]:
     """A bench category as `humanset calibrate` labels (pipeline/select/calibrate.py): 1 = positive.
 
-    person=1: a person Sapiens wants (person_clear only; painted and small persons are 0).
+    person=1: a person Sapiens wants (person_clear only; small persons and non-photos are 0; painted
+    persons are left out: the person stage sees a person there, and the art stage rejects the painting).
     art=1: not a photo (non_photo, painted_person). text=1: text_or_mark. watermark: 0 on clean photos.
     A stage the category says nothing certain about is left out: text_or_mark mixes pages, signs and
     marked photos (watermark unknown, person unknown), non-photos may carry text or marks.
@@ -79,7 +80,9 @@ def stage_labels(category: str) -> dict[str, int]:
         return {"person": int(category == "person_clear"), "art": 0, "text": 0, "watermark": 0}
     if category == "text_or_mark":
         return {"text": 1}
-    return {"person": 0, "art": 1}  # non_photo, painted_person
+    if category == "painted_person":  # a person is there; whether it is a photo is the art stage's call
+        return {"art": 1}
+    return {"person": 0, "art": 1}  # non_photo
 
 
 def _rate(a: int, b: int) -> float | None:

@@ -86,7 +86,7 @@ def test_stage_labels_mapping():
     assert quality.stage_labels("no_person") == {"person": 0, "art": 0, "text": 0, "watermark": 0}
     assert quality.stage_labels("text_or_mark") == {"text": 1}
     assert quality.stage_labels("non_photo") == {"person": 0, "art": 1}
-    assert quality.stage_labels("painted_person") == {"person": 0, "art": 1}
+    assert quality.stage_labels("painted_person") == {"art": 1}  # person: the art stage's call
     with pytest.raises(ValueError, match="unknown category"):
         quality.stage_labels("cat")
 
