@@ -21,7 +21,8 @@ The images are real files from registry packages, labelled by eye into six categ
                      any_reject: {stage: {category: n}} (every failing stage, reject_reasons);
                      reasons: {stage:rule: {category: n}} (the first reason, numbers dropped)
      watermark       on clean photos (person_clear, person_small, no_person): scored, rejected,
-                     false_positive_rate (rejected / scored), ids
+                     false_positive_rate (rejected / scored), ids; must_pass {id: passed} for the named
+                     clean photos of WATERMARK_MUST_PASS in the split (the official portrait of issue 38)
      ids             person_clear_rejected, kept_not_person_clear {category: ids}: the mistakes by name
      stages_scored   {stage: samples it measured}, errors {stage: samples with an inference error}
      stage_seconds   work seconds per stage from RUN/stats/*.json where the run wrote them
@@ -54,6 +55,9 @@ quality_data = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(quality_data)
 
 CLEAN_PHOTOS = ("person_clear", "person_small", "no_person")
+# clean photos the watermark stage must pass, by name (issue 38): an official portrait whose jacket's
+# four cuff buttons were once read as the year "2000" in the bottom band
+WATERMARK_MUST_PASS = ("face-recognition-obama",)
 TARGETS = {  # issue #38's done-when, read on eval: (value key, comparison, target)
     "person_clear_kept": ("categories.person_clear.keep_rate", ">=", 0.90),
     "kept_person_clear_share": ("kept.person_clear_share", ">=", 0.95),
@@ -157,7 +161,8 @@ def score(samples: list[dict], categories: dict[str, str]) -> dict:
                         "precision": _rate(pr["tp"], pr["tp"] + pr["fp"])},
         "confusion": {name: {k: dict(v) for k, v in sorted(table.items())}
                       for name, table in (("first_reject", first), ("any_reject", anyr), ("reasons", reasons))},
-        "watermark": {**wm, "ids": sorted(wm["ids"]), "false_positive_rate": _rate(wm["rejected"], wm["scored"])},
+        "watermark": {**wm, "ids": sorted(wm["ids"]), "false_positive_rate": _rate(wm["rejected"], wm["scored"]),
+                      "must_pass": {i: i not in wm["ids"] for i in WATERMARK_MUST_PASS if i in categories}},
         "ids": {"person_clear_rejected": sorted(lost),
                 "kept_not_person_clear": {k: sorted(v) for k, v in sorted(wrongly_kept.items())}},
         "stages_scored": dict(scored),

@@ -144,17 +144,55 @@ def test_bad_sample_records_error_and_others_survive(scored):
 def test_reject_uses_stored_columns_and_thresholds(stage, scored):
     _, _, out = scored
     table = _table(out)
-    lenient = PersonStage(default_config()["person"] | {"min_score": 0.8})
+    lenient = PersonStage(default_config()["person"] | {"min_score": 0.8, "score": "raw"})
     reasons = dict(zip(scored[0], lenient.reject(table)))
     assert reasons["bus"] is None and reasons["zidane"] is None and reasons["astronaut"] is None
     assert reasons["coffee"] == "no_person"
     assert reasons["chelsea"] == "score<=0.8"
     assert reasons["garbage"] == "error"
-    huge = PersonStage(default_config()["person"] | {"min_score": 0.5, "min_box_px": 5000})
+    huge = PersonStage(default_config()["person"] | {"min_score": 0.5, "min_box_px": 5000, "score": "raw"})
     assert dict(zip(scored[0], huge.reject(table)))["bus"] == "box<=5000px"
     # the engine's person_n_pass and reject() agree
     n_pass = n_pass_column(table, lenient.cfg)
     assert [(n or 0) > 0 for n in n_pass[:5]] == [r is None for r in lenient.reject(table)[:5]]
+
+
+def test_calibrated_score_is_stored_and_cut_by_default(stage, scored):
+    """person_score_calibrated is measured for every scored row (and derive recomputes the same values
+    from the stored columns); the default cut reads it, `person.score: raw` the detector's score."""
+    names, _, out = scored
+    table = _table(out)
+    assert stage.score_kind == "calibrated"
+    cal = out["person_score_calibrated"]
+    assert cal[names.index("garbage")] is None and all(cal[names.index(n)] is not None for n in names[:5])
+    assert cal[names.index("coffee")] == 0.0  # no box at all
+    derived = stage.derive(table)
+    assert derived["person_score_calibrated"] == pytest.approx(cal, abs=1e-6)
+    # zidane's and the astronaut's faces are in view: the calibrated score is above the raw one
+    for n in ("zidane", "astronaut"):
+        r = _row(scored, n)
+        assert r["person_score_calibrated"] > r["person_score_max"], n
+    reasons = dict(zip(names, stage.reject(table)))
+    assert reasons["chelsea"] == "calibrated_score<=0.9" and reasons["coffee"] == "no_person"
+    assert reasons["zidane"] is None and reasons["astronaut"] is None
+    # raw: today's verdicts, from the raw scores alone
+    raw = PersonStage(default_config()["person"] | {"score": "raw"})
+    for n, r in zip(names, raw.reject(table)):
+        if n == "garbage":
+            assert r == "error"
+            continue
+        row = _row(scored, n)
+        passes = count_passing(row["person_boxes"], row["person_scores"], 0.9, 300)
+        assert (r is None) == bool(passes), n
+    assert n_pass_column(table, raw.cfg) == [count_passing(b, s, 0.9, 300) for b, s in
+                                             zip(out["person_boxes"], out["person_scores"])]
+
+
+def test_bad_score_kind_and_calibration_file_fail_when_the_config_is_read(tmp_path):
+    with pytest.raises(ValueError, match="person.score='best'"):
+        PersonStage(default_config()["person"] | {"score": "best"})
+    with pytest.raises(FileNotFoundError, match="person.calibration="):
+        PersonStage(default_config()["person"] | {"calibration": str(tmp_path / "none.json")})
 
 
 # --- the runtime matches ultralytics' own predict -------------------------------------------------
