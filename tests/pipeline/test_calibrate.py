@@ -106,11 +106,15 @@ def _kpts(head: float) -> list[float]:
 
 
 def test_fit_person_writes_a_calibration_the_config_reads(tmp_path, capsys):
-    """Raw scores overlap; the head keypoints separate: the fitted score must rank by them, and the
+    """Raw score and head keypoints each overlap between the classes, together they separate them; the
     report after the fit sweeps the calibrated score."""
     big = [0.0, 0.0, 300.0, 480.0]
-    rows = [(f"p{i}", 0.78 + 0.02 * i, 0.9 + 0.01 * i, 1) for i in range(8)] + \
-           [(f"n{i}", 0.80 + 0.02 * i, 0.05 + 0.02 * i, 0) for i in range(8)] + [("s0", 0.95, 0.9, 0)]
+    pos = [(0.80, 0.55), (0.92, 0.45), (0.78, 0.95), (0.88, 0.80), (0.84, 0.65), (0.90, 0.90), (0.79, 0.85),
+           (0.86, 0.60)]
+    neg = [(0.82, 0.10), (0.62, 0.60), (0.76, 0.35), (0.70, 0.20), (0.86, 0.05), (0.66, 0.50), (0.74, 0.15),
+           (0.80, 0.40)]
+    rows = [(f"p{i}", s, h, 1) for i, (s, h) in enumerate(pos)] + [(f"n{i}", s, h, 0) for i, (s, h) in enumerate(neg)] \
+        + [("s0", 0.95, 0.9, 0)]
     table = catalog.conform([{"sample_id": s, "person_boxes": [big if s != "s0" else [0, 0, 50, 90]],
                               "person_scores": [sc], "person_keypoints": [_kpts(h)]}
                              for s, sc, h, _ in rows], catalog.SAMPLES)
@@ -125,8 +129,8 @@ def test_fit_person_writes_a_calibration_the_config_reads(tmp_path, capsys):
     assert "person calibration (16 samples, 8 positive" in text  # s0's box is under 300 px: left out
     assert f"--set person.calibration={out}" in text
     cal = load_calibration(out)
-    assert cal.fitted_on["n"] == 16 and cal.coef[2] > 0
-    pos = cal.box_scores([big], [0.80], [_kpts(0.95)])[0]
-    neg = cal.box_scores([big], [0.90], [_kpts(0.10)])[0]
+    assert cal.fitted_on["n"] == 16 and cal.coef[0] > 0 and cal.coef[2] > 0
+    pos = cal.box_scores([big], [0.85], [_kpts(0.90)])[0]
+    neg = cal.box_scores([big], [0.60], [_kpts(0.10)])[0]
     assert pos > 0.9 > neg
-    assert "config person.min_score=0.9: precision 1.000, recall 1.000" in text
+    assert "config person.min_score=0.9: precision 1.000, recall 0.875" in text  # p0 (0.80, head 0.55): 0.86

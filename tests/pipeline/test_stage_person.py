@@ -378,7 +378,6 @@ def test_cascade_through_the_engine(tmp_path, ray_local):
     (crawl / "caption.jpg").write_bytes(_jpeg(with_caption(Image.open(SKIMAGE / "astronaut.png"))))
     (crawl / "graphic.png").write_bytes(_jpeg(flat_graphic(800, 600, seed=3)))
     cfg = load_config(sets=["stages=[decode, size, dedup, person, text, watermark, art]",
-                            "person.min_score=0.8",  # the nano model scores these people 0.88-0.93
                             "engine.start_actors_early=true"])  # auto would wait: one unit is a small run
     manifest = curate([str(crawl)], str(tmp_path / "run"), cfg, progress=False)
     assert manifest["skipped_stages"] == {}  # no weights needed: watermark runs its ocr method, art its probe
@@ -389,7 +388,9 @@ def test_cascade_through_the_engine(tmp_path, ray_local):
     assert rows["bus.jpg"][0] is None and rows["astronaut.png"][0] is None
     assert rows["coffee.png"][0] == "person:no_person" and rows["graphic.png"][0] == "person:no_person"
     assert rows["caption.jpg"][0] == "text:text_area>0.03"
-    assert rows["bus.jpg"][1] >= 3 and rows["bus.jpg"][2] >= 3  # several people pass the rule
+    # several people pass the calibrated rule (raw 0.88-0.90 each); the man at the right edge, raw 0.88,
+    # shows no face (head keypoints 0.13): calibrated 0.07, he does not count on his own
+    assert rows["bus.jpg"][1] >= 3 and rows["bus.jpg"][2] >= 2
     assert "text" in rows["bus.jpg"][4] and "text" not in rows["coffee.png"][4]  # the cascade
     assert rows["coffee.png"][3] is None  # not measured: null, not 0
     n_bus = con.execute("SELECT count(*) FROM persons p JOIN samples s USING (sample_id) "
