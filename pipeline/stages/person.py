@@ -31,6 +31,10 @@ small logistic model of the raw score, the box size and the head keypoints' conf
 real photos (pipeline/stages/person_calibration.py, docs/quality.md); `raw` cuts the detector's own
 score as the paper does. Both are stored; the calibrated one is recomputed from the stored boxes and
 keypoints by `derive`, so `humanset select --set person.calibration=FILE` re-cuts without the model.
+
+Size: one concern, the person stage: its rule as pure functions over stored columns (shared by
+reject, derive, select and calibrate), the model's loading and its two runtimes, and measure; the
+calibration's own math and file live in person_calibration.py.
 """
 from __future__ import annotations
 
