@@ -111,17 +111,18 @@ def run_on_unit(stage: Stage, table: pa.Table, score_all: bool) -> pa.Table:
     if "fault" in table.column_names:  # a unit's summary (finished early, or a fault): passes through
         return table
     meta = unit_meta(table)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     step = max(1, stage.batch_size)
     src = _byte_source(stage, table, meta)
-    fetch_s, parts = 0.0, []
+    fetch_s, fetch_cpu, parts = 0.0, 0.0, []
     try:
         for off in range(0, table.num_rows, step):
             part = table.slice(off, step)
             if src is not None:
-                t1 = time.perf_counter()
+                t1, c1 = time.perf_counter(), time.process_time()
                 part, changed = attach_images(part, src, _todo(stage, part, score_all))
                 fetch_s += time.perf_counter() - t1
+                fetch_cpu += time.process_time() - c1
                 if changed:
                     meta["source_changed"] = (meta.get("source_changed") or 0) + changed
                     log.warning("unit %s: %d samples changed since they were measured (rejected as "
@@ -140,9 +141,9 @@ def run_on_unit(stage: Stage, table: pa.Table, score_all: bool) -> pa.Table:
         if src is not None:
             src.close()
     out = pa.concat_tables(parts, promote_options="default") if parts else run_stage(stage, table, score_all)
-    add_seconds(meta, stage.name, time.perf_counter() - t0 - fetch_s)
+    add_seconds(meta, stage.name, time.perf_counter() - t0 - fetch_s, time.process_time() - c0 - fetch_cpu)
     if src is not None:
-        add_seconds(meta, "read_2", fetch_s)
+        add_seconds(meta, "read_2", fetch_s, fetch_cpu)
     return with_meta(out, meta)
 
 

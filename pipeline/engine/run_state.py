@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -17,6 +18,24 @@ from pipeline.engine.errors import EnvironmentFault
 from pipeline.inputs.units import Unit
 from pipeline.inputs.listing import iter_listing
 from pipeline.engine.unit_io import listing_path, run_store
+
+
+class Spans:
+    """The driver's steps on its own clock: [name, start, end] in epoch seconds (ms resolution), in
+    the order they ended (manifest.json `timeline.spans`), so a run shows its fixed costs (Ray start,
+    phase barriers, the fallback exchanges, compaction, clean-up) beside its phases; bench/profile.py
+    adds the CPU time of every process of the run over each span."""
+
+    def __init__(self, into: list | None = None):
+        self.items = [] if into is None else into
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            self.items.append([name, round(t0, 3), round(time.time(), 3)])
 
 
 def drain_batches(batches, total: int, desc: str, progress: bool, bar=None) -> set[str]:

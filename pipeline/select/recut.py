@@ -41,7 +41,8 @@ from pipeline.dedup import fallback
 from pipeline.dedup.fallback_rounds import fold, read_partition, route, tasks_in_flight, write_by_key, write_by_window
 from pipeline.dedup.ranges import TASK_BASE_BYTES
 from pipeline.engine.cleanup import SCRATCH, remove_scratch, remove_tree
-from pipeline.engine.driver import funnel_from_counts, library_versions
+from pipeline.engine.driver import library_versions
+from pipeline.engine.funnel import funnel_from_counts
 from pipeline.engine.unit_io import now, run_store, with_dup_scored, write_curated
 from pipeline.settings import DEFAULTS
 from pipeline.stages import REGISTRY, build_stages
