@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from catalog.config import Check, section, setting
+from catalog.storage.retry import StorageSettings
 from catalog.rules import (ART, ASPECT, BOX_RULES, PERSON_BOX, PERSON_SCORE, PERSON_SCORE_KINDS, SHORT_SIDE, TEXT_AREA,
                            WATERMARK)
 from catalog.tars import IMAGE_EXTS
@@ -241,6 +242,10 @@ class CurateSettings:
     output: OutputSettings = section(OutputSettings)
     engine: EngineSettings = section(EngineSettings)
     ray: RaySettings = section(RaySettings)
+    storage: StorageSettings = section(
+        StorageSettings, note="How requests to an object store (s3://) are retried: every room has this section\n"
+                              "(catalog/storage/retry.py; docs/storage.md, \"Retries\"). Not part of a run's identity:\n"
+                              "a rerun may change it.")
 
 
 DEFAULTS = CurateSettings()  # read-only: the defaults the code reads where it has no config at hand

@@ -16,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 
 import catalog
+from catalog.storage import retry
 
 from pipeline.engine.adapter import apply_stage
 from pipeline.engine.columns import unit_meta, with_meta
@@ -85,6 +86,7 @@ def _each_unit(batch: pa.Table, run: str, work) -> pa.Table:
 
 def measure_block(batch: pa.Table, run: str, limits: dict, cfg: dict, score_all: bool) -> pa.Table:
     """Phase 1 of a bundle's units: their summaries."""
+    retry.configure(cfg)  # the run's storage.retry_* in this worker (a remote cluster's too)
     stages = [s for s in build_stages(cfg) if s.phase == "measure" and s.name in cfg["stages"]]
     return _each_unit(batch, run, lambda unit: measure_unit(run, unit, stages, limits, score_all,
                                                             max_batch_bytes(cfg)))
@@ -107,6 +109,7 @@ def _score_block(batch: pa.Table, run: str, limits: dict, score_all: bool, cfg: 
     """Phase 3's read of one unit, whose rows go on to the stages; or, with `fused` (no stage in
     phase 3), read and write of each unit of the bundle: their summaries. In a pipeline of several
     passes, an item of the write pass is read and written here too, and its summary passes the stages."""
+    retry.configure(cfg)
     if "fault" in batch.column_names:  # a summary from the gate (a unit with nothing to do in this pass)
         return batch
     p = pass_of(batch)
@@ -134,6 +137,7 @@ def _score_block(batch: pa.Table, run: str, limits: dict, score_all: bool, cfg: 
 
 
 def _finish_unit_block(batch: pa.Table, run: str, cfg: dict) -> pa.Table:
+    retry.configure(cfg)
     if "fault" in batch.column_names:  # summaries from _score_block (empty units, faults) pass through
         return batch
     out: list = []
@@ -254,6 +258,6 @@ def score_ds(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score
                             score_all=score_all, cfg=cfg), batch_size=None, batch_format="pyarrow",
                             max_retries=retries)
         for s in stages:
-            ds = apply_stage(ds, s, score_all, retries)
+            ds = apply_stage(ds, s, score_all, retries, storage=cfg.get("storage") or {})
         return ds.map_batches(_finish_unit_block, fn_kwargs=dict(run=str(run), cfg=cfg), batch_size=None,
                               batch_format="pyarrow", max_retries=retries)

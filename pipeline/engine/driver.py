@@ -41,7 +41,7 @@ from pathlib import Path
 
 import catalog
 from catalog import compact as compact_mod
-from catalog.storage import is_uri, run_root
+from catalog.storage import is_uri, retry, run_root
 from catalog.storage.lock import LEASE_S
 
 from catalog import console
@@ -193,6 +193,7 @@ def curate(inputs: list[str], output: str, config: dict | None = None, score_all
            progress: bool = True, force_unlock: bool = False, lock_lease_s: float = LEASE_S) -> dict:
     """Run (or finish) a curation run. Returns the manifest."""
     cfg = config or load_config()
+    retry.configure(cfg)  # storage.retry_*: this driver's requests, and the processes it starts
     run = _run_root(output)  # workers write into it, from their own working directories
     # unusable inputs are refused, naming the input, before anything is written; the listing itself
     # is streamed into RUN/units.jsonl under the lock
@@ -223,12 +224,18 @@ def check_stages(cfg: dict) -> None:
                        "or [decode,size,dedup,person])")
 
 
+def _identity(cfg) -> dict:
+    """What makes a run the same run: its config without `storage` (how the store is talked to)."""
+    return {k: v for k, v in c.items() if k != "storage"} if isinstance(c := with_defaults(cfg), dict) else c
+
+
 def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress: bool, held=None) -> dict:
     store = run_store(run)
+    before, store_parts = retry.snapshot(), []  # this driver's retries, then dedup's task's
     manifest = {"config": cfg, "inputs": [str(i) for i in inputs], "score_all": score_all}
     if store.exists("manifest.json"):
         old = store.read_json("manifest.json")
-        if with_defaults(old.get("config")) != cfg or old.get("inputs") != manifest["inputs"] or old.get("score_all") != score_all:
+        if _identity(old.get("config")) != _identity(cfg) or old.get("inputs") != manifest["inputs"] or old.get("score_all") != score_all:
             raise RunError(f"{run}: holds a run with other inputs or config; resume it with the same "
                            "command, or pass a new --output")
         manifest["started"] = old.get("started")
@@ -300,6 +307,7 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
                 t0 = time.perf_counter()
                 with spans("dedup"):
                     st = _run_dedup(run, cfg_active)
+                store_parts.append(st.get("store"))
                 seconds["dedup"] = round(time.perf_counter() - t0, 2)
                 log.info("dedup: %d of %d candidates are duplicates (%.2f s)", st["duplicates"], st["candidates"],
                          seconds["dedup"])
@@ -338,9 +346,10 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
             _compact(Path(run), cfg, n_units)
         seconds["compact"] = round(time.perf_counter() - t0, 2)
     with spans("counts"):
-        counts, n_inputs, n_kept, reasons = reason_counts(run)
+        counts, n_inputs, n_kept, reasons, units_store = reason_counts(run)
     manifest.update(status="complete", finished=_now(), funnel=funnel_from_counts(counts, n_inputs, manifest["stages"]),
-                    counts={"inputs": n_inputs, "kept": n_kept}, reject_reasons=reasons, seconds=seconds)
+                    counts={"inputs": n_inputs, "kept": n_kept}, reject_reasons=reasons, seconds=seconds,
+                    store=retry.total([units_store, retry.since(before), *store_parts]))  # units, driver, dedup
     store.write_json("manifest.json", manifest)
     if not section(cfg, "engine")["keep_work"]:  # complete: the scratch nothing reads now (pipeline/engine/cleanup.py)
         with spans("cleanup"):

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from catalog import console
+from catalog.storage import retry
 from pipeline.engine.errors import EnvironmentFault
 from pipeline.inputs.units import Unit
 from pipeline.inputs.listing import iter_listing
@@ -120,9 +121,9 @@ def unit_windows(run: Path, keep, size: int):
 MARKER_READERS = 16  # stats markers read at once by reason_counts (one GET each on an object store)
 
 
-def reason_counts(run: str, readers: int = MARKER_READERS) -> tuple[dict[str, int], int, int, dict[str, int]]:
-    """Rejections per stage (first reason), inputs, kept and the count of each reject reason, from
-    the units' stats markers. The listing is streamed and at most 4 x `readers` reads are in flight,
+def reason_counts(run: str, readers: int = MARKER_READERS) -> tuple[dict[str, int], int, int, dict[str, int], dict]:
+    """Rejections per stage (first reason), inputs, kept, the count of each reject reason and the
+    sum of the units' store counts (what was retried, catalog/storage/retry.py), from the units' stats markers. The listing is streamed and at most 4 x `readers` reads are in flight,
     so the driver holds counters and a bounded window, never the run's markers (a DuckDB scan of the
     catalog would hold ~4 KB per part until it ends); on an object store the reads overlap their
     round trips instead of paying one after another."""
@@ -130,9 +131,11 @@ def reason_counts(run: str, readers: int = MARKER_READERS) -> tuple[dict[str, in
     reasons: dict[str, int] = {}
     n_inputs = n_kept = 0
     store = run_store(run)
+    retried = retry.total([])
 
     def add(m: dict) -> None:
-        nonlocal n_inputs, n_kept
+        nonlocal n_inputs, n_kept, retried
+        retried = retry.total([retried, m.get("store")])
         n_inputs += int(m.get("inputs") or 0)
         n_kept += int(m.get("kept") or 0)
         for reason, n in (m.get("rejected") or {}).items():
@@ -151,4 +154,4 @@ def reason_counts(run: str, readers: int = MARKER_READERS) -> tuple[dict[str, in
                 add(window.popleft().result())
         while window:
             add(window.popleft().result())
-    return by_stage, n_inputs, n_kept, dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+    return by_stage, n_inputs, n_kept, dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))), retried

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import catalog
 import catalog.storage as cst
 from catalog import CURATED_INDEX, SAMPLES
-from catalog.storage import storage_for
+from catalog.storage import retry, storage_for
 from catalog.schema import MEASURE
 
 from pipeline.dedup import clusters as dedup_mod
@@ -172,6 +172,7 @@ def measure_unit(run: Path, unit: Unit, stages: list[Stage], limits: dict, score
     """Phase 1 of one unit, streamed: read a batch, measure it, keep its measurements; write the
     unit's measure files. Returns the unit's summary."""
     reset_peak_rss()
+    before = retry.snapshot()
     meta = {"unit": unit.brief().to_dict(), "seconds": {}}
     rows, error_of = iter_rows(unit, limits)
     parts, t_read, t0 = [], 0.0, time.perf_counter()
@@ -193,6 +194,7 @@ def measure_unit(run: Path, unit: Unit, stages: list[Stage], limits: dict, score
     meta["unit_error"] = error_of()
     measured = pa.concat_tables(parts) if parts else MEASURE.empty_table()
     meta["peak_rss_mb"] = {"measure": peak_rss_mb()}
+    meta["store"] = retry.since(before)  # the unit's retries in this phase, its stages' included
     return write_measure(run, unit.unit_id, measured, meta)
 
 
@@ -209,7 +211,7 @@ def read_for_measure(unit: Unit, limits: dict) -> pa.Table:
 def write_measure(run: Path, unit_id: str, measured: pa.Table, meta: dict) -> pa.Table:
     """The unit's phase-1 file (one file, one fsync: its counters ride in the Parquet metadata)."""
     counters = {k: meta.get(k) for k in ("unit_error", "seconds", "cpu_seconds", "worker_crashes", "isolated",
-                                         "peak_rss_mb")}
+                                         "peak_rss_mb", "store")}
     schema_meta = {**(measured.schema.metadata or {}), COUNTERS: json.dumps(counters).encode()}
     run_store(run).write_parquet(f"{MEASURE_DIR}/{unit_id}.parquet", measured.replace_schema_metadata(schema_meta))
     return summary(unit_id, measured.num_rows, isolated=bool(meta.get("isolated")))
@@ -266,6 +268,7 @@ def read_for_score(run: Path, unit: Unit, limits: dict, score_all: bool, cfg: di
         return fallback.read_round(run_store(run), unit, cfg)
     t0, c0 = time.perf_counter(), time.process_time()
     reset_peak_rss()
+    before = retry.snapshot()
     measured, counters = read_measure(run, unit.unit_id)
     table = measured_table(run, unit.unit_id, measured)
     seconds = dict(counters.get("seconds") or {})
@@ -276,7 +279,8 @@ def read_for_score(run: Path, unit: Unit, limits: dict, score_all: bool, cfg: di
                              "unit_error": counters.get("unit_error"), "seconds": seconds, "cpu_seconds": cpu,
                              "worker_crashes": counters.get("worker_crashes") or 0, "source_changed": 0,
                              "isolated": bool(counters.get("isolated")),
-                             "peak_rss_mb": dict(counters.get("peak_rss_mb") or {})})
+                             "peak_rss_mb": dict(counters.get("peak_rss_mb") or {}),
+                             "store": retry.total([counters.get("store"), retry.since(before)])})
 
 
 SIDECAR = ("sample_id", "source_uri", "key", "caption", "width", "height", "person_boxes", "person_scores",
@@ -357,6 +361,7 @@ def finish_unit(run: Path, table: pa.Table, cfg: dict) -> pa.Table:
     u = Unit.from_dict(meta["unit"])
     meta.setdefault("limits", limits_of(cfg))
     t0, c0 = time.perf_counter(), time.process_time()
+    before = retry.snapshot()
     stages = build_stages(cfg)
     table = decide(table, stages)
     written, changed = _write_kept(run, u, table, meta, cfg)
@@ -385,6 +390,7 @@ def finish_unit(run: Path, table: pa.Table, cfg: dict) -> pa.Table:
              "worker_crashes": meta.get("worker_crashes") or 0,
              "source_changed": (meta.get("source_changed") or 0) + len(changed),
              "isolated": bool(meta.get("isolated")), "seconds": seconds, "cpu_seconds": cpu, "actor_setup": meta.get("actor_setup") or {},
-             "node_id": _node_id(), "peak_rss_mb": peak, "finished": now()}
+             "node_id": _node_id(), "peak_rss_mb": peak, "finished": now(),
+             "store": retry.total([meta.get("store"), retry.since(before)])}  # what the store made us retry
     store.write_json(f"{STATS_DIR}/{u.unit_id}.json", stats)  # last: the unit's only proof it is done
     return summary(u.unit_id, table.num_rows, kept, bool(meta.get("isolated")), pass_=None if r is None else str(r))
