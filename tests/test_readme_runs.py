@@ -103,8 +103,8 @@ def test_readme_names_its_small_settings_and_every_command_is_run_somewhere():
 @pytest.fixture
 def scratch(tmp_path, monkeypatch, ray_local):
     """A reader's folder: a crawl, a photo, a scan library of one mesh. The crawl is the photos the demo ships
-    and a clean crop of its astronaut: at the default person cut (0.9) two are kept, which train-filter needs
-    (one to train on, one to validate on); the demo's whole crawl keeps one there (README says why)."""
+    and a clean crop of its astronaut, so that more than one is kept at the default person cut whatever its
+    calibration: train-filter needs two (one to train on, one to validate on)."""
     import io
 
     from PIL import Image
