@@ -22,7 +22,7 @@ from training import checkpoint as ckpt
 # settings a resumed run may change: how it runs, not what it learns
 RUN_KNOBS = frozenset({"output", "steps", "resume", "progress", "progress_every_s", "workers", "gpus_per_worker",
                        "loader_workers", "cpu_threads", "checkpoint_every", "keep_checkpoints", "log_every",
-                       "loader", "strategy", "precision", "compile", "grad_checkpointing"})
+                       "loader", "strategy", "precision", "compile", "grad_checkpointing", "storage"})
 PATH_KEYS = ("data", "output", "encoder", "images", "renders", "backgrounds")
 RESUME = "resume it (--resume)"
 

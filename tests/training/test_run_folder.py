@@ -8,7 +8,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from catalog import run_kind
-from training import checkpoint as ckpt
+from training import checkpoint as ckpt, run_folder
 from training.data import shards_folder
 from training.pretrain import PretrainConfig, pretrain
 from training.tasks.finetune import FinetuneConfig, check_inputs as finetune_inputs
@@ -61,6 +61,7 @@ def test_a_used_output_needs_resume_and_a_resume_keeps_its_settings(trained, run
                                                     r"\(--resume\) with its settings, or pass another --output"):
         pretrain(small(run_dir, trained, steps=4, image_size=64, resume="auto"))
     assert {p.name: p.read_bytes() for p in trained.iterdir() if p.is_file()} == before  # nothing touched
+    assert "storage" not in run_folder.identity(small(run_dir, trained))  # retries are how it runs, not what it learns
     assert [p.name for p in ckpt.list_checkpoints(trained)] == ["step-00000002.pt"]
 
 
