@@ -133,3 +133,21 @@ def test_refuses_thresholds_of_stages_that_did_not_run(demo_run, tmp_path):
                         "art.max_score=0.3", "--output", str(tmp_path / "y")], capture_output=True, text=True)
     assert p.returncode == 2 and "art" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "y").exists()
+
+
+def test_a_run_from_before_person_score_keeps_its_raw_cut_and_accepts_the_key(tmp_path):
+    """A manifest without person.score (written before it existed) cut the raw score: a re-cut keeps
+    that meaning rather than taking today's default (calibrated), and --set person.score=... is known."""
+    from pipeline.config import default_config
+    from pipeline.select.recut import plan
+
+    config = default_config()
+    del config["person"]["score"]
+    (tmp_path / "manifest.json").write_text(json.dumps({"status": "complete", "config": config,
+                                                        "stages": config["stages"]}))
+    _, new, changed = plan(str(tmp_path), ["person.min_score=0.95"])
+    assert new["person"]["score"] == "raw" and changed == ["person.min_score"]
+    _, new, changed = plan(str(tmp_path), ["person.score=calibrated"])
+    assert new["person"]["score"] == "calibrated" and changed == ["person.score"]
+    with pytest.raises(ValueError, match="person.score must be one of calibrated, raw"):
+        plan(str(tmp_path), ["person.score=bogus"])
