@@ -135,6 +135,35 @@ def test_refuses_thresholds_of_stages_that_did_not_run(demo_run, tmp_path):
     assert not (tmp_path / "y").exists()
 
 
+def test_an_identical_rerun_returns_the_selection_and_another_is_refused(score_all_run, tmp_path):
+    out = tmp_path / "strict"
+    first = select(str(score_all_run), str(out), ["person.min_score=0.99"], progress=False)
+    again = select(str(score_all_run), str(out), ["person.min_score=0.99"], progress=False)  # as curate resumes
+    assert again["finished"] == first["finished"] and again["counts"] == first["counts"]
+    with pytest.raises(ValueError, match=r"strict: holds a re-cut of a curation run \(humanset select\) with other "
+                                         r"settings .*pass another --output"):
+        select(str(score_all_run), str(out), ["person.min_score=0.5"], progress=False)
+    assert not (out / ".lock").exists()
+
+
+def test_curate_refuses_a_folder_select_made_naming_its_kind(score_all_run, tmp_path):
+    from pipeline.demo.crawl import demo_config
+    from pipeline.engine.driver import curate
+
+    out = tmp_path / "sel"
+    select(str(score_all_run), str(out), ["person.min_score=0.99"], progress=False)
+    with pytest.raises(ValueError, match=r"sel: holds a re-cut of a curation run \(humanset select\), not a curation "
+                                         r"run \(humanset curate\); pass another --output"):
+        curate([str(score_all_run.parent / "crawl")], str(out), demo_config(), progress=False)
+
+
+def test_refused_thresholds_leave_the_output_free_for_others(demo_run, tmp_path):
+    out = tmp_path / "x"
+    with pytest.raises(SelectError, match="never scored by it"):
+        select(str(demo_run[0]), str(out), ["dedup.max_distance=null", "dedup.exact=false"], progress=False)
+    select(str(demo_run[0]), str(out), ["size.min_short_side=600"], progress=False)  # not refused as "another"
+
+
 def test_a_run_from_before_person_score_keeps_its_raw_cut_and_accepts_the_key(tmp_path):
     """A manifest without person.score (written before it existed) cut the raw score: a re-cut keeps
     that meaning rather than taking today's default (calibrated), and --set person.score=... is known."""
@@ -143,7 +172,7 @@ def test_a_run_from_before_person_score_keeps_its_raw_cut_and_accepts_the_key(tm
 
     config = default_config()
     del config["person"]["score"]
-    (tmp_path / "manifest.json").write_text(json.dumps({"status": "complete", "config": config,
+    (tmp_path / "manifest.json").write_text(json.dumps({"status": "complete", "config": config, "inputs": ["crawl"],
                                                         "stages": config["stages"]}))
     _, new, changed = plan(str(tmp_path), ["person.min_score=0.95"])
     assert new["person"]["score"] == "raw" and changed == ["person.min_score"]
