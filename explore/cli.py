@@ -231,14 +231,11 @@ def format_stats(runs: list[dict], overlap: dict | None = None) -> str:
     for col in ("score", "box_longer_side", "box_shorter_side"):
         for scope in ("detected", "in_kept_images"):
             for lab, r in zip(labels, runs):
-                name = "raw score" if col == "score" else col
-                rows.append(qrow(f"{name} {scope} {lab}".strip(), r["persons"][scope][col]))
+                rows.append(qrow(f"{'raw score' if col == 'score' else col} {scope} {lab}".strip(), r["persons"][scope][col]))
     detected = any(r["persons"]["detected"]["score"].get("n") for r in runs)
     rules = [f"{lab + ': ' if multi else ''}{describe(r['persons'])}" for lab, r in zip(labels, runs)]
-    calibrated = any(r["persons"]["score_kind"] != "raw" for r in runs)
-    section(f"Detected persons (rule: {'; '.join(rules)})"
-            + ("\n  per box the raw score; the calibrated score is stored per image (Scores per stage)"
-               if calibrated else ""),
+    section(f"Detected persons (rule: {'; '.join(rules)})" + ("\n  per box the raw score; the calibrated score is "
+            "stored per image (Scores per stage)" if any(r["persons"]["score_kind"] != "raw" for r in runs) else ""),
             _table(["measure", "n"] + qhead, rows) if detected else "  no person boxes in the catalog")
 
     rows = []
