@@ -80,6 +80,7 @@ def two_runs(tmp_path_factory):
     return root
 
 
+@pytest.mark.e2e
 def test_bundled_and_single_unit_tasks_give_the_same_run(two_runs):
     a, b = two_runs / "bundled", two_runs / "single"
     ta, tb = _catalog(a), _catalog(b)
@@ -93,6 +94,7 @@ def test_bundled_and_single_unit_tasks_give_the_same_run(two_runs):
     assert not [p for p in a.rglob(".*.tmp-*")]  # every temporary renamed or removed
 
 
+@pytest.mark.e2e
 def test_a_finished_run_reads_its_compacted_catalog_and_a_resume_makes_it_anew(two_runs):
     """The engine compacts the catalog at the end of a local run (catalog/compact.py); a resumed run
     with work left drops the copy first and makes it again from the parts."""

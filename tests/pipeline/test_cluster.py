@@ -119,7 +119,6 @@ def _submit_job(ray: str, env: dict, dash: int, entrypoint: list[str], deadline_
     return logs.stdout + logs.stderr
 
 
-@pytest.mark.slow
 def test_ray_up_submit_job_submit_down_on_loopback(sshd, tmp_path, demo_crawl):
     config = yaml.safe_load((ROOT / "cluster" / "local.yaml").read_text())
     assert config["provider"]["head_ip"] == "127.0.0.1"

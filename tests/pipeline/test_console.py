@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from catalog.console import progress
 
 # what Ray Data's own loggers and Ray's token notice print (file:line of their modules, or phrases)
@@ -28,6 +30,7 @@ def test_progress_without_a_terminal_writes_whole_lines():
     assert lines[0].startswith("measure:") and "5/5" in lines[-1]
 
 
+@pytest.mark.e2e
 def test_curate_without_a_terminal_has_no_ray_data_log_lines(tmp_path):
     from pipeline.demo.crawl import demo_samples, write_webdataset
 

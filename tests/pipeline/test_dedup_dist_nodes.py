@@ -11,6 +11,10 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.cluster
+
 ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r'''

@@ -160,6 +160,7 @@ def test_run_dedup_partitioned_on_ray_equals_cluster(tmp_path, ray_local):
     assert len(list((tmp_path / "work/dedup/dist").glob("*/mk/near-t*-r*.json"))) == 5 * st["ranges"]
 
 
+@pytest.mark.e2e
 def test_curate_with_partitioned_dedup_writes_the_same_verdicts(tmp_path):
     """End to end through `humanset curate`: dedup.partitioned=true (small task_memory: several key
     ranges) gives the verdict files of the whole-table path."""

@@ -153,7 +153,7 @@ def test_units_are_saved_and_files_added_later_are_reported(tmp_path, ray_local)
     assert len(units) == 2 and all(u.split("-")[-1] not in ("00000", "00001") for u in units)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_sample_that_kills_its_worker_is_rejected_and_the_run_completes(tmp_path):
     folder = _photos(tmp_path / "in", 5)
     (folder / "killer.jpg").write_bytes((folder / "000.jpg").read_bytes()[:-1] + b"\xd9")  # a valid image
@@ -207,7 +207,7 @@ def test_render_out_is_locked_too(tmp_path):
     assert not (out / "render.json").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_sample_that_kills_a_model_actor_is_isolated_too(tmp_path):
     """The same for an actor-pool stage of phase 3 (the OCR stage, CPU)."""
     folder = _photos(tmp_path / "in", 3)

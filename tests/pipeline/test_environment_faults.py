@@ -12,6 +12,8 @@ import pytest
 
 import catalog
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 CHEAP = ["stages=[decode,size,dedup]", "ray.num_cpus=2"]
 

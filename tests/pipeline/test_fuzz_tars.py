@@ -37,6 +37,7 @@ def test_1500_damaged_shards_through_the_reader():
     assert {"not_a_tar", "truncated_tar", "corrupt_tar", "bad_index", "index_mismatch", "ok"} <= set(r["outcomes"])
 
 
+@pytest.mark.e2e
 def test_1000_damaged_shards_through_curate(tmp_path):
     crawl, run, cwd = tmp_path / "crawl", tmp_path / "run", tmp_path / "cwd"
     crawl.mkdir()

@@ -50,8 +50,8 @@ def clean(crawl, ray_local, tmp_path_factory):
     return _catalog(run)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kill_when", ["measure", "stats"])
+@pytest.mark.e2e
 def test_kill_minus_9_then_resume_equals_clean_run(crawl, clean, tmp_path, kill_when):
     run = tmp_path / "crashed"
     folder = run / ("work/measure" if kill_when == "measure" else "stats")

@@ -12,6 +12,8 @@ import pytest
 import catalog
 from catalog.schema import SCHEMAS
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

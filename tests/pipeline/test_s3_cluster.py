@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.cluster
+
 import catalog
 from catalog import storage as st
 
@@ -188,7 +190,6 @@ def _local_leftovers(since: float, roots) -> list[str]:
     return out
 
 
-@pytest.mark.slow
 def test_curate_on_three_nodes_from_s3_into_s3_survives_a_killed_raylet(cluster, s3_crawl, s3_server):
     store, n_samples, n_shards = s3_crawl
     inp = store.uri_of("crawl") + "/"

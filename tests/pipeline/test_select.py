@@ -66,6 +66,7 @@ def score_all_run(ray_local, tmp_path_factory):
     return folder / "run"
 
 
+@pytest.mark.e2e
 def test_score_all_scores_every_decodable_sample(score_all_run):
     rows = _rows(score_all_run)
     assert len(rows) == 5
@@ -76,6 +77,7 @@ def test_score_all_scores_every_decodable_sample(score_all_run):
     assert len(thumb["reject_reasons"]) >= 1
 
 
+@pytest.mark.e2e
 def test_looser_dedup_recomputes_clusters_and_reads_sources(score_all_run, tmp_path):
     before_run = score_all_run
     out = tmp_path / "nodedup"
@@ -88,6 +90,7 @@ def test_looser_dedup_recomputes_clusters_and_reads_sources(score_all_run, tmp_p
     assert set(revived) <= shard_ids  # their bytes came from the input tars
 
 
+@pytest.mark.e2e
 def test_stricter_person_threshold(score_all_run, tmp_path):
     out = tmp_path / "strict"
     select(str(score_all_run), str(out), ["person.min_score=0.99"], progress=False)

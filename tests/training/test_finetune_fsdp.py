@@ -7,6 +7,8 @@ from training import checkpoint as ckpt
 from training.tasks.finetune import FinetuneConfig, build_model, finetune
 from training_fixtures import logged_losses, write_sphere_renders
 
+pytestmark = pytest.mark.train
+
 
 @pytest.fixture(scope="module")
 def renders(tmp_path_factory):

@@ -40,6 +40,7 @@ EXPECTED_METRICS = {"pose": {"AP", "AP50", "AR"}, "seg": {"mIoU", "mAcc"}, "dept
 
 
 @pytest.mark.parametrize("task", ["pose", "seg", "depth", "normal"])
+@pytest.mark.train
 def test_each_task_learns_then_evaluates_and_predicts(task, data, tmp_path):
     summary = finetune(small(task, data, tmp_path))
     losses = [r["loss"] for r in logged(tmp_path)]
@@ -52,6 +53,7 @@ def test_each_task_learns_then_evaluates_and_predicts(task, data, tmp_path):
     assert Image.open(figs[0]).size == (512 * 2 + 6, 512)
 
 
+@pytest.mark.train
 def test_depth_prediction_improves_metrics_over_the_untrained_model(data, tmp_path):
     before = finetune(small("depth", data, tmp_path / "a", steps=1, lr=1e-9))
     after = finetune(small("depth", data, tmp_path / "b", steps=40, lr=3e-3))
@@ -59,6 +61,7 @@ def test_depth_prediction_improves_metrics_over_the_untrained_model(data, tmp_pa
     assert e1["absrel"] < e0["absrel"] and e1["delta1"] >= e0["delta1"]
 
 
+@pytest.mark.train
 def test_resume_replays_the_same_losses(data, tmp_path):
     cfg = small("normal", data, tmp_path / "full", steps=6, checkpoint_every=3, augment=True)
     finetune(cfg)
@@ -99,6 +102,7 @@ def test_heads_have_the_sapiens_resolutions():
     assert shapes == {"pose": (17, 16, 12), "seg": (28, 32, 24), "depth": (1, 64, 48), "normal": (3, 32, 24)}
 
 
+@pytest.mark.train
 def test_image_skip_keeps_resolutions_sees_the_image_and_resumes_exactly(data, tmp_path):
     x = torch.randn(2, 3, 64, 48)
     for task, shape in {"pose": (17, 16, 12), "seg": (28, 32, 24), "depth": (1, 64, 48), "normal": (3, 32, 24)}.items():
@@ -117,6 +121,7 @@ def test_image_skip_keeps_resolutions_sees_the_image_and_resumes_exactly(data, t
     assert evaluate(str(tmp_path / "full" / "checkpoints" / "step-00000006.pt"), data=str(data["normal"]))["n"] == 8
 
 
+@pytest.mark.train
 def test_cli_finetune_evaluate_predict(data, tmp_path, capsys):
     out = tmp_path / "run"
     rc = humanset(["finetune", "--task", "seg", "--data", str(data["seg"]), "--output", str(out), "--model", "micro",
@@ -140,6 +145,7 @@ def test_cli_finetune_evaluate_predict(data, tmp_path, capsys):
     assert "fine-tuned for seg" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.train
 def test_demo_fine_tunes_depth_and_normals_and_predicts(data, tmp_path):
     summary = demo(data["depth"], tmp_path, steps=2)
     for task in ("depth", "normal"):
@@ -147,12 +153,14 @@ def test_demo_fine_tunes_depth_and_normals_and_predicts(data, tmp_path):
     assert (tmp_path / "summary.json").is_file()
 
 
+@pytest.mark.train
 def test_ray_train_two_cpu_workers(data, tmp_path, ray_local):
     summary = finetune(small("depth", data, tmp_path, steps=2, workers=2, batch_size=2))
     assert [r["step"] for r in logged(tmp_path)] == [1, 2]
     assert Path(summary["checkpoint"]).name == "step-00000002.pt"
 
 
+@pytest.mark.train
 def test_gradient_accumulation_equals_the_larger_batch(data, tmp_path):
     """2 micro-batches of 2 per step read the samples of one batch of 4 and give its losses and weights."""
     finetune(small("depth", data, tmp_path / "big", steps=4, batch_size=4, checkpoint_every=4))

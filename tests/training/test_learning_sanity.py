@@ -32,6 +32,7 @@ OVERFIT = {"normal": (60, 3e-3, HW, "mean", ("<", 5.0)),
 
 
 @pytest.mark.parametrize("task", list(OVERFIT))
+@pytest.mark.train
 def test_a_head_overfits_one_batch(task, people, tmp_path):
     steps, lr, hw, key, (op, bound) = OVERFIT[task]
     cfg = FinetuneConfig(task=task, data=str(people), output=str(tmp_path), model="micro", image_size=hw,
@@ -126,6 +127,7 @@ def test_render_keypoints_read_the_frames_json_and_box_the_mask(people):
     assert mask_box(np.zeros((4, 4), bool)) is None
 
 
+@pytest.mark.train
 def test_cli_pose_from_a_render_run_and_evaluate_says_what_it_scores(people, tmp_path, capsys):
     import json
     import shutil

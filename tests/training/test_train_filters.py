@@ -188,6 +188,7 @@ def art_card(photo_dir, tmp_path_factory):
     return out, card
 
 
+@pytest.mark.train
 def test_art_filter_trains_above_chance_on_a_held_out_style(art_card):
     out, card = art_card
     assert (out / "model.pt").is_file() and (out / "card.json").is_file() and (out / "checkpoints").is_dir()
@@ -202,6 +203,7 @@ def test_art_filter_trains_above_chance_on_a_held_out_style(art_card):
         assert key in v["heldout"]["at_threshold"]
 
 
+@pytest.mark.train
 def test_watermark_filter_trains_above_chance(photo_dir, tmp_path):
     # a randomly initialised micro ViT learns faint overlays slowly: marks at opacity 0.5-0.6 on 64 px inputs,
     # the small corner marks and the scene-text / frame negatives held out. Measured over 11 seeds and two font
@@ -217,6 +219,7 @@ def test_watermark_filter_trains_above_chance(photo_dir, tmp_path):
     assert v["heldout"]["roc_auc"] > 0.54, v["heldout"]
 
 
+@pytest.mark.train
 def test_card_weights_load_into_timm_and_match_the_trained_model(art_card):
     import timm.models.vision_transformer as vt
 
@@ -232,6 +235,7 @@ def test_card_weights_load_into_timm_and_match_the_trained_model(art_card):
     assert isinstance(ours, FilterModel)
 
 
+@pytest.mark.train
 def test_resume_continues_to_the_same_weights(photo_dir, tmp_path):
     import shutil
 
@@ -247,6 +251,7 @@ def test_resume_continues_to_the_same_weights(photo_dir, tmp_path):
     assert resumed["training"]["steps_run"] == 3 and whole["training"]["steps_run"] == 6
 
 
+@pytest.mark.train
 def test_art_stage_scores_with_a_card(art_card, photo_dir):
     out, card = art_card
     for weights in (out, out / "card.json"):
@@ -274,6 +279,7 @@ def watermark_card(photo_dir, tmp_path_factory):
     return out, train_filter(tiny("watermark", photo_dir, out, steps=2, val_samples=8))
 
 
+@pytest.mark.train
 def test_watermark_stage_scores_with_a_card(watermark_card, photo_dir):
     out, card = watermark_card
     stage = WatermarkStage({"weights": str(out)})
@@ -288,6 +294,7 @@ def test_watermark_stage_scores_with_a_card(watermark_card, photo_dir):
     assert reasons == ["watermark>-1", "watermark>-1", "error"]  # higher = reject, as with LAION's model
 
 
+@pytest.mark.train
 def test_wrong_files_are_clear_errors(watermark_card, art_card, tmp_path):
     wm, _ = watermark_card
     art, _ = art_card
@@ -345,6 +352,7 @@ def test_scene_text_negatives_come_from_the_text_stage(demo_run):
     assert read_scene_text(run / "shards") == []  # a plain shards folder has no catalog
 
 
+@pytest.mark.train
 def test_demo_trains_both_filters_and_curates_with_all_seven_stages(demo_crawl, demo_run, tmp_path):
     """`make demo`'s last step, at a few training steps: the funnel of the new run has watermark and art."""
     from humanset.demo import filters_demo
@@ -368,6 +376,7 @@ def test_demo_trains_both_filters_and_curates_with_all_seven_stages(demo_crawl, 
             assert card["threshold"]["score"] == 1.0 and stage["in"] == stage["out"], (task, stage)
 
 
+@pytest.mark.train
 def test_train_filter_on_ray_train_workers(ray_local, photo_dir, tmp_path):
     card = train_filter(tiny("art", photo_dir, tmp_path / "ray", steps=2, batch_size=8, val_samples=8, workers=2,
                              checkpoint_every=2))
@@ -485,6 +494,7 @@ def test_html_family_samples_are_a_pure_function_of_seed_and_index(html_pool, ph
         fd.generate("art", "html", base, np.random.default_rng(0), fd.GeneratorSettings())
 
 
+@pytest.mark.train
 def test_art_training_uses_the_html_pool_and_a_resume_reuses_it(photo_dir, tmp_path, monkeypatch):
     _chromium()
     cfg = dict(steps=2, checkpoint_every=1, val_samples=24, html_pages=6)
