@@ -10,7 +10,7 @@ import catalog
 from pipeline.config import load_config
 from pipeline.engine import adapter, columns, unit_io
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests" / "faults"))
 import humanset_faults  # noqa: E402  (test-only fault injection: tests/faults)
 CHEAP = ["stages=[decode,size,dedup]"]

@@ -19,7 +19,7 @@ STAGES = ["decode", "size", "dedup"]
 NEW = ["dedup.max_distance=2", "size.min_short_side=160"]  # fewer near copies; the thumbnails pass size now
 # the partitioned path with 10 kB of room per task over a worker's base (TASK_BASE_BYTES, 256 MiB):
 # plan() then cuts these ~40 candidates into 4 hash ranges and batches of ~10 rows (as
-# tests/pipeline/test_dedup_dist.py forces P and batches; select takes only real settings)
+# tests/pipeline/dedup/test_dedup_dist.py forces P and batches; select takes only real settings)
 PARTITIONED = ["dedup.partitioned=true", f"dedup.task_memory={TASK_BASE_BYTES + 10_000}"]
 KEEP = ["engine.keep_work=true"]  # keeps OUT/work/select and the dedup's files to look at
 SMALL = ["engine.window_units=3"]  # 4 groups of units: 4 partitions of the fallback exchange
@@ -126,11 +126,11 @@ def _groups(folder) -> set[int]:
 
 @pytest.fixture(scope="module")
 def fb_run(ray_local, tmp_path_factory):
-    """tests/pipeline/test_fallback.py's crawl (two clusters whose captioned canonicals the text stage
+    """tests/captioned_photos.py's crawl (the fallback tests') (two clusters whose captioned canonicals the text stage
     rejects, a clean fallback each), one image a unit: every cluster spans units."""
-    from test_fallback import _cfg as fb_cfg, write_crawl
+    from captioned_photos import fallback_config, write_crawl
     tmp = tmp_path_factory.mktemp("selfb")
-    cfg = fb_cfg(2)
+    cfg = fallback_config(2)
     cfg["input"]["files_per_unit"] = 1
     curate([str(write_crawl(tmp))], str(tmp / "run"), cfg, progress=False)
     return tmp / "run"

@@ -17,7 +17,7 @@ from pipeline import sources
 from pipeline.inputs.fetch import ByteSource
 from s3server import CountingProxy
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _tar(members: dict[str, bytes]) -> bytes:

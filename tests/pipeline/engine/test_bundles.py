@@ -16,7 +16,7 @@ from PIL import Image
 from pipeline.engine.blocks import bundles
 from pipeline.inputs.units import Unit
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _unit(i, size=0, kind="tar", count=0):

@@ -314,7 +314,7 @@ def test_models_load_and_run_without_network(tmp_path):
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     p = subprocess.run([sys.executable, "-c", NO_NETWORK_SCRIPT, str(ASSETS / "bus.jpg")], cwd=root,
                        capture_output=True, text=True, timeout=300,
                        env={**__import__("os").environ, "PYTHONPATH": str(root),

@@ -15,7 +15,7 @@ import pytest
 import catalog
 from catalog import storage as st
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _curate(inp, run, cwd, *extra, timeout=600):

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.cluster
 import catalog
 from catalog import storage as st
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 PER_SHARD = 4
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import catalog
 from pipeline.stages.decode import REASON_KINDS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 _spec = importlib.util.spec_from_file_location("bench_fuzz", ROOT / "bench" / "fuzz.py")
 fuzz = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fuzz)

@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # (width, height) of the served photos; img2dataset's keep_ratio at 512 upscales the small ones
 SIZES = [(451, 300), (640, 480), (300, 200), (800, 600)]
 

@@ -172,7 +172,7 @@ def test_curate_with_partitioned_dedup_writes_the_same_verdicts(tmp_path):
     from pipeline.demo.crawl import demo_samples, write_webdataset
     crawl = tmp_path / "crawl"
     write_webdataset(crawl, demo_samples()[:64], per_shard=32)
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
     env.pop("RAY_ADDRESS", None)
     runs = {}

@@ -36,7 +36,7 @@ def test_curate_without_a_terminal_has_no_ray_data_log_lines(tmp_path):
 
     crawl = tmp_path / "crawl"
     write_webdataset(crawl, demo_samples()[:16], per_shard=8)
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run(

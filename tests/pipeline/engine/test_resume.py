@@ -12,7 +12,7 @@ import catalog
 from pipeline.config import load_config
 from pipeline.engine.driver import curate
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 UNITS = 12
 
 

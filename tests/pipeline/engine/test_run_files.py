@@ -14,7 +14,7 @@ from catalog.schema import SCHEMAS
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _curate(crawl, run, *sets, timeout=600):

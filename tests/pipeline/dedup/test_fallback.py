@@ -6,55 +6,16 @@ import json
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
 import catalog
-from pipeline.config import default_config
 from pipeline.engine.driver import curate
 from pipeline.select.recut import select
-from test_stage_text import SKIMAGE, meme
-
-
-def _copy(tmp: Path, photo: str, side: int, caption=None) -> bytes:
-    im = Image.open(SKIMAGE / photo).convert("RGB").resize((side, side), Image.LANCZOS)
-    path = tmp / f"_{photo}-{side}.png"
-    im.save(path)
-    return meme(path, *caption, rel=0.07) if caption else path.read_bytes()
+from captioned_photos import fallback_config, write_crawl
 
 
 @pytest.fixture(scope="module")
 def crawl(tmp_path_factory):
     return write_crawl(tmp_path_factory.mktemp("fallback"))
-
-
-def write_crawl(tmp: Path) -> Path:
-    """Two clusters of near copies (larger = canonical first) and a unique clean photo:
-    astronaut: a 900-px captioned copy and a 512-px clean one;
-    chelsea: 900- and 700-px captioned copies and a 512-px clean one."""
-    folder = tmp / "crawl"
-    folder.mkdir()
-    files = {"astro_cap900": _copy(tmp, "astronaut.png", 900, ("HELLO WORLD", "NICE DAY")),
-             "astro_clean": _copy(tmp, "astronaut.png", 512),
-             "cat_cap900": _copy(tmp, "chelsea.png", 900, ("WHEN THE CODE", "COMPILES")),
-             "cat_cap700": _copy(tmp, "chelsea.png", 700, ("BUY NOW", "FREE SHIPPING")),
-             "cat_clean": _copy(tmp, "chelsea.png", 512),
-             "coffee": _copy(tmp, "coffee.png", 400)}
-    for name, data in files.items():
-        (folder / f"{name}.png").write_bytes(data)
-    return folder
-
-
-def _cfg(fallbacks: int) -> dict:
-    cfg = default_config()
-    cfg["stages"] = ["decode", "size", "dedup", "text"]
-    cfg["dedup"]["max_distance"] = 6
-    cfg["dedup"]["max_fallbacks"] = fallbacks
-    cfg["engine"]["start_actors_early"] = False
-    if fallbacks == 1:  # the partitioned dedup (same verdicts), its work files removed at the end
-        cfg["dedup"]["partitioned"] = True
-    if fallbacks == 2:  # its work files stay: test_resume_mid_fallback_round... cuts a crash state from them
-        cfg["engine"]["keep_work"] = True
-    return cfg
 
 
 def _rows(run) -> dict[str, dict]:
@@ -67,7 +28,7 @@ def runs(crawl, ray_local, tmp_path_factory):
     out = {}
     for n in (2, 1, 0):
         run = tmp_path_factory.mktemp(f"fb{n}") / "run"
-        out[n] = (run, curate([str(crawl)], str(run), _cfg(n), progress=False))
+        out[n] = (run, curate([str(crawl)], str(run), fallback_config(n), progress=False))
     return out
 
 
@@ -167,7 +128,7 @@ def test_resume_mid_fallback_round_equals_the_clean_run(crawl, runs, tmp_path):
     for rel in ("work/scored/r2", "work/fallback/kept", "work/fallback/t/kept", "stats", "catalog", "shards"):
         shutil.rmtree(run / rel)
     (run / "work/fallback/_kept.json").unlink()
-    m = curate([str(crawl)], str(run), _cfg(2), progress=False)
+    m = curate([str(crawl)], str(run), fallback_config(2), progress=False)
     assert m["status"] == "complete" and m["fallbacks"]["rounds"] == {"1": 2, "2": 1}
     q = "SELECT * EXCLUDE (source_uri) FROM samples ORDER BY sample_id"
     assert catalog.connect(run).sql(q).to_arrow_table().equals(catalog.connect(clean).sql(q).to_arrow_table())

@@ -14,7 +14,7 @@ import catalog
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CHEAP = ["stages=[decode,size,dedup]", "ray.num_cpus=2"]
 
 

@@ -297,6 +297,6 @@ def test_unit_error_kinds_are_fixed_and_documented():
     assert unit_error_kind("truncated_tar: x.tar: cut") == "truncated_tar"
     assert unit_error_kind("something new") == "reader_error"
     assert all(k.isidentifier() and v for k, v in UNIT_ERROR_KINDS.items())
-    doc = (__import__("pathlib").Path(__file__).resolve().parents[2] / "docs" / "curation.md").read_text()
+    doc = (__import__("pathlib").Path(__file__).resolve().parents[3] / "docs" / "curation.md").read_text()
     missing = [k for k in UNIT_ERROR_KINDS if f"`{k}`" not in doc]
     assert not missing, f"docs/curation.md's 'Bad containers' paragraph does not name {missing}"

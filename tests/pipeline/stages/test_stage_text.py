@@ -2,39 +2,18 @@
 from __future__ import annotations
 
 import importlib.util
-import io
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw, ImageFont
 
 import catalog
 from pipeline.config import default_config
 from pipeline.stages.text import TextStage, confirmed, union_area_frac
+from captioned_photos import SKIMAGE, meme
 
 # located without importing ultralytics (its import-time network check must see YOLO_OFFLINE)
 ASSETS = Path(list(importlib.util.find_spec("ultralytics").submodule_search_locations)[0]) / "assets"
-SKIMAGE = Path(str(resources.files("skimage") / "data"))
-
-
-def _png(im: Image.Image) -> bytes:
-    buf = io.BytesIO()
-    im.convert("RGB").save(buf, "PNG")
-    return buf.getvalue()
-
-
-def meme(path: Path, top: str, bottom: str, rel: float = 0.09) -> bytes:
-    """Impact-style captions, top and bottom, text height `rel` of the image height."""
-    im = Image.open(path).convert("RGB")
-    d = ImageDraw.Draw(im)
-    size = int(im.height * rel)
-    font = ImageFont.load_default(size=size)
-    for text, y in ((top, size * 0.3), (bottom, im.height - size * 1.5)):
-        d.text((im.width * 0.05, y), text, font=font, fill="white", stroke_width=max(1, size // 15),
-               stroke_fill="black")
-    return _png(im)
 
 
 def _cases() -> dict[str, bytes]:

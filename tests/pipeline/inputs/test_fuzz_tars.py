@@ -19,7 +19,7 @@ import pytest
 
 from pipeline.stages.decode import UNIT_ERROR_KINDS, unit_error_kind
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 _spec = importlib.util.spec_from_file_location("bench_fuzz_tars", ROOT / "bench" / "fuzz_tars.py")
 fuzz_tars = importlib.util.module_from_spec(_spec)
 sys.modules["bench_fuzz_tars"] = fuzz_tars
