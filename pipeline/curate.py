@@ -6,10 +6,13 @@
 
 `ray submit` copies this file alone to the head node, so it imports the installed humanset package.
 """
+import os
 import sys
 
 if __name__ == "__main__":
-    # run as a script, this file's folder is sys.path[0]: no module in it shares a name with a
-    # standard-library or PyPI module (hence pipeline/select/recut.py and pipeline/inputs/images.py)
+    # run as a script, this file's folder is sys.path[0], where the sub-package pipeline/select/ would
+    # shadow the standard library's select: the folder leaves the path, pipeline.* imports as a package
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     from pipeline.cli import main_curate
     sys.exit(main_curate())
