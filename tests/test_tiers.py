@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 import tiers
-import training.trainer  # noqa: F401  (imported before the test runs: its entry points are guarded)
+import training.trainer
+from pipeline.config import default_config
+from pipeline.engine import blocks  # imported before the tests run: their entry points are guarded
+from pipeline.stages import build_stages
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_TEST_MODULES = 20  # test modules side by side in one folder of tests/
@@ -44,8 +47,9 @@ def test_this_test_is_unit_and_its_neighbours_are_marked(request):
     (["/somewhere/bin/weed", "mini"], "s3"),
     (["/venv/bin/ray", "start", "--head"], "cluster"),
     (["/usr/sbin/sshd", "-D"], "cluster"),
-    (["/venv/bin/python", "-m", "humanset.cli", "render", "--frames", "2"], "e2e"),
-    (["/venv/bin/humanset", "pretrain", "--data", "x"], "e2e"),
+    (["/venv/bin/python", "-m", "humanset.cli", "render", "--frames", "2"], "blender"),
+    (["/venv/bin/humanset", "pretrain", "--data", "x"], "train"),
+    (["/venv/bin/humanset", "demo", "--output", "x"], "e2e"),
 ])
 def test_a_unit_test_cannot_start_a_heavier_tiers_process(argv, tier):
     """The audit hook refuses before anything starts (the paths need not exist)."""
@@ -60,8 +64,16 @@ def test_a_unit_test_may_start_light_processes():
 
 
 def test_a_unit_test_cannot_train():
-    with pytest.raises(RuntimeError, match=r"calls training\.trainer\.train: .*@pytest\.mark\.train"):
+    with pytest.raises(RuntimeError, match=r"starts a training run: .*@pytest\.mark\.train"):
         training.trainer.train(None)
+
+
+def test_a_unit_test_cannot_start_model_actors_but_may_curate_without_models():
+    stages = {s.name: s for s in build_stages(default_config())}
+    with pytest.raises(RuntimeError, match=r"model stage's Ray actors.*@pytest\.mark\.e2e"):
+        blocks.apply_stage(None, stages["text"], False)
+    with pytest.raises(AttributeError):  # the real apply_stage, on no dataset
+        blocks.apply_stage(None, stages["size"], False)
 
 
 def test_no_tests_folder_holds_more_than_20_test_modules():

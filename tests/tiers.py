@@ -45,9 +45,12 @@ def _fix(tier: str) -> str:
 RUNNING_UNIT: list[str] = []  # the node id of the unit test running now, if any
 
 
-def _is_humanset(argv: list[str]) -> bool:
-    return any(a in ("humanset", "humanset.cli") or a.endswith(("/humanset", "/pipeline/curate.py"))
-               for a in argv[:3])
+def _humanset_command(argv: list[str]) -> str | None:
+    """The command of a `humanset ...` / `python -m humanset.cli ...` argv, else None."""
+    for i, a in enumerate(argv[:3]):
+        if a in ("humanset", "humanset.cli") or a.endswith("/humanset"):
+            return argv[i + 1] if i + 1 < len(argv) else None
+    return None
 
 
 # a child process of a heavier tier: (test on its argv, tier, what it is)
@@ -57,14 +60,27 @@ CHILD_TIERS = (
      "cluster", "Ray cluster nodes (`ray start/up/submit/job`)"),
     (lambda argv: Path(argv[0]).name == "sshd", "cluster", "sshd (for `ray up`)"),
     (lambda argv: Path(argv[0]).name == "blender", "blender", "Blender"),
-    (lambda argv: _is_humanset(argv) and any(a in ("demo", "render", "pretrain", "finetune", "train-filter")
-                                             for a in argv[1:4]),
-     "e2e", "a `humanset demo/render/pretrain/finetune/train-filter` child process"),
+    (lambda argv: _humanset_command(argv) == "demo", "e2e", "`humanset demo` in a child process"),
+    (lambda argv: _humanset_command(argv) == "render", "blender", "`humanset render` in a child process"),
+    (lambda argv: _humanset_command(argv) in ("pretrain", "finetune", "train-filter"), "train",
+     "a `humanset` training command in a child process"),
 )
 
-# in-process entry points of a heavier tier: (module, function, tier)
-ENTRY_TIERS = (("training.trainer", "train", "train"), ("training.trainer", "launch_ray", "train"),
-               ("render.blender.compat", "import_blenderproc", "blender"))
+
+def _stateful(args, kwargs) -> bool:
+    stage = args[1] if len(args) > 1 else kwargs.get("stage")
+    return bool(getattr(stage, "stateful", False))
+
+
+# in-process entry points of a heavier tier, patched where they are looked up:
+# (module, attribute, tier, what it starts, refused only when this holds for the call's arguments)
+ENTRY_TIERS = (
+    ("training.trainer", "train", "train", "a training run", None),
+    ("training.trainer", "launch_ray", "train", "Ray Train workers", None),
+    ("render.blender.renderer", "BlenderRenderer.__init__", "blender", "Blender", None),
+    ("pipeline.engine.blocks", "apply_stage", "e2e", "a model stage's Ray actors (a curation with models)",
+     _stateful),
+)
 
 
 def audit(event: str, args: tuple) -> None:
@@ -80,9 +96,18 @@ def audit(event: str, args: tuple) -> None:
 
 
 def refuse_entry_points(nodeid: str, monkeypatch) -> None:
-    """Replace the heavier tiers' entry points of the modules already imported by ones that fail."""
-    for module, name, tier in ENTRY_TIERS:
-        if module in sys.modules:
-            def refuse(*_a, _what=f"{module}.{name}", _tier=tier, **_k):
-                raise RuntimeError(f"{nodeid} calls {_what}: {_fix(_tier)}")
-            monkeypatch.setattr(sys.modules[module], name, refuse)
+    """Replace the heavier tiers' entry points, in the modules already imported, by ones that fail."""
+    for module, attr, tier, what, when in ENTRY_TIERS:
+        if module not in sys.modules:
+            continue
+        owner = sys.modules[module]
+        *path, name = attr.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        real = getattr(owner, name)
+
+        def refuse(*a, _real=real, _what=what, _tier=tier, _when=when, **k):
+            if _when is None or _when(a, k):
+                raise RuntimeError(f"{nodeid} starts {_what}: {_fix(_tier)}")
+            return _real(*a, **k)
+        monkeypatch.setattr(owner, name, refuse)

@@ -32,6 +32,7 @@ def runs(crawl, ray_local, tmp_path_factory):
     return out
 
 
+@pytest.mark.e2e
 def test_the_clean_copy_is_kept_when_the_captioned_canonical_fails(runs):
     run, manifest = runs[2]
     r = _rows(run)
@@ -54,6 +55,7 @@ def test_the_clean_copy_is_kept_when_the_captioned_canonical_fails(runs):
     assert {x["sample_id"] for x in idx} == {r[k]["sample_id"] for k in kept}
 
 
+@pytest.mark.e2e
 def test_one_fallback_loses_the_cluster_whose_first_two_fail(runs):
     r = _rows(runs[1][0])
     assert {k for k, v in r.items() if v["keep"]} == {"astro_clean", "coffee"}
@@ -65,6 +67,7 @@ def test_one_fallback_loses_the_cluster_whose_first_two_fail(runs):
     assert r["cat_clean"]["dup_of"] == r["cat_cap700"]["dup_of"] == r["cat_cap900"]["sample_id"]
 
 
+@pytest.mark.e2e
 def test_a_complete_run_leaves_no_work_files_of_dedup_and_the_rounds(runs):
     """The partitioned dedup's and the exchanges' files go once the run is complete; what a later
     command reads stays (measure rows, verdicts, dedup's _done.json); keep_work keeps them all."""
@@ -81,6 +84,7 @@ def test_a_complete_run_leaves_no_work_files_of_dedup_and_the_rounds(runs):
     assert list((kept / "work/fallback").rglob("*.parquet")) and list((kept / "work/scored").glob("*.parquet"))
 
 
+@pytest.mark.e2e
 def test_no_fallbacks_keeps_neither_as_before(runs):
     run, manifest = runs[0]
     r = _rows(run)
@@ -92,6 +96,7 @@ def test_no_fallbacks_keeps_neither_as_before(runs):
     assert not (run / "work" / "scored").exists()
 
 
+@pytest.mark.e2e
 def test_select_recut_promotes_the_canonical_and_records_it(runs, tmp_path):
     run, _ = runs[2]
     m = select(str(run), str(tmp_path / "loose"), ["text.max_area_frac=0.5"], progress=False)
@@ -107,6 +112,7 @@ def test_select_recut_promotes_the_canonical_and_records_it(runs, tmp_path):
     assert back["fallbacks"]["promoted"] == 2
 
 
+@pytest.mark.e2e
 def test_select_never_promotes_an_unscored_member(runs, tmp_path):
     """A re-cut of the one-fallback run with two fallbacks cannot score the clean cat (no model runs):
     the cluster stays lost, counted, and the docs say to rerun curate."""
@@ -117,6 +123,7 @@ def test_select_never_promotes_an_unscored_member(runs, tmp_path):
     assert r["cat_clean"]["reject_reason"] == "dedup:near_duplicate" and not r["cat_clean"]["dup_scored"]
 
 
+@pytest.mark.e2e
 def test_resume_mid_fallback_round_equals_the_clean_run(crawl, runs, tmp_path):
     """What a crash in round 2's scoring leaves (round 2 planned, its unit unscored, no kept
     members, no unit written): the rerun finishes the rounds and writes the clean run's catalog."""

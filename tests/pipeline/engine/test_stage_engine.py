@@ -112,6 +112,7 @@ def test_a_cluster_too_small_for_the_actor_pools_is_refused_not_left_waiting():
     assert actor_cpus(cheap) == 0 and cpu_shortfall(1, cheap) is None
 
 
+@pytest.mark.e2e
 def test_model_actors_load_while_phase_3_waits_and_a_stopped_run_frees_them(ray_local, tmp_path):
     """engine.start_actors_early: the score pipeline executes from the start of the run, so its actor
     pool holds its CPU (and loads its model) while every unit waits at the gate for dedup. A run that

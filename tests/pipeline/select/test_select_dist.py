@@ -136,6 +136,7 @@ def fb_run(ray_local, tmp_path_factory):
     return tmp / "run"
 
 
+@pytest.mark.e2e
 def test_fallback_choice_through_partitions_equals_one_partition(fb_run, tmp_path):
     """A looser text threshold promotes both captioned canonicals over the fallbacks the run kept:
     the same catalog with one partition and stored clusters, with six partitions (one unit each) and
@@ -173,6 +174,7 @@ def test_the_cli_connects_to_ray_only_when_a_cluster_is_named(run, monkeypatch):
     assert connect_ray(str(run))  # the test session's Ray is up: connected, nothing started
 
 
+@pytest.mark.e2e
 def test_a_select_into_an_interrupted_output_mixes_in_none_of_its_files(fb_run, tmp_path):
     """What a select into OUT left before its manifest (here: all but the manifest, with another
     threshold and six partitions) is not read by the next select into OUT."""

@@ -326,6 +326,7 @@ def test_models_load_and_run_without_network(tmp_path):
         assert list((tmp_path / "cache" / "onnx").glob("yolo11n-pose-*.onnx"))
 
 
+@pytest.mark.e2e
 def test_cascade_through_the_engine(tmp_path, ray_local):
     """person and text as Ray actors in the real engine: decisions, stored columns, skipped stages."""
     from pipeline.config import load_config

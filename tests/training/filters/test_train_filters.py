@@ -509,6 +509,7 @@ def test_art_training_uses_the_html_pool_and_a_resume_reuses_it(photo_dir, tmp_p
     assert resumed["generator"]["html_screenshots"]["cache"] == info["cache"]
 
 
+@pytest.mark.train
 def test_no_chromium_leaves_the_html_family_out_with_one_warning(photo_dir, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("PATH", str(tmp_path))
     assert fh.find_chromium() is None
