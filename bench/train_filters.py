@@ -99,7 +99,9 @@ def bench_filter(task: str, args, images: str, photos_real: dict, non_photos: di
     from pipeline.stages.art import ArtStage
     from pipeline.stages.watermark.stage import WatermarkStage
     from PIL import Image
-    from training.filters import FilterConfig, at_threshold, read_photos, roc_auc, train_filter
+    from training.filters.train import FilterConfig, train_filter
+    from training.filters.thresholds import at_threshold, roc_auc
+    from training.filters.inputs import read_photos
 
     out = Path(args.out) / task
     if out.exists():

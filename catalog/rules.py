@@ -90,14 +90,18 @@ INPUT_STAGE = "input"
 BOX_RULES = ("longer_side", "shorter_side", "both")
 
 
+def checked_box_rule(box_rule) -> str:
+    """person.box_rule, checked: one of BOX_RULES, else ValueError naming the key and the choices."""
+    if box_rule not in BOX_RULES:
+        raise ValueError(f"person.box_rule={box_rule!r}: expected one of {', '.join(BOX_RULES)}")
+    return box_rule
+
+
 def box_side(box, box_rule: str = "longer_side") -> float:
-    """The side of an xyxy box that person.box_rule compares with person.min_box_px."""
+    """The side of an xyxy box that person.box_rule compares with person.min_box_px (both sides must pass:
+    the shorter one)."""
     w, h = float(box[2]) - float(box[0]), float(box[3]) - float(box[1])
-    if box_rule == "longer_side":
-        return max(w, h)
-    if box_rule in ("shorter_side", "both"):
-        return min(w, h)
-    raise ValueError(f"person.box_rule={box_rule!r}: expected one of {', '.join(BOX_RULES)}")
+    return max(w, h) if checked_box_rule(box_rule) == "longer_side" else min(w, h)
 
 
 SHORT_SIDE = Rule("size", "min_short_side", "short_side", ">=", 300, "short_side", low=0)
@@ -118,8 +122,6 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "art": (ART,),
 }
 ALL_RULES: tuple[Rule, ...] = tuple(r for rs in RULES.values() for r in rs)
-CHECKS: dict[str, Check] = {r.config_key: r.config_check() for r in ALL_RULES}
-CHECKS["person.box_rule"] = Check(("str",), choices=BOX_RULES)
 
 # the score each stage's threshold is calibrated on (`humanset calibrate`), and its rule: predicted
 # positive means score > threshold, which is "kept" for a minimum and "rejected" for a maximum

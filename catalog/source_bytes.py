@@ -2,21 +2,30 @@
 
 A source_uri is one of
     /data/crawl/img_001.jpg                    a local file
-    s3://bucket/crawl/img_001.jpg              anything pyarrow.fs.FileSystem.from_uri opens
+    s3://bucket/crawl/img_001.jpg              anything catalog/storage opens
     /data/crawl-00017.tar#0001234.jpg          a member of an input tar (local or URI tar)
 
-Tar members are found through a per-tar index of member offsets, built once per tar and cached,
-so reading many thumbnails from one tar does not rescan it.
+Tars are read with the bounded reader (catalog/tars.py), never `tarfile`. A plain tar's members are
+found through a per-tar index of member offsets, built once per tar from its headers and cached,
+so reading many thumbnails from one tar does not rescan it; a compressed tar (.tar.gz, .tgz,
+.tar.bz2, .tar.xz) is decompressed as a stream up to the member.
 """
 from __future__ import annotations
 
+import bz2
+import gzip
 import io
+import lzma
 import re
-import tarfile
 from functools import lru_cache
+
+from catalog.storage import is_uri, open_input
+from catalog.tars import ShardTruncated, iter_tar, split_member
 
 # the tar part ends at the first '.tar#' (or a compressed tar's suffix); member names may hold '#'
 _TAR_URI = re.compile(r"^(?P<tar>.+?\.(?:tar|tar\.gz|tgz|tar\.bz2|tbz2|tar\.xz|txz))#(?P<member>.+)$", re.I)
+_DECOMPRESS = ((b"\x1f\x8b", lambda fh: gzip.GzipFile(fileobj=fh)), (b"BZh", bz2.BZ2File),
+               (b"\xfd7zXZ", lzma.LZMAFile))  # magic bytes -> a decompressing reader of a file object
 
 
 def split_source_uri(uri: str) -> tuple[str, str | None]:
@@ -25,45 +34,49 @@ def split_source_uri(uri: str) -> tuple[str, str | None]:
     return (m["tar"], m["member"]) if m else (uri, None)
 
 
-def is_uri(path: str) -> bool:
-    return "://" in path
-
-
-def _open(path: str):
-    """A seekable binary file for a local path or a pyarrow-filesystem URI."""
-    if is_uri(path) and not path.startswith("file://"):
-        from catalog.storage import locate
-        store, name = locate(path)  # the storage layer's client, endpoint and retries
-        return store.open_input(name)
-    return open(path.removeprefix("file://"), "rb")
-
-
 @lru_cache(maxsize=64)
 def _tar_members(tar: str) -> dict[str, tuple[int, int]]:
     """member name -> (data offset, size) of an uncompressed tar; reads headers only.
 
     A damaged tar keeps the members before the damage readable, as the curation did.
     """
-    from catalog.tars import ShardTruncated, iter_tar
     found = {}
-    with _open(tar) as raw:
+    with open_input(tar) as raw:
         # a large read buffer turns header-seek-header into one request per MiB on object stores
         fh = io.BufferedReader(raw, buffer_size=1 << 20) if is_uri(tar) else raw
-        try:  # the bounded reader: a cap of 0 bytes reads headers only, whatever a size field claims
+        try:  # a cap of 0 bytes reads headers only, whatever a size field claims
             for rec in iter_tar(fh, name=tar, max_member_bytes=0):
                 for name, offset, size in rec.members:
                     found[name] = (offset, size)
-        except ShardTruncated as e:
+        except ShardTruncated:
             if not found:
-                raise tarfile.TarError(f"not a readable tar ({e})") from e
+                raise
     return found
 
 
+class _Stream:
+    """A decompressing file read start to end only: iter_tar must not seek it to learn its size."""
+
+    def __init__(self, fh):
+        self.read = fh.read
+
+
 def _read_compressed_member(tar: str, member: str) -> bytes:
-    with _open(tar) as fh, tarfile.open(fileobj=fh, mode="r|*") as tf:
-        for m in tf:
-            if m.name == member and m.isfile():
-                return tf.extractfile(m).read()
+    """One member of a compressed tar, decompressed as a stream up to it. Only members with its
+    extension are read (one at a time); the others are skipped unread."""
+    ext = split_member(member)[1]
+    with open_input(tar) as raw:
+        fh = io.BufferedReader(raw, buffer_size=1 << 20) if is_uri(tar) else raw
+        magic = fh.peek(6)[:6]
+        opener = next((o for m, o in _DECOMPRESS if magic.startswith(m)), None)
+        stream = opener(fh) if opener else fh
+        try:
+            for rec in iter_tar(_Stream(stream), name=tar, image_exts=(ext,), max_sidecar_bytes=0):
+                for (name, _, _), data in zip(rec.members, rec.files.values()):
+                    if name == member:
+                        return data
+        except ShardTruncated as e:
+            raise FileNotFoundError(f"{tar}: no member {member!r} before the damage ({e})") from e
     raise FileNotFoundError(f"{tar}: no member {member!r} (source {tar}#{member})")
 
 
@@ -75,7 +88,7 @@ def read_source(uri: str) -> bytes:
     path, member = split_source_uri(uri)
     try:
         if member is None:
-            with _open(path) as fh:
+            with open_input(path) as fh:
                 return fh.read()
         if not path.lower().endswith(".tar"):
             return _read_compressed_member(path, member)
@@ -83,7 +96,7 @@ def read_source(uri: str) -> bytes:
         if member not in offsets:
             raise FileNotFoundError(f"{path}: no member {member!r} (source {uri})")
         offset, size = offsets[member]
-        with _open(path) as fh:
+        with open_input(path) as fh:
             fh.seek(offset)
             data = fh.read(size)
         if len(data) != size:
@@ -91,5 +104,5 @@ def read_source(uri: str) -> bytes:
         return data
     except FileNotFoundError:
         raise
-    except (OSError, tarfile.TarError) as e:
+    except (OSError, ShardTruncated) as e:
         raise FileNotFoundError(f"{uri}: cannot read the source ({e})") from e

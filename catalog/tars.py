@@ -22,6 +22,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterator
 
+# the extensions of the image member of a sample, as crawls and curated shards hold them (lower case); the
+# default of the curation's input.extensions (pipeline/settings.py), which a run may change
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
 BLOCK = 512
 ZERO = bytes(BLOCK)
 MAX_META_BYTES = 1 << 20  # a pax header or GNU long name larger than this is skipped, not read

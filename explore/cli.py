@@ -115,6 +115,8 @@ def _count_pct(n, pct) -> str:
 
 def format_stats(runs: list[dict], overlap: dict | None = None) -> str:
     """Plain-text tables of one or more runs' statistics, runs as columns."""
+    from catalog.rules import PERSON_BOX, PERSON_SCORE
+
     labels = _labels(runs)
     multi = len(runs) > 1
     out = []
@@ -229,7 +231,8 @@ def format_stats(runs: list[dict], overlap: dict | None = None) -> str:
                 rows.append(qrow(f"{col} {scope} {lab}".strip(), r["persons"][scope][col]))
     p0 = runs[0]["persons"]
     detected = any(r["persons"]["detected"]["score"].get("n") for r in runs)
-    section(f"Detected persons (rule: score >= {p0['min_score']}, box {p0['box_rule']} >= {p0['min_box_px']} px)",
+    score, box = PERSON_SCORE.keep, PERSON_BOX.keep  # the rule's own comparisons (catalog/rules.py)
+    section(f"Detected persons (rule: score {score} {p0['min_score']}, box {p0['box_rule']} {box} {p0['min_box_px']} px)",
             _table(["measure", "n"] + qhead, rows) if detected else "  no person boxes in the catalog")
 
     rows = []

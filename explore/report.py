@@ -21,7 +21,9 @@ from pathlib import Path
 from catalog.io import write_bytes
 from catalog.rules import PERSON_BOX, PERSON_SCORE, box_side
 from catalog.shards import read_member
-from catalog.source_bytes import is_uri, read_source
+from catalog.source_bytes import read_source
+from catalog.storage import is_uri
+from catalog.tars import IMAGE_EXTS
 from explore import stats as st
 
 # ----------------------------------------------------------------------------------------------------
@@ -123,7 +125,6 @@ def histogram_chart(hist: dict, title: str, xlabel: str, threshold=None, keep_si
 
 # ----------------------------------------------------------------------------------------------------
 THUMB_PX = 200
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
 
 
 # --- charts (matplotlib's object API: no pyplot, no global state) ------------------------------
@@ -193,7 +194,7 @@ class SourceReader:
         from urllib.parse import urlsplit
 
         u = urlsplit(uri) if is_uri(uri) else None
-        root = f"{u.scheme}://{u.netloc}" if u and u.scheme != "file" else None
+        root = f"{u.scheme}://{u.netloc}" if u else None
         if root in self.dead:
             raise FileNotFoundError(f"not read, {root} failed before: {self.dead[root]}")
         t0 = time.monotonic()
@@ -451,7 +452,7 @@ def _render(run: Path, thumbs: int, seed: int, max_reasons: int, max_sources: in
 
 def write_report(run_dir, out=None, *, thumbs: int = 12, seed: int = 0) -> Path:
     """Write the report of `run_dir` to `out` (default RUN/report.html) atomically; return its path."""
-    from catalog.storage import is_uri, join, write_bytes_at
+    from catalog.storage import join, write_bytes_at
     if out is None and is_uri(run_dir):
         out = join(run_dir, "report.html")
     out = out if is_uri(str(out or "")) else Path(out) if out else Path(run_dir) / "report.html"

@@ -15,7 +15,7 @@ from humanset.argparse_compat import command_actions, hide_command_list
 ROOMS = {
     "start here": ["humanset.demo"],
     "curation (pipeline/)": ["pipeline.cli", "pipeline.select.cli_calibrate"],
-    "a run's catalog: statistics, queries, reports (explore/)": ["explore.cli"],
+    "a run's catalog: statistics, queries, reports, browsing (explore/)": ["explore.cli", "explore.browse.cli"],
     "training (training/)": ["training.cli", "training.tasks.cli", "training.filters.cli"],
     "synthetic humans (render/)": ["render.cli"],
 }

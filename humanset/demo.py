@@ -2,7 +2,8 @@
 
 1. curation: a small crawl from photos shipped in installed packages (plus generated duplicates,
    overlays, watermarks, graphics and broken files) -> catalog, curated shards, funnel, HTML report;
-   the watermark stage runs its ocr method (no weights needed) and rejects the marked photos
+   all seven stages run: the watermark stage its ocr method (no weights needed), rejecting the marked
+   photos, and the art stage its shipped probe (pipeline/stages/art_probe.py)
 2. synthetic humans: a few anny bodies rendered with BlenderProc under the HDRIs shipped in bpy
    -> RGB, metric depth, normals, masks, cameras in render shards + contact sheets
 3. MAE pretraining for a few dozen steps on the curated shards + a reconstruction figure
@@ -10,7 +11,7 @@
    one rendered image
 5. the watermark and art filters trained briefly from the curated photos and the renders (encoder
    from step 3, synthetic watermarks and stylised non-photos), then the crawl curated again with
-   them: the funnel of RUN-filters shows all seven stages active (demo-quality figures; a filter that
+   them in place of the ocr method and the probe (demo-quality figures; a filter that
    validates no better than chance scores every sample and rejects none)
 Rerunning resumes or skips what is already there.
 """
@@ -64,7 +65,16 @@ def run(output: str = "runs/demo", progress: bool = True, pretrain_steps: int = 
                             steps=filter_steps)
     print(f"\ndemo outputs in {out}/: crawl/, run/ (catalog, shards, stats), report.html, render/, "
           f"pretrain/, finetune/, filters/, {filtered.name}/ (curated with the trained filters)")
+    print(browse_line(run_dir, out / "labels.csv"))
     return 0
+
+
+def browse_line(run_dir: Path, labels: Path) -> str:
+    """The last line of the demo: how to look at the run and label it (labels live outside RUN)."""
+    from explore.browse.cli import DEFAULT_PORT
+
+    return (f"\nlook at the run: humanset browse {run_dir} --labels {labels}   (then http://127.0.0.1:{DEFAULT_PORT}/; "
+            f"labels feed humanset calibrate {run_dir} --labels {labels})")
 
 
 # --- the training part of the demo: short CPU runs with the real recipes ---------------------------
@@ -142,8 +152,8 @@ def filters_demo(out: Path, crawl: Path, run_dir: Path, renders: Path, encoder: 
     from pipeline.demo.crawl import demo_config
     from pipeline.engine.driver import curate
     from pipeline.engine.funnel import print_funnel
-    from training.filters import demo_config as filter_config
-    from training.filters import summary_line, train_filter
+    from training.filters.train import demo_config as filter_config
+    from training.filters.train import summary_line, train_filter
 
     import catalog
 

@@ -5,6 +5,8 @@ import argparse
 import logging
 import sys
 
+from catalog.storage.lock import LEASE_S
+
 log = logging.getLogger("humanset.curate")
 
 
@@ -26,8 +28,8 @@ def add_curate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force-unlock", action="store_true",
                    help="take over a RUN on an object store whose lock's heartbeat is older than --lock-lease "
                         "(a crashed run; said loudly), or run on a store without create-only writes")
-    p.add_argument("--lock-lease", type=float, default=120.0, metavar="SECONDS",
-                   help="a RUN lock on an object store not refreshed for this long is stale (default 120)")
+    p.add_argument("--lock-lease", type=float, default=LEASE_S, metavar="SECONDS",
+                   help="a RUN lock on an object store not refreshed for this long is stale (default %(default)g)")
 
 
 def run_curate(args) -> int:

@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 
 from catalog import config as loader
-from catalog.config import Check, ConfigError
+from catalog.config import Check
 
 from pipeline.settings import CurateSettings
 
@@ -58,4 +58,4 @@ def load_config(path: str | Path | None = None, sets: list[str] | None = None) -
     return loader.load(default_config(), path, sets, CHECKS)
 
 
-__all__ = ["CHECKS", "ConfigError", "apply_sets", "default_config", "load_config", "section", "validate", "with_defaults"]
+__all__ = ["CHECKS", "apply_sets", "default_config", "load_config", "section", "validate", "with_defaults"]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from catalog.config import Check, section, setting
 from catalog.rules import ART, ASPECT, BOX_RULES, PERSON_BOX, PERSON_SCORE, SHORT_SIDE, TEXT_AREA, WATERMARK
+from catalog.tars import IMAGE_EXTS
 
 
 HEADER = """humanset curation config. Every key can be overridden with `--set section.key=value`.
@@ -17,6 +18,7 @@ The effective config is saved in RUN/manifest.json.
 Generated from pipeline/settings.py (python -m humanset.settings_files --write): edit the dataclasses there."""
 
 WATERMARK_METHODS = ("auto", "ocr", "laion", "card")  # watermark.method (pipeline/stages/watermark/stage.py)
+ART_METHODS = ("auto", "probe", "clip", "card")  # art.method (pipeline/stages/art.py)
 CONCURRENCY = ("actors: auto = autoscale from 1 to what the cluster's CPUs (GPUs) hold at\n"
                "these resources; N = a fixed pool; [min, max]. Each uses num_cpus threads")
 _RESOURCE_KEYS = {"num_cpus": Check(("number",), low=0), "num_gpus": Check(("number",), low=0)}
@@ -46,7 +48,8 @@ def weights(doc: str):
 @dataclass
 class InputSettings:
     files_per_unit: int = setting(1000, "a directory or manifest is cut into units of this many files", low=1)
-    extensions: list = setting(["jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"])
+    extensions: list = setting(list(IMAGE_EXTS), "images: a folder's files and a tar's members\n"
+                                                 "with these extensions (a manifest's rows: any)")
     max_file_bytes: int = setting(268435456, "a file or tar member larger than this is a row with reason "
                                              "too_large (never read)")
     max_sidecar_bytes: int = setting(1048576, ".json / .txt sidecars larger than this are not kept or parsed")
@@ -164,9 +167,13 @@ class WatermarkSettings:
 
 @dataclass
 class ArtSettings:
-    weights: str | None = weights("OpenCLIP checkpoint; null = skip")
-    model: str = setting("ViT-B-32")
-    max_score: float = threshold(ART)
+    method: str = setting("auto", "auto: probe without weights, clip or card with them | probe | clip | card",
+                          choices=ART_METHODS)
+    weights: str | None = weights("clip: an OpenCLIP checkpoint of art.model; card: a `humanset train-filter art`\n"
+                                  "folder; null = the probe shipped in pipeline/stages/art_probe.npz")
+    model: str = setting("ViT-B-32", "clip: the checkpoint's OpenCLIP architecture")
+    max_score: float = threshold(ART, "art_score = 1 - P(photo); the probe's cut, fitted on the quality bench's "
+                                      "tune split")
     batch_size: int = batch_size(16)
     concurrency: int | list | str | None = concurrency()
     resources: dict = resources(num_cpus=1, num_gpus=0)

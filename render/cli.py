@@ -6,6 +6,8 @@ import json
 import logging
 import sys
 
+from catalog.storage.lock import LEASE_S
+
 log = logging.getLogger("humanset.render")
 
 RENDER_HELP = """Render people under HDRI light into RGB + depth + normals + mask shards.
@@ -48,8 +50,9 @@ def add_render_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force-unlock", action="store_true",
                    help="take over an OUT on an object store whose lock's heartbeat is older than --lock-lease "
                         "(a render that was killed); said loudly on stderr. A live run is never taken over")
-    p.add_argument("--lock-lease", type=float, default=120.0, metavar="SECONDS",
-                   help="seconds without a heartbeat after which an object-store lock counts as stale (default: 120)")
+    p.add_argument("--lock-lease", type=float, default=LEASE_S, metavar="SECONDS",
+                   help="seconds without a heartbeat after which an object-store lock counts as stale "
+                        "(default: %(default)g)")
 
 
 def run_render(args) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from catalog import config as loader
+from catalog.config import setting
 
 from render.scene import RenderSettings
 from render.sampling import SamplingConfig
@@ -15,18 +16,21 @@ from render.sampling import SamplingConfig
 
 @dataclass
 class OutputConfig:
-    frames_per_shard: int = 64  # frames per WebDataset tar (and per resume/completion unit)
-    contact_rows: int = 16  # frames shown on each shard's contact sheet
-    contact_height: int = 192  # pixel height of one contact-sheet cell
+    frames_per_shard: int = setting(64, "frames per WebDataset tar (and per resume/completion unit)", low=1)
+    contact_rows: int = setting(16, "frames shown on each shard's contact sheet (0: no contact sheet)", low=0)
+    contact_height: int = setting(192, "pixel height of one contact-sheet cell", low=8)
 
 
 @dataclass
 class ScheduleConfig:
-    # frames of one scan rendered back to back by one worker, scan kept loaded (render.run.plan); 1 = per-frame
-    # order. Sapiens rendered ~830 frames per scan, so a scan is visited ~26 times at the default.
-    frames_per_scan_visit: int = 32
-    max_restarts: int = 4  # times a Ray render actor is restarted after its process died (Blender crash)
-    max_frame_attempts: int = 2  # a frame whose scan crashed Blender this often is failed ("blender_crash")
+    frames_per_scan_visit: int = setting(
+        32, "frames of one scan rendered back to back by one worker, scan kept loaded (render.run.plan);\n"
+            "1 = per-frame order. Sapiens rendered ~830 frames per scan, so a scan is visited ~26 times\n"
+            "at the default", low=1)
+    max_restarts: int = setting(4, "times a Ray render actor is restarted after its process died (Blender crash)",
+                                low=0)
+    max_frame_attempts: int = setting(2, 'a frame whose scan crashed Blender this often is failed ("blender_crash")',
+                                      low=1)
 
 
 @dataclass

@@ -6,8 +6,11 @@
 - pipeline/, render/ and training/ import catalog/ only (never each other, never the humanset front);
   catalog/ imports nothing else of ours;
 - no module over MAX_LINES lines unless its top docstring has a line starting "Size:" that says why;
+- no folder of these packages holds more than MAX_MODULES modules side by side (a concern is a folder);
+- no module but a package's __init__.py re-exports: it imports no name of ours that it does not use,
+  and lists none in `__all__` (import a name from the module that defines it);
 - bench/ holds benchmarks, no experiment, and its scripts import one another without a circle; nothing in
-  the product, tests/ or bench/ imports research/ (experiments and lab notes, kept apart).
+  the product, tests/, bench/ or scripts/ imports research/ (experiments and lab notes, kept apart).
 
 The known exceptions are listed below, each with its reason, and printed by the tests (`pytest -s`, or
 in the report of a failure). An entry that is no longer needed fails the test too, so the lists only
@@ -24,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("humanset", "catalog", "explore", "pipeline", "render", "training")
 ROOMS = ("explore", "pipeline", "render", "training")  # each may import catalog/ only
 MAX_LINES = 400
+MAX_MODULES = 20  # modules side by side in one folder (its __init__.py not counted)
 
 # modules over MAX_LINES with no written reason, while a split is pending (issue #22): none left
 # (pipeline/dedup/clusters.py and render/run/job.py were the last)
@@ -148,6 +152,94 @@ def oversized() -> dict[str, int]:
     return out
 
 
+def crowded_folders(root: Path = ROOT, packages=PACKAGES) -> dict[str, int]:
+    """relative folder -> modules side by side, for each folder of the packages over MAX_MODULES."""
+    out = {}
+    for package in packages:
+        for folder in [root / package, *(d for d in sorted((root / package).rglob("*")) if d.is_dir())]:
+            n = sum(1 for f in folder.glob("*.py") if f.name != "__init__.py")
+            if n > MAX_MODULES:
+                out[folder.relative_to(root).as_posix()] = n
+    return out
+
+
+def _annotation_names(tree: ast.AST) -> set[str]:
+    """Names used in string annotations (`-> "Unit"`), which ast sees as constants."""
+    out = set()
+    for node in ast.walk(tree):
+        anns = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            anns = [a.annotation for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg)
+                    if a is not None] + [node.returns]
+        elif isinstance(node, ast.AnnAssign):
+            anns = [node.annotation]
+        for ann in anns:
+            for sub in ast.walk(ann) if ann is not None else ():
+                if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+                    out.update(re.findall(r"[A-Za-z_]\w*", sub.value))
+    return out
+
+
+def re_exported(path: Path, packages=PACKAGES) -> list[str]:
+    """The names of ours a module passes on without using: imported and not used, or listed in `__all__`
+    while imported (empty for a package's __init__.py, the one place that may re-export)."""
+    if path.name == "__init__.py":
+        return []
+    tree = ast.parse(path.read_text(), filename=str(path))
+    imported: dict[str, str] = {}  # bound name -> what it is
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in packages:
+            imported.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names if a.name != "*"})
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            imported.update({a.asname or a.name: f"{'.' * node.level}{node.module or ''}.{a.name}" for a in node.names})
+        elif isinstance(node, ast.Import):
+            imported.update({a.asname or a.name.split(".")[0]: a.name for a in node.names
+                             if a.name.split(".")[0] in packages})
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | _annotation_names(tree)
+    listed = set()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AugAssign, ast.AnnAssign)) else []
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets) and node.value is not None:
+            listed |= {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    return sorted(f"{name} ({what}){' in __all__' if name in listed else ', not used'}"
+                  for name, what in imported.items() if name in listed or name not in used)
+
+
+def re_exports() -> dict[str, list[str]]:
+    out = {}
+    for path in module_files().values():
+        found = re_exported(path)
+        if found:
+            out[path.relative_to(ROOT).as_posix()] = found
+    return out
+
+
+def test_the_new_checks_find_what_they_look_for(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    for i in range(MAX_MODULES + 1):
+        (pkg / "sub" / f"m{i}.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    assert crowded_folders(tmp_path, ("pkg",)) == {"pkg/sub": MAX_MODULES + 1}
+    (pkg / "sub" / "m0.py").unlink()
+    assert crowded_folders(tmp_path, ("pkg",)) == {}
+
+    mod = pkg / "mod.py"
+    mod.write_text('from catalog.io import commit, tmp_name\nfrom catalog import storage as st\nimport json\n'
+                   'from pipeline.inputs.units import Unit\n__all__ = ["commit", "helper"]\n'
+                   'def helper(u: "Unit") -> None:\n    commit(json.dumps(u))\n')
+    assert re_exported(mod) == ["commit (catalog.io.commit) in __all__", "st (catalog.storage), not used",
+                                "tmp_name (catalog.io.tmp_name), not used"]
+    mod.write_text('from catalog.io import commit\nimport catalog.storage\nfrom . import sibling\n'
+                   'def f():\n    return commit, catalog.storage.is_uri, sibling\n')
+    assert re_exported(mod) == []
+    init = pkg / "__init__.py"
+    init.write_text('from catalog.io import commit\n__all__ = ["commit"]\n')
+    assert re_exported(init) == []  # the one place a name may be passed on
+
+
 def test_the_checks_find_what_they_look_for(tmp_path):
     assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
     assert strongly_connected({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
@@ -203,6 +295,18 @@ def test_no_oversized_module_without_a_reason():
     assert not stale, f"no longer oversized: remove them from OVERSIZED_ALLOWED in {__file__}: {stale}"
 
 
+def test_no_folder_holds_more_than_max_modules():
+    crowded = crowded_folders()
+    assert not crowded, (f"folders with more than {MAX_MODULES} modules side by side: {crowded}; "
+                         "group them by concern into sub-packages")
+
+
+def test_no_re_export_outside_a_package_init():
+    found = re_exports()
+    assert not found, ("modules that pass on names of ours (import each from the module that defines it; "
+                       f"only a package's __init__.py re-exports): {found}")
+
+
 def _top_names(node: ast.AST) -> set[str]:
     """The top-level module names an import statement names (none for a relative import)."""
     if isinstance(node, ast.Import):
@@ -245,7 +349,7 @@ def test_nothing_imports_research(tmp_path):
                      'Q = "research/watermark/tile.py"\n')
     assert sorted(u.split(" (")[0] for u in research_uses(probe)) == [
         "imports research", "names 'research'", "names 'research/watermark/tile.py'"]
-    files = [p for d in (*PACKAGES, "tests", "bench") for p in sorted((ROOT / d).rglob("*.py"))]
+    files = [p for d in (*PACKAGES, "tests", "bench", "scripts") for p in sorted((ROOT / d).rglob("*.py"))]
     found = {name: u for p in files if p != Path(__file__) and (name := p.relative_to(ROOT).as_posix())
              not in READS_RESEARCH and (u := research_uses(p))}
     assert not found, f"research/ is not part of the product: nothing may import or load it: {found}"

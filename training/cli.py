@@ -141,7 +141,8 @@ def register(sub) -> None:
     v.add_argument("--checkpoint", required=True, help="OUT/checkpoints/step-N.pt")
     v.add_argument("image", help="any image file")
     v.add_argument("--out", default="vis.png", help="PNG to write (default %(default)s)")
-    v.add_argument("--mask-ratio", type=float, default=0.75, help="fraction of patches removed (default 0.75)")
+    v.add_argument("--mask-ratio", type=float, default=None,
+                   help="fraction of patches removed (default: the mask_ratio the checkpoint was trained with)")
     v.add_argument("--seed", type=int, default=0, help="seed of the random mask")
     v.set_defaults(func=cmd_pretrain_vis)
 

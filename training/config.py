@@ -22,7 +22,7 @@ import functools
 from importlib import resources
 
 from catalog import config as loader
-from catalog.config import ConfigError, UnknownKey
+from catalog.config import UnknownKey
 
 YAML = {"pretrain": "pretrain.yaml", "finetune": "finetune.yaml", "train-filter": "train_filter.yaml"}
 HEADER = ("humanset {command}: every setting and its default (training/config.py loads it). Override with\n"
@@ -96,5 +96,5 @@ def load_config(command: str, path=None, sets: list[str] | None = None, flags: d
     return config_from(values)
 
 
-__all__ = ["ConfigError", "YAML", "checks", "config_class", "default_config", "flag_help", "load_config",
+__all__ = ["YAML", "checks", "config_class", "default_config", "flag_help", "load_config",
            "load_settings"]

@@ -14,10 +14,10 @@ import numpy as np
 from PIL import Image, ImageOps
 
 import catalog
+from catalog.tars import IMAGE_EXTS
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tiff", "tif")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 

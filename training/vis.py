@@ -30,8 +30,10 @@ def model_from_checkpoint(checkpoint) -> MaskedAutoencoder:
 
 
 @torch.no_grad()
-def reconstruct(model: MaskedAutoencoder, image: Image.Image, mask_ratio: float = 0.75, seed: int = 0):
-    """-> (original, masked, reconstruction) as uint8 (S, S, 3) arrays."""
+def reconstruct(model: MaskedAutoencoder, image: Image.Image, mask_ratio: float | None = None, seed: int = 0):
+    """-> (original, masked, reconstruction) as uint8 (S, S, 3) arrays; mask_ratio None: the model's own
+    (the pretrain config's mask_ratio it was trained with)."""
+    mask_ratio = model.mask_ratio if mask_ratio is None else mask_ratio
     size = model.encoder.img_size
     x = normalize(torch.from_numpy(center_resize(image, size)).unsqueeze(0))
     gen = torch.Generator().manual_seed(seed)
@@ -67,8 +69,9 @@ def figure(panels: list[np.ndarray], titles: list[str], gap: int = 6) -> Image.I
     return out
 
 
-def pretrain_vis(checkpoint, image_path, out_path, mask_ratio: float = 0.75, seed: int = 0) -> Path:
+def pretrain_vis(checkpoint, image_path, out_path, mask_ratio: float | None = None, seed: int = 0) -> Path:
     model = model_from_checkpoint(checkpoint)
+    mask_ratio = model.mask_ratio if mask_ratio is None else mask_ratio
     image = decode_image(Path(image_path).read_bytes())
     panels = reconstruct(model, image, mask_ratio, seed)
     out_path = Path(out_path)

@@ -20,12 +20,13 @@ stores) -> base.py (Storage, LocalStorage; globs.py: shard patterns) -> memory.p
 from catalog.storage.base import SPOOL_BYTES, LocalStorage, Storage
 from catalog.storage.core import ConditionalWritesUnsupported, Entry, StorageError, scrub
 from catalog.storage.factory import duckdb_connect_for, expand, open_storage
-from catalog.storage.paths import (exists_at, is_uri, join, locate, read_json_at, read_schema_at, read_table_at,
-                                   run_root, storage_for, write_bytes_at, write_json_at, write_parquet_at)
+from catalog.storage.paths import (exists_at, is_uri, join, local_path, locate, open_input, read_json_at,
+                                   read_schema_at, read_table_at, run_root, storage_for, write_bytes_at,
+                                   write_json_at, write_parquet_at)
 
 __all__ = [
     "SPOOL_BYTES", "LocalStorage", "Storage", "ConditionalWritesUnsupported", "Entry", "StorageError", "scrub",
-    "duckdb_connect_for", "expand", "open_storage", "exists_at", "is_uri", "join", "locate", "read_json_at",
+    "duckdb_connect_for", "expand", "open_storage", "exists_at", "is_uri", "join", "local_path", "locate", "open_input", "read_json_at",
     "read_schema_at", "read_table_at", "run_root", "storage_for", "write_bytes_at", "write_json_at",
     "write_parquet_at",
 ]

@@ -23,7 +23,7 @@ from catalog.storage import globs
 from catalog import io as cio
 from catalog.storage.core import (ConditionalWritesUnsupported, Entry, StorageError, clean_rel, is_local_scheme,
                                   remote_parts, scrub, split_uri)
-from catalog.storage.lock import Held, object_run_lock
+from catalog.storage.lock import LEASE_S, Held, object_run_lock
 
 SPOOL_BYTES = 64 << 20  # open_output on object stores keeps this much in memory, then spills to a temp file
 PYARROW_SCHEMES = ("gs", "gcs", "hdfs")  # the stores a plain Storage opens through pyarrow.fs
@@ -233,7 +233,7 @@ class Storage:
         return self._conditional
 
     @contextmanager
-    def run_lock(self, force: bool = False, lease_s: float = 120.0, heartbeat_s: float | None = None):
+    def run_lock(self, force: bool = False, lease_s: float = LEASE_S, heartbeat_s: float | None = None):
         """Exclusive lock on this run folder; see catalog/storage/lock.py."""
         with object_run_lock(self, force=force, lease_s=lease_s, heartbeat_s=heartbeat_s) as handle:
             yield handle
@@ -312,7 +312,7 @@ class LocalStorage(Storage):
             tmp.unlink(missing_ok=True)
 
     @contextmanager
-    def run_lock(self, force: bool = False, lease_s: float = 120.0, heartbeat_s: float | None = None):
+    def run_lock(self, force: bool = False, lease_s: float = LEASE_S, heartbeat_s: float | None = None):
         """flock on ROOT/.lock (catalog/io.py): dies with its process, so nothing is ever stale."""
         with cio.run_lock(self.base):
             yield Held(self.uri_of(".lock"))

@@ -25,6 +25,7 @@ from catalog.storage.core import ConditionalWritesUnsupported
 
 log = logging.getLogger("humanset.storage")
 LOCK = ".lock"
+LEASE_S = 120.0  # seconds without a heartbeat after which a lock is stale (--lock-lease of curate and render)
 
 
 class LockLost(RunLocked):
@@ -65,7 +66,7 @@ def _holder(store) -> dict:
 
 
 @contextmanager
-def object_run_lock(store, force: bool = False, lease_s: float = 120.0, heartbeat_s: float | None = None):
+def object_run_lock(store, force: bool = False, lease_s: float = LEASE_S, heartbeat_s: float | None = None):
     heartbeat_s = heartbeat_s or max(lease_s / 4, 0.2)
     if heartbeat_s >= lease_s:
         raise ValueError(f"heartbeat_s ({heartbeat_s}) must be shorter than lease_s ({lease_s})")

@@ -4,6 +4,8 @@
 `locate(uri)` splits a file's URI into its folder's Storage and its name; the `*_at` helpers read and
 write one file so named (local: the atomic writers; object stores: whole objects); `join` builds
 `root/part` for either (a pathlib.Path would fold `s3://`); `run_root` is a RUN's canonical name.
+`is_uri` and `local_path` are the one test of "local or not" and the one way from `file://` to a
+path; `open_input` is the one way to open a file named by either for reading.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from catalog.storage.base import Storage
+from catalog.storage.core import scrub
 from catalog.storage.factory import open_storage
 
 
@@ -20,6 +23,33 @@ def is_uri(text: str | os.PathLike) -> bool:
     """True for a URI of an object store or memory:// (file:// and plain paths are local)."""
     text = os.fspath(text)
     return "://" in text and not text.startswith("file://")
+
+
+def local_path(text: str | os.PathLike) -> str:
+    """The path of a local file: a plain path as it is, a file:// URI without its scheme."""
+    return os.fspath(text).removeprefix("file://")
+
+
+def open_input(uri_or_path: str | os.PathLike, buffer_size: int | None = None):
+    """A binary file for reading what a local path or a URI names (a context manager).
+
+    Without `buffer_size`: random access (seek, read; on a store also read_at(n, offset) and size(),
+    each read one ranged request). With it: a sequential stream that reads `buffer_size` bytes a
+    request on a store (a shard read start to end in a few large GETs). Local files are plain
+    `open(path, "rb")` either way. A missing file raises FileNotFoundError naming the URI."""
+    text = os.fspath(uri_or_path)
+    if not is_uri(text):
+        return open(local_path(text), "rb")
+    store, name = locate(text)
+    if buffer_size is None:
+        return store.open_input(name)
+    try:  # pyarrow's stream (a failed request mid-read is an OSError: the tar reader reports it as damage),
+        # the bytes as stored (pyarrow would decompress a name ending in .gz, .bz2, ...)
+        return store.fs.open_input_stream(store.fs_path(name), buffer_size=buffer_size, compression=None)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{text}: no such file") from None
+    except OSError as e:
+        raise OSError(f"{text}: cannot open: {scrub(str(e))}") from None
 
 
 _OPEN: dict[str, Storage] = {}
@@ -40,7 +70,7 @@ def storage_for(uri_or_path: str | os.PathLike) -> Storage:
 
 def locate(uri_or_path: str | os.PathLike) -> tuple[Storage, str]:
     """(the Storage of a file's folder, the file's name): how one file of a URI or path is opened."""
-    text = os.fspath(uri_or_path).removeprefix("file://")
+    text = local_path(uri_or_path)
     folder, _, name = text.rstrip("/").rpartition("/")
     if not name:
         raise ValueError(f"{text}: names no file")
@@ -102,4 +132,4 @@ def run_root(output: str | os.PathLike) -> str:
     text = os.fspath(output)
     if is_uri(text):
         return open_storage(text).uri
-    return os.path.abspath(os.path.expanduser(text.removeprefix("file://")))
+    return os.path.abspath(os.path.expanduser(local_path(text)))

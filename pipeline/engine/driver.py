@@ -42,6 +42,7 @@ from pathlib import Path
 import catalog
 from catalog import compact as compact_mod
 from catalog.storage import is_uri, run_root
+from catalog.storage.lock import LEASE_S
 
 from catalog import console
 from pipeline.dedup import clusters as dedup_mod, partitioned as dedup_dist, fallback, fallback_rounds
@@ -54,7 +55,8 @@ from pipeline.engine.early import EarlyScore, start_actors_early
 from pipeline.engine.ray_compat import set_task_poll as task_poll
 from pipeline.engine.ray_setup import init_ray
 from pipeline.engine.run_state import NameSet, drain_batches, failed_units, unit_windows, reason_counts
-from pipeline.inputs.units import Unit, check_inputs
+from pipeline.inputs.kinds import check_inputs
+from pipeline.inputs.units import Unit
 from pipeline.inputs.listing import count_new, iter_listing, write_listing
 from pipeline.stages import Stage, build_stages
 from pipeline.engine.unit_io import run_store
@@ -182,7 +184,7 @@ def _run_root(output):
 
 
 def curate(inputs: list[str], output: str, config: dict | None = None, score_all: bool = False,
-           progress: bool = True, force_unlock: bool = False, lock_lease_s: float = 120.0) -> dict:
+           progress: bool = True, force_unlock: bool = False, lock_lease_s: float = LEASE_S) -> dict:
     """Run (or finish) a curation run. Returns the manifest."""
     cfg = config or load_config()
     run = _run_root(output)  # workers write into it, from their own working directories

@@ -93,8 +93,9 @@ def summary(unit_id: str, inputs: int, kept: int | None = None, isolated: bool =
 
 
 def limits_of(cfg: dict) -> dict:
+    """What the unit reader reads by, from the config's input section (reading.DEFAULT_LIMITS' keys)."""
     inp = cfg.get("input", {})
-    return {k: int(inp.get(k, v)) for k, v in DEFAULT_LIMITS.items()}
+    return {k: list(inp.get(k, v)) if k == "extensions" else int(inp.get(k, v)) for k, v in DEFAULT_LIMITS.items()}
 
 
 def max_batch_bytes(cfg: dict) -> int:

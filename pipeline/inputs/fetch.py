@@ -15,17 +15,14 @@ import logging
 
 import pyarrow as pa
 
-from pipeline.inputs.units import Unit, is_uri
-from pipeline.inputs.reading import UnitReader, file_row
+from catalog.storage import is_uri, open_input
+
+from pipeline.inputs.reading import UnitReader, file_row, with_defaults
+from pipeline.inputs.units import Unit
 
 log = logging.getLogger("humanset.curate")
 COALESCE_GAP = 64 << 10  # bytes of other members a ranged read of a remote tar may span to join two reads
 COALESCE_MAX = 16 << 20  # the most one such read fetches
-
-
-def read_unit(unit: Unit, limits: dict):
-    """The unit's rows streamed (a rewritten tar parsed again; tests replace this to see it is not)."""
-    return iter(UnitReader(unit, limits))
 
 
 def source_changed(data: bytes | None, measured: str | None) -> str | None:
@@ -40,7 +37,7 @@ class ByteSource:
     """Reads sample bytes of one unit back from its source; use as a context manager."""
 
     def __init__(self, unit: Unit, limits: dict):
-        self.unit, self.limits = unit, limits
+        self.unit, self.limits = unit, with_defaults(limits)
         self._fh = None
         self._reparsed: dict[str, tuple[int, int]] | None = None  # sample_id -> span after a rewrite
 
@@ -59,14 +56,8 @@ class ByteSource:
             self._fh = None
 
     def _span_bytes(self, offset: int, size: int) -> bytes | None:
-        if self._fh is None:
-            uri = self.unit.uri
-            if is_uri(uri) and not uri.startswith("file://"):
-                from catalog.storage import locate
-                store, name = locate(uri)
-                self._fh = store.open_input(name)  # random access: each read_at is one ranged GET
-            else:
-                self._fh = open(uri.removeprefix("file://"), "rb")
+        if self._fh is None:  # random access: on a store each read_at is one ranged GET
+            self._fh = open_input(self.unit.uri)
         if hasattr(self._fh, "read_at"):
             data = self._fh.read_at(size, offset)
         else:
@@ -87,7 +78,7 @@ class ByteSource:
 
     def _reparse(self) -> None:
         """The tar's members moved: parse it again for their offsets (one sample's bytes at a time)."""
-        self._reparsed = {r["sample_id"]: (r["_offset"], r["_size"]) for r in read_unit(self.unit, self.limits)
+        self._reparsed = {r["sample_id"]: (r["_offset"], r["_size"]) for r in UnitReader(self.unit, self.limits)
                           if r.get("_offset") is not None}
 
     def _coalesced(self, offsets: list, sizes: list) -> dict[int, bytes]:
@@ -95,7 +86,7 @@ class ByteSource:
         that lie close together in the file (the shard's members between them, sidecars, are at most
         COALESCE_GAP bytes; a run at most COALESCE_MAX): a batch of kept samples of one shard is a few
         requests, not one per sample. Local files read member by member (a seek is free)."""
-        if not (is_uri(self.unit.uri) and not self.unit.uri.startswith("file://")):
+        if not is_uri(self.unit.uri):
             return {}
         rows = sorted((o, n, i) for i, (o, n) in enumerate(zip(offsets, sizes))
                       if o is not None and n is not None and o >= 0 and n >= 0)

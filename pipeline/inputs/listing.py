@@ -20,8 +20,10 @@ from typing import Iterator
 import catalog
 import catalog.storage
 from catalog.io import tmp_name
+from catalog.storage import is_uri
 
-from pipeline.inputs.units import IMAGE_EXTS, InputError, Unit, chunks, is_uri, unit_sources, iter_units
+from pipeline.inputs.kinds import iter_units
+from pipeline.inputs.units import InputError, Unit, chunks, unit_sources
 
 log = logging.getLogger(__name__)
 
@@ -156,13 +158,14 @@ def _open_listing(path):
     return open(path, "rb")
 
 
-def write_listing(inputs: list[str], path, files_per_unit: int = 1000, exts=IMAGE_EXTS,
+def write_listing(inputs: list[str], path, files_per_unit: int | None = None, exts=None,
                   run_size: int = RUN_SIZE) -> tuple[int, int]:
     """List the inputs into `path` (JSON lines, one unit with its files a line), streaming; return
     how many units it holds and how many repeated listings were dropped. The listing is written as
     it is walked: memory holds one unit's files, one directory's names and the repeated unit ids
     (iter_listing reads the units back without their files). `path` is a local path or a URI (the
-    listing of a RUN on an object store: sorted in a local scratch folder, written as one object)."""
+    listing of a RUN on an object store: sorted in a local scratch folder, written as one object).
+    files_per_unit and exts: input.files_per_unit and input.extensions (None: their defaults)."""
     with _scratch(None if _remote(path) else Path(path).parent) as scratch:
         raw = scratch / "raw.jsonl"
         with open(raw, "w") as fh:
@@ -233,7 +236,7 @@ def load_unit(unit: Unit, listing) -> Unit:
     return full
 
 
-def count_new(inputs: list[str], listing: Path, files_per_unit: int = 1000, exts=IMAGE_EXTS,
+def count_new(inputs: list[str], listing: Path, files_per_unit: int | None = None, exts=None,
               run_size: int = RUN_SIZE) -> int:
     """How many sources the inputs hold now that the saved listing does not: a merge of the two
     source lists, each sorted on disk."""
@@ -269,7 +272,7 @@ def _scratch(parent: Path | None):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def list_units(inputs: list[str], files_per_unit: int = 1000, exts=IMAGE_EXTS) -> tuple[list[Unit], int]:
+def list_units(inputs: list[str], files_per_unit: int | None = None, exts=None) -> tuple[list[Unit], int]:
     """The inputs' units with their files, in memory (tests and small inputs; a run streams the
     listing into RUN/units.jsonl with write_listing). Raises InputError naming an unusable input."""
     with tempfile.TemporaryDirectory() as d:

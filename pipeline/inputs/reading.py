@@ -21,13 +21,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from catalog import SAMPLES, ShardTruncated, iter_tar
+from catalog.storage import exists_at, is_uri, open_input
 
+from pipeline.inputs.units import Unit, sample_id
 from pipeline.settings import DEFAULTS
-from pipeline.inputs.units import IMAGE_EXTS, Unit, is_uri, open_input, sample_id
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LIMITS = {k: getattr(DEFAULTS.input, k) for k in ("max_file_bytes", "max_sidecar_bytes")}
+# what a reader reads by (the input section's keys; unit_io.limits_of takes them from a run's config)
+DEFAULT_LIMITS = {k: getattr(DEFAULTS.input, k) for k in ("max_file_bytes", "max_sidecar_bytes", "extensions")}
+READ_BUFFER = 8 << 20  # bytes per GET of a remote shard's or file's sequential read
 MAX_TEXT = 8192  # a url or other text field of a sidecar or index longer than this is not a column
 MAX_DETAIL = 1000  # characters of a downloader's error message kept in decode_error
 # the source's own scalar fields that become typed columns (catalog/schema.py SAMPLE_SOURCE)
@@ -61,11 +64,13 @@ class UnitReader:
     """Iterate to get the unit's rows one at a time (image bytes included); then `.error` is the
     unit-level error string ("KIND: detail", or None) and `.notes` counts what was read past
     (tar members that are not samples, appended archives). The reader holds one sample's bytes
-    (plus its sidecars) at a time. Iterate once; `.error` is final only after the last row."""
+    (plus its sidecars) at a time. Iterate once; `.error` is final only after the last row.
+    `limits`: max_file_bytes, max_sidecar_bytes and extensions (a tar member with one of these is a
+    sample's image), as the input section names them; DEFAULT_LIMITS for those not given."""
 
     def __init__(self, unit: Unit, limits: dict | None = None):
         self.unit = unit
-        self.limits = {**DEFAULT_LIMITS, **(limits or {})}
+        self.limits = with_defaults(limits)
         self.error: str | None = None
         self.notes: Counter = Counter()
         self.rows = 0
@@ -98,7 +103,7 @@ class UnitReader:
     def _tar(self) -> Iterator[dict]:
         u, limits = self.unit, self.limits
         try:
-            fh = open_input(u.uri)
+            fh = open_input(u.uri, buffer_size=READ_BUFFER)
         except Exception as e:
             self._fail(f"cannot_open_shard: {u.uri}: {type(e).__name__}: {e}")
             return
@@ -106,7 +111,8 @@ class UnitReader:
         keys: set[str] = set()
         try:
             recs = iter_tar(fh, name=u.uri, max_member_bytes=limits["max_file_bytes"],
-                            max_sidecar_bytes=limits["max_sidecar_bytes"], image_exts=IMAGE_EXTS, notes=self.notes)
+                            max_sidecar_bytes=limits["max_sidecar_bytes"], image_exts=limits["extensions"],
+                            notes=self.notes)
             try:
                 for rec in recs:
                     keys.add(rec.key)
@@ -128,14 +134,26 @@ class UnitReader:
     def _index_rows(self, tar_keys: set[str], seen: dict) -> Iterator[dict]:
         """Rows for what the shard's Parquet index lists and its tar lacks; checks they agree."""
         u = self.unit
+        index = _index_uri(u.uri)
         try:
-            pf = _index_file(u.uri)
+            if index is None or not exists_at(index):
+                return
+            fh = open_input(index)
         except Exception as e:
             self._fail(f"bad_index: {u.uri}: the Parquet index beside the tar cannot be read "
                        f"({type(e).__name__}: {e}); the tar's samples are kept")
             return
-        if pf is None:
-            return
+        with fh:
+            try:
+                pf = pq.ParquetFile(fh)
+            except Exception as e:
+                self._fail(f"bad_index: {u.uri}: the Parquet index beside the tar cannot be read "
+                           f"({type(e).__name__}: {e}); the tar's samples are kept")
+                return
+            yield from self._check_index(pf, tar_keys, seen)
+
+    def _check_index(self, pf: pq.ParquetFile, tar_keys: set[str], seen: dict) -> Iterator[dict]:
+        u = self.unit
         names = set(pf.schema_arrow.names)
         img2 = {"key", "status"} <= names
         if "key" not in names or not (img2 or "members" in names):
@@ -185,19 +203,16 @@ def _unique(seen: dict, row: dict) -> dict:
     return row
 
 
-def _index_file(tar_uri: str) -> pq.ParquetFile | None:
-    """The Parquet file beside a tar (same name, .parquet), or None if there is none."""
-    if not tar_uri.endswith(".tar"):
-        return None
-    uri = tar_uri[:-4] + ".parquet"
-    if is_uri(uri) and not uri.startswith("file://"):
-        from catalog.storage import locate
-        store, name = locate(uri)
-        if not store.exists(name):
-            return None
-        return pq.ParquetFile(store.open_input(name))
-    path = uri.removeprefix("file://")
-    return pq.ParquetFile(path) if os.path.isfile(path) else None
+def _index_uri(tar_uri: str) -> str | None:
+    """Where a tar's Parquet index would be (same name, .parquet); None for a name without .tar."""
+    return tar_uri[:-4] + ".parquet" if tar_uri.endswith(".tar") else None
+
+
+def with_defaults(limits: dict | None) -> dict:
+    """A reader's limits with DEFAULT_LIMITS for those not given (extensions: a tuple, lower case)."""
+    out = {**DEFAULT_LIMITS, **(limits or {})}
+    out["extensions"] = tuple(e.lower().lstrip(".") for e in out["extensions"])
+    return out
 
 
 def read_unit(unit: Unit, limits: dict | None = None) -> tuple[list[dict], str | None]:
@@ -216,7 +231,7 @@ def file_row(unit: Unit, key: str, uri: str, limits: dict) -> dict:
             if os.path.commonpath([real, root]) != root:
                 return _row(unit, key, uri, None, f"symlink outside input: {key} points outside the input "
                                                   f"folder (to {real}); not read")
-        with open_input(uri) as fh:
+        with open_input(uri, buffer_size=READ_BUFFER) as fh:
             data = fh.read(cap + 1)
         if len(data) > cap:
             return _row(unit, key, uri, None, f"too large: file is over the cap of {cap} bytes; "
@@ -234,7 +249,7 @@ def _text(data: bytes | None, cap: int) -> str | None:
 
 def _tar_row(unit: Unit, rec, limits: dict) -> dict:
     cap = limits["max_sidecar_bytes"]
-    img_ext = next((e for e in rec.files if e.lower() in IMAGE_EXTS), None)
+    img_ext = next((e for e in rec.files if e.lower() in limits["extensions"]), None)
     # sidecars over the cap are not read (the sample stays); a json too deep to parse gives no fields
     caption = _text(rec.files.get("txt"), cap)
     meta_s = _text(rec.files.get("json"), cap)
@@ -261,7 +276,7 @@ def read_members(unit: Unit, spans: dict[str, tuple[int, int]]) -> dict[str, byt
     """The bytes at (offset, size) in a local tar, per sample id: a second read of a shard that seeks
     to the measured members instead of parsing the tar again (the caller checks each against its
     measured sha256). None for a shard this cannot seek in (remote); {} if it cannot be opened."""
-    if unit.kind != "tar" or (is_uri(unit.uri) and not unit.uri.startswith("file://")):
+    if unit.kind != "tar" or is_uri(unit.uri):
         return None
     out = {}
     try:
@@ -279,4 +294,4 @@ def read_members(unit: Unit, spans: dict[str, tuple[int, int]]) -> dict[str, byt
     return out
 
 
-__all__ = ["DEFAULT_LIMITS", "ROW_FIELDS", "SOURCE_FIELDS", "UnitReader", "read_members", "read_unit"]
+__all__ = ["DEFAULT_LIMITS", "ROW_FIELDS", "SOURCE_FIELDS", "UnitReader", "read_members", "read_unit", "with_defaults"]

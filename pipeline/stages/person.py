@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from catalog.rules import BOX_RULES, PERSON_BOX, PERSON_SCORE, RULES, box_side
+from catalog.rules import PERSON_BOX, PERSON_SCORE, RULES, box_side, checked_box_rule
 
 from pipeline.inputs.images import load_rgb
 from pipeline.settings import DEFAULTS
@@ -111,9 +111,7 @@ def best_passing_score(boxes, scores, min_box_px: float, box_rule: str = "longer
 
 
 def thresholds(cfg: dict) -> tuple[float, float, str]:
-    rule = str(cfg.get("box_rule", DEFAULTS.person.box_rule))
-    if rule not in BOX_RULES:
-        raise ValueError(f"person.box_rule={rule!r}: expected one of {', '.join(BOX_RULES)}")
+    rule = checked_box_rule(str(cfg.get("box_rule", DEFAULTS.person.box_rule)))
     return float(PERSON_SCORE.threshold(cfg)), float(PERSON_BOX.threshold(cfg)), rule
 
 

@@ -44,6 +44,7 @@ import numpy as np
 import catalog
 from catalog import FRAMES, HDRIS, SCANS, ShardWriter, conform
 from catalog.storage import is_uri, run_root, storage_for
+from catalog.storage.lock import LEASE_S
 
 from render.run import output as outfmt
 from render.run import plan
@@ -62,7 +63,7 @@ _HELD: dict = {}  # OUT on an object store -> its lock's Held
 
 
 def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: RenderConfig,
-                force_unlock: bool = False, lock_lease: float = 120.0) -> RunSpec:
+                force_unlock: bool = False, lock_lease: float = LEASE_S) -> RunSpec:
     """Index scans and HDRIs into the run's catalogs (once) and write or check the manifest."""
     remote = is_uri(str(out))
     out = run_root(out) if remote else Path(out)

@@ -93,3 +93,23 @@ def test_cli_rejects_unknown_settings(shards, tmp_path, capsys):
     rc = humanset_main(["pretrain", "--data", str(shards), "--output", str(tmp_path), "--set", "learning_rate=1"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "unknown settings" in err and len(err.splitlines()) == 1
+
+
+def test_vis_masks_as_much_as_the_model_was_trained_to():
+    """`humanset pretrain vis` without --mask-ratio removes the share of patches its checkpoint was
+    pretrained with (the pretrain config's mask_ratio), not a second default of its own."""
+    import numpy as np
+
+    from training.image_decode import decode_image
+    from training.mae import MaskedAutoencoder
+    from training.vis import reconstruct
+
+    image = decode_image(skimage_samples()[0][1])
+
+    def grey_share(model, ratio=None):
+        _, masked, _ = reconstruct(model, image, ratio)
+        return float(np.isin(masked, (127, 128)).all(axis=-1).mean())
+
+    half = MaskedAutoencoder.from_preset("micro", 64, mask_ratio=0.5).eval()
+    assert grey_share(half) == pytest.approx(0.5, abs=0.05)
+    assert grey_share(half, 0.75) == pytest.approx(0.75, abs=0.05)

@@ -14,7 +14,7 @@ from training.config import YAML, default_config, load_config, load_settings
 
 
 def classes():
-    from training.filters import FilterConfig
+    from training.filters.train import FilterConfig
     from training.tasks.finetune import FinetuneConfig
     from training.pretrain import PretrainConfig
 

@@ -13,17 +13,3 @@ engine, the ViT and the encoder loading with the rest of training/ (imported as 
   thresholds.py  ROC AUC, thresholds at a target precision, the chance test
   cli.py         `humanset train-filter`
 """
-_EXPORTS = {  # name -> the module of training/filters that defines it
-    **dict.fromkeys(("CARD_FORMAT", "CARD_NAME", "WEIGHTS_NAME", "FilterConfig", "FilterModel", "build_model",
-                     "config_from", "demo_config", "summary_line", "train_filter"), "train"),
-    **dict.fromkeys(("WATERMARK_LIKE", "read_photos", "read_scene_text"), "inputs"),
-    **dict.fromkeys(("at_threshold", "beats_chance", "choose_threshold", "roc_auc"), "thresholds"),
-}
-__all__ = list(_EXPORTS)
-
-
-def __getattr__(name):  # lazy, so `humanset --help` (which imports filters/cli.py) does not import torch
-    if name in _EXPORTS:
-        import importlib
-        return getattr(importlib.import_module(f"training.filters.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module 'training.filters' has no attribute {name!r}")

@@ -12,7 +12,8 @@ from PIL import Image
 
 import catalog
 
-from training.image_decode import IMAGE_EXTS, decode_image
+from catalog.tars import IMAGE_EXTS
+from training.image_decode import decode_image
 
 log = logging.getLogger(__name__)
 

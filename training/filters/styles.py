@@ -191,3 +191,49 @@ def random_view(rgb: np.ndarray, rng, longer_side: int, scale=(0.35, 1.0)) -> np
     f = longer_side / max(crop.shape[:2])
     size = (max(8, int(round(crop.shape[1] * f))), max(8, int(round(crop.shape[0] * f))))
     return cv2.resize(np.ascontiguousarray(crop), size, interpolation=cv2.INTER_AREA if f < 1 else cv2.INTER_CUBIC)
+
+
+# --- photo variants: still photographs (the art filter must keep them) --------------------------------
+def old_photo(rgb: np.ndarray, rng) -> np.ndarray:
+    """Black-and-white or sepia print: faded contrast, film grain, soft focus, vignette."""
+    grey = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY).astype(np.float32)
+    if rng.random() < .5:
+        grey = cv2.GaussianBlur(grey, (0, 0), rng.uniform(.5, 1.5))
+    lo, hi = rng.uniform(0, 50), rng.uniform(190, 255)
+    grey = lo + grey * (hi - lo) / 255.0
+    tint = np.array([1.0, 1.0, 1.0]) if rng.random() < .5 else np.array([1.07, .95, .78]) * rng.uniform(.95, 1.05)
+    out = grey[..., None] * tint.reshape(1, 1, 3).astype(np.float32)
+    out += rng.normal(0, rng.uniform(2, 10), grey.shape)[..., None]
+    return np.clip(out * _vignette(rgb.shape[:2], rng)[..., None], 0, 255).astype(np.uint8)
+
+
+def low_light(rgb: np.ndarray, rng) -> np.ndarray:
+    """Underexposed: darkened (gamma), sensor noise stronger in the shadows, a colour cast."""
+    x = (rgb.astype(np.float32) / 255.0) ** rng.uniform(1.6, 3.0) * rng.uniform(.35, .8)
+    x *= np.array([1.0, rng.uniform(.85, 1.05), rng.uniform(.6, 1.1)], np.float32)
+    sigma = rng.uniform(.01, .05)
+    x += rng.normal(0, sigma, x.shape).astype(np.float32) + rng.normal(0, sigma, x.shape[:2] + (1,))
+    return np.clip(x * 255.0, 0, 255).astype(np.uint8)
+
+
+def processed(rgb: np.ndarray, rng) -> np.ndarray:
+    """Heavy editing: strong saturation and contrast, local contrast ('HDR'), a colour grade, vignette."""
+    x = rgb.astype(np.float32)
+    blur = cv2.GaussianBlur(x, (0, 0), rng.uniform(8, 30))
+    x = x + (x - blur) * rng.uniform(.5, 2.0)
+    hsv = cv2.cvtColor(np.clip(x, 0, 255).astype(np.uint8), cv2.COLOR_RGB2HSV).astype(np.float32)
+    hsv[..., 1] = np.clip(hsv[..., 1] * rng.uniform(1.2, 2.0), 0, 255)
+    x = cv2.cvtColor(hsv.astype(np.uint8), cv2.COLOR_HSV2RGB).astype(np.float32)
+    grade = rng.uniform(.85, 1.15, 3).astype(np.float32)
+    x = 255.0 / (1 + np.exp(-(x * grade / 255.0 - .5) * rng.uniform(4, 9)))
+    return np.clip(x * _vignette(rgb.shape[:2], rng)[..., None], 0, 255).astype(np.uint8)
+
+
+def _vignette(shape, rng) -> np.ndarray:
+    h, w = shape
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    r = np.hypot((xx - w / 2) / (w / 2), (yy - h / 2) / (h / 2)) / math.sqrt(2)
+    return (1 - rng.uniform(0, .5) * r ** 2).astype(np.float32)
+
+
+PHOTO_VARIANTS = {"old_photo": old_photo, "low_light": low_light, "processed": processed}

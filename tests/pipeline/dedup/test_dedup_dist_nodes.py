@@ -25,7 +25,7 @@ sys.path.insert(0, sys.argv[1] + "/bench")
 import ray
 from ray.cluster_utils import Cluster
 from dedup import synthetic  # bench/dedup.py: uniform + planted near copies + skewed hot buckets
-from pipeline import dedup
+from pipeline.dedup import clusters as dedup
 from pipeline.dedup.partitioned import run_dedup_distributed
 
 out, work = {}, sys.argv[2]

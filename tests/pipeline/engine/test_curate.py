@@ -129,11 +129,18 @@ def test_model_stages_decide_clear_cases(demo_run):
     (thumb,) = _by_caption(rows, "bus: thumbnail (too small)")
     assert thumb["reject_reason"].startswith("size:") and thumb["person_scores"] is None
     assert "person" not in thumb["scored_stages"] and "person" in bus["scored_stages"]
-    # stages without weights are skipped, said so, and leave null columns; watermark runs its ocr method
-    assert set(manifest["skipped_stages"]) == {"art"}
-    assert "weights" in manifest["skipped_stages"]["art"]
-    assert all(r["art_score"] is None for r in rows.values())
+    # no stage needs weights by default: watermark runs its ocr method, art its shipped probe, and art
+    # scores only what passed every stage before it (the person stage among them)
+    assert not manifest["skipped_stages"]
     assert manifest["stage_info"]["watermark"] == {"method": "ocr"}
+    assert manifest["stage_info"]["art"] == {"method": "probe"}
+    for r in rows.values():
+        scored = "art" in (r["scored_stages"] or [])
+        assert (r["art_score"] is not None) == scored, r["caption"]
+        assert not scored or r["person_n_pass"], r["caption"]
+    assert sum(r["art_score"] is not None for r in rows.values()) >= 5
+    assert not [r["caption"] for r in rows.values() if (r["reject_reason"] or "").startswith("art:")
+                and "original photo" in r["caption"]]
     marked = [r for r in rows.values() if r["caption"].endswith("crop with a copyright line in a corner")]
     assert sum((r["reject_reason"] or "").startswith("watermark:watermark>") for r in marked) >= 2
     assert bus["watermark_score"] is not None and bus["watermark_score"] <= 0.8  # scene text: kept

@@ -122,7 +122,7 @@ def test_second_read_of_a_tar_seeks_to_its_members_and_a_rewritten_tar_is_parsed
     def no_parse(*a, **k):
         raise AssertionError("the tar was parsed again")
     with monkeypatch.context() as m:
-        m.setattr(fetch, "read_unit", no_parse)  # phase 3 reads bytes back through pipeline/inputs/fetch.py
+        m.setattr(fetch, "UnitReader", no_parse)  # phase 3 reads bytes back through pipeline/inputs/fetch.py
         table = unit_io.read_for_score(run, unit, unit_io.limits_of(cfg), False)
     assert unit_io.finish_unit(run, table, cfg).to_pylist()[0]["kept"] == 4
 

@@ -36,7 +36,7 @@ def test_loopback_variable_is_the_one_ray_reads_and_keeps_a_local_node_on_127_0_
     assert rc.ENABLE_RAY_CLUSTERS_ENV_VAR == ray_compat.LOOPBACK_ENV
     assert isinstance(rc.ENABLE_RAY_CLUSTER, bool)
     assert "ENABLE_RAY_CLUSTER" in inspect.getsource(services.get_node_ip_address)
-    probe = ("import ray; from pipeline import ray_compat; ray_compat.keep_local_ray_on_loopback(); "
+    probe = ("import ray; from pipeline.engine import ray_compat; ray_compat.keep_local_ray_on_loopback(); "
              "import ray._private.services as s, ray._private.ray_constants as rc; "
              "print(rc.ENABLE_RAY_CLUSTER, s.get_node_ip_address())")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)

@@ -221,7 +221,7 @@ def test_the_reader_streams_one_sample_at_a_time(tmp_path, monkeypatch):
     tar.write_bytes(_tar(big))
     opened = []
 
-    def counting(uri):
+    def counting(uri, buffer_size=None):
         fh = open(uri, "rb")
         opened.append(fh)
         return fh

@@ -13,8 +13,12 @@ import pytest
 
 import catalog
 from catalog import storage as st
-from pipeline import sources
+from pipeline.inputs import kinds
 from pipeline.inputs.fetch import ByteSource
+from pipeline.inputs.kinds import check_inputs, iter_units
+from pipeline.inputs.listing import iter_listing, list_units, write_listing
+from pipeline.inputs.reading import DEFAULT_LIMITS, UnitReader
+from pipeline.inputs.units import InputError, Unit
 from s3server import CountingProxy
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -43,7 +47,7 @@ def crawl(s3_server, demo_crawl):
 
 
 def _sources(inputs):
-    units, _ = sources.list_units(inputs)
+    units, _ = list_units(inputs)
     return sorted(u.uri for u in units)
 
 
@@ -74,12 +78,12 @@ def test_a_prefix_of_many_shards_is_listed_a_page_at_a_time(s3_server, tmp_path,
     proxy = CountingProxy(s3_server.endpoint)  # counts the list requests of every client opened now
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
     try:
-        it = sources.iter_units([store.uri_of("c") + "/"])
+        it = iter_units([store.uri_of("c") + "/"])
         assert next(it).unit_id == "0000" and proxy.lists == 1  # the first unit came from the first page
         assert sum(1 for _ in it) == n - 1 and proxy.lists == 2
         listing = tmp_path / "units.jsonl"
-        count, _ = sources.write_listing([store.uri_of("c") + "/"], listing)
-        assert count == n and len(set(u.unit_id for u in sources.iter_listing(listing))) == n
+        count, _ = write_listing([store.uri_of("c") + "/"], listing)
+        assert count == n and len(set(u.unit_id for u in iter_listing(listing))) == n
     finally:
         proxy.close()
 
@@ -88,10 +92,10 @@ def test_inputs_that_name_nothing_are_refused_naming_the_input(crawl):
     store, _, _ = crawl
     for inp, words in ((store.uri_of("nothing") + "/", "no .tar shard under this prefix"),
                        (store.uri_of("crawl") + "/*.tgz", "no file matches this pattern")):
-        with pytest.raises(sources.InputError) as e:
-            sources.check_inputs([inp])
+        with pytest.raises(InputError) as e:
+            check_inputs([inp])
         assert inp in str(e.value) and words in str(e.value)
-    assert "remote inputs must be" not in Path(sources.__file__).read_text()
+    assert "remote inputs must be" not in Path(kinds.__file__).read_text()
 
 
 def test_phase_3_reads_a_remote_shard_by_ranges_at_the_measured_offsets(s3_server):
@@ -101,8 +105,8 @@ def test_phase_3_reads_a_remote_shard_by_ranges_at_the_measured_offsets(s3_serve
     blob = _tar({"000.jpg": images["000"], "001.jpg": images["001"], "pad.bin": pad, "002.jpg": images["002"],
                  "003.jpg": images["003"], "tail.bin": pad})
     store.write_bytes("a.tar", blob)
-    unit = sources.Unit("a", "tar", store.uri_of("a.tar"))
-    rows = [r for r in sources.UnitReader(unit, sources.DEFAULT_LIMITS) if r.get("_offset") is not None]
+    unit = Unit("a", "tar", store.uri_of("a.tar"))
+    rows = [r for r in UnitReader(unit, DEFAULT_LIMITS) if r.get("_offset") is not None]
     assert len(rows) == 4
     import hashlib
     table = pa.Table.from_pylist([{k: r[k] for k in ("sample_id", "source_uri", "key", "_offset", "_size")}
@@ -116,7 +120,7 @@ def test_phase_3_reads_a_remote_shard_by_ranges_at_the_measured_offsets(s3_serve
         return _Spy(f, lambda n, off: got.append((off, n)) or orig(n, off))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(st.Storage, "open_input", counting)
-        with ByteSource(unit, sources.DEFAULT_LIMITS) as src:
+        with ByteSource(unit, DEFAULT_LIMITS) as src:
             data, why = src.fetch(table)
     assert why == [None] * 4 and data == [images[r["key"]] for r in rows]
     o, n = [r["_offset"] for r in rows], [r["_size"] for r in rows]

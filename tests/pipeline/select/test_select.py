@@ -1,4 +1,6 @@
 """humanset select: new thresholds on stored scores, no models, bytes copied."""
+import json
+import shutil
 import subprocess
 import sys
 
@@ -100,9 +102,17 @@ def test_stricter_person_threshold(score_all_run, tmp_path):
 
 
 def test_refuses_thresholds_of_stages_that_did_not_run(demo_run, tmp_path):
+    # the demo runs all seven stages: a copy whose manifest says the art stage was skipped stands for a
+    # run curated without art weights (select reads which stages ran from the manifest alone)
+    run = tmp_path / "no_art"
+    shutil.copytree(demo_run[0], run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["stages"] = [s for s in manifest["stages"] if s != "art"]
+    manifest["skipped_stages"] = {"art": "art.weights not set"}
+    (run / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(SelectError, match="rerun `humanset curate` with the art stage"):
-        select(str(demo_run[0]), str(tmp_path / "x"), ["art.max_score=0.3"], progress=False)
-    p = subprocess.run([sys.executable, "-m", "humanset.cli", "select", str(demo_run[0]), "--set",
+        select(str(run), str(tmp_path / "x"), ["art.max_score=0.3"], progress=False)
+    p = subprocess.run([sys.executable, "-m", "humanset.cli", "select", str(run), "--set",
                         "art.max_score=0.3", "--output", str(tmp_path / "y")], capture_output=True, text=True)
     assert p.returncode == 2 and "art" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "y").exists()

@@ -344,7 +344,7 @@ def test_cascade_through_the_engine(tmp_path, ray_local):
                             "person.min_score=0.8",  # the nano model scores these people 0.88-0.93
                             "engine.start_actors_early=true"])  # auto would wait: one unit is a small run
     manifest = curate([str(crawl)], str(tmp_path / "run"), cfg, progress=False)
-    assert set(manifest["skipped_stages"]) == {"art"}  # watermark runs its ocr method (no weights needed)
+    assert manifest["skipped_stages"] == {}  # no weights needed: watermark runs its ocr method, art its probe
     con = catalog.connect(tmp_path / "run")
     rows = {Path(r[0]).name: r[1:] for r in con.execute(
         "SELECT source_uri, reject_reason, n_persons, person_n_pass, text_area_frac, scored_stages "
@@ -362,7 +362,7 @@ def test_cascade_through_the_engine(tmp_path, ray_local):
     tl = manifest["timeline"]
     assert tl["start"] <= tl["measured"] <= tl["deduped"] <= tl["scored"]
     (stats,) = [json.loads(f.read_text()) for f in (tmp_path / "run" / "stats").glob("*.json")]
-    assert set(stats["actor_setup"]) == {"person", "text", "watermark"}
+    assert set(stats["actor_setup"]) == {"person", "text", "watermark", "art"}
     assert all(tl["start"] <= a <= b <= tl["scored"] for a, b in stats["actor_setup"].values())
 
 

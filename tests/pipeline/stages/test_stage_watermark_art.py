@@ -130,9 +130,21 @@ def art_ckpt(tmp_path_factory):
     return path
 
 
-def test_art_without_weights_is_skipped_with_a_reason():
-    s = ArtStage(default_config()["art"])
-    assert not s.enabled and s.skip_reason() == "art.weights not set: stage skipped, columns null"
+def test_art_method_follows_the_weights(art_ckpt, tmp_path):
+    """auto: the shipped probe without weights, OpenCLIP for a checkpoint file, card for a card folder."""
+    assert ArtStage(default_config()["art"]).method == "probe" and ArtStage({}).enabled
+    assert ArtStage({"weights": str(art_ckpt)}).method == "clip"
+    card = tmp_path / "card"
+    card.mkdir()
+    (card / "card.json").write_text("{}")
+    assert ArtStage({"weights": str(card)}).method == "card"
+    assert ArtStage({"method": "clip"}).skip_reason() == "art.method=clip needs art.weights: stage skipped, columns null"
+    with pytest.raises(ValueError, match="art.method=probe takes no weights"):
+        ArtStage({"method": "probe", "weights": str(art_ckpt)})
+    with pytest.raises(ValueError, match="art.method='openclip': expected one of auto, probe, clip, card"):
+        ArtStage({"method": "openclip"})
+    with pytest.raises(RuntimeError, match="art.method=card: .* is not a humanset filter card"):
+        ArtStage({"method": "card", "weights": str(art_ckpt)}).setup()
 
 
 def test_art_loads_openclip_checkpoint_and_scores(art_ckpt):

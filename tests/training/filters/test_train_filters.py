@@ -23,8 +23,9 @@ from pipeline.stages.watermark.stage import WatermarkStage
 from training.filters import samples as fd
 from training.filters import browser as fh
 from training.filters import lettering
-from training.filters import (FilterConfig, FilterModel, at_threshold, beats_chance, build_model, choose_threshold,
-                              roc_auc, train_filter)
+from training.filters import pages as fpages
+from training.filters.train import FilterConfig, FilterModel, build_model, train_filter
+from training.filters.thresholds import at_threshold, beats_chance, choose_threshold, roc_auc
 
 
 @pytest.fixture(scope="module")
@@ -340,7 +341,7 @@ def test_missing_images_or_encoder_are_clear_errors(tmp_path):
 
 
 def test_scene_text_negatives_come_from_the_text_stage(demo_run):
-    from training.filters import WATERMARK_LIKE, read_scene_text
+    from training.filters.inputs import WATERMARK_LIKE, read_scene_text
 
     run, _ = demo_run
     strings = read_scene_text(run)
@@ -362,6 +363,7 @@ def test_demo_trains_both_filters_and_curates_with_all_seven_stages(demo_crawl, 
                             progress=False, steps=2)
     manifest = json.loads((filtered / "manifest.json").read_text())
     assert manifest["skipped_stages"] == {}
+    assert manifest["stage_info"]["art"] == {"method": "card"}  # auto: the trained card replaces the probe
     stages = [f["stage"] for f in manifest["funnel"]]
     assert stages == ["decode", "size", "dedup", "person", "text", "watermark", "art"]
     wm = next(f for f in manifest["funnel"] if f["stage"] == "watermark")
@@ -394,7 +396,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
 def test_render_frames_are_read_from_render_shards(tmp_path, photos):
     """The art filter's '3d render' class: the rgb.png member of each frame (not depth / normal / mask)."""
     import catalog
-    from training.filters import read_photos
+    from training.filters.inputs import read_photos
 
     def png(a):
         buf = io.BytesIO()
@@ -434,10 +436,10 @@ def test_html_pages_are_a_pure_function_of_seed_and_index(photos):
     for part in ("<nav>", "<h1>", "<h2>", "<p>", "<button", "<table>", "<form>", "class='card'", "<aside>",
                  "<footer>", "data:image/jpeg;base64,", "font-family:"):
         assert part in html_all, part
-    assert len({w for _, w in pages}) >= 3 and all(w in pages.WINDOWS for _, w in pages)
+    assert len({w for _, w in pages}) >= 3 and all(w in fpages.WINDOWS for _, w in pages)
     assert len({p for p, _ in pages}) == 16
     for p, _ in pages:  # nothing but data: URIs and in-page links: the page cannot reach the network
-        assert pages.CSP in p
+        assert fpages.CSP in p
         refs = re.findall(r"""(?:src|href)=["']([^"']*)""", p) + re.findall(r"url\(([^)]*)\)", p)
         assert refs and all(r.startswith("data:") or r == "#" for r in refs), [r[:40] for r in refs]
 

@@ -1,0 +1,98 @@
+"""The art stage's cost per image against the person stage's, same images, same process, same load.
+
+    python bench/art_cost.py [--images DIR_OR_CSV] [--n 64] [--rounds 3] [--threads 1]
+
+Both stages run their real `measure` (decode from the original bytes included) over the same batches,
+alternating batch by batch, so a change of machine load hits both alike. Prints JSON: seconds per image
+of each, and art / person (target <= 0.5: docs/filters.md). Default images: the photos shipped in
+scikit-image and ultralytics, each re-encoded as a 1280-px JPEG (a crawl's typical file).
+--images takes a folder or a CSV with a `file` column (e.g. bench/art_pool.py's pool).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import io
+import json
+import os
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pipeline.config import default_config  # noqa: E402
+from pipeline.stages.art import ArtStage  # noqa: E402
+from pipeline.stages.person import PersonStage  # noqa: E402
+
+
+def default_images() -> list[bytes]:
+    from PIL import Image
+
+    sk = Path(str(resources.files("skimage") / "data"))
+    ul = Path(str(resources.files("ultralytics") / "assets"))
+    files = [sk / f for f in ("astronaut.png", "coffee.png", "chelsea.png", "motorcycle_left.png", "rocket.jpg")]
+    files += [ul / "bus.jpg", ul / "zidane.jpg"]
+    out = []
+    for f in files:
+        im = Image.open(f).convert("RGB")
+        im = im.resize((1280, round(im.height * 1280 / im.width)), Image.BICUBIC)
+        buf = io.BytesIO()
+        im.save(buf, "JPEG", quality=90)
+        out.append(buf.getvalue())
+    return out
+
+
+def read_images(spec: str | None, n: int) -> list[bytes]:
+    if not spec:
+        base = default_images()
+        return [base[i % len(base)] for i in range(n)]
+    p = Path(spec)
+    if p.suffix == ".csv":
+        with open(p, newline="") as f:
+            files = [Path(r["file"]) for r in csv.DictReader(f)]
+    else:
+        files = sorted(f for f in p.rglob("*") if f.suffix.lower() in (".jpg", ".jpeg", ".png", ".webp"))
+    return [f.read_bytes() for f in files[:n]]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", help="folder or CSV with a file column (default: shipped photos as 1280-px JPEGs)")
+    ap.add_argument("--n", type=int, default=64, help="images (default %(default)s)")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="num_cpus of each stage (its threads)")
+    a = ap.parse_args(argv)
+    images = read_images(a.images, a.n)
+    cfg = default_config()
+    res = {"resources": {"num_cpus": a.threads, "num_gpus": 0}}
+    person, art = PersonStage(cfg["person"] | res), ArtStage(cfg["art"] | res)
+    person.setup()
+    art.setup()
+    warm = images[:2]
+    person.measure({"image": warm})
+    art.measure({"image": warm})
+    spent = {"person": 0.0, "art": 0.0}
+    for _ in range(a.rounds):
+        for i in range(0, len(images), a.batch):
+            batch = {"image": images[i:i + a.batch]}
+            for name, stage in (("person", person), ("art", art)):
+                t = time.perf_counter()
+                stage.measure(batch)
+                spent[name] += time.perf_counter() - t
+    n = a.rounds * len(images)
+    out = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "load_1min": round(os.getloadavg()[0], 2), "images": len(images), "rounds": a.rounds,
+           "threads": a.threads, "art_method": art.method,
+           "person_s_per_image": round(spent["person"] / n, 4), "art_s_per_image": round(spent["art"] / n, 4),
+           "art_over_person": round(spent["art"] / spent["person"], 3)}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

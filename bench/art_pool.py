@@ -1,0 +1,253 @@
+"""The training pool of the art probe: photos and non-photos from packages, fetched with their clients.
+
+    python bench/art_pool.py --cache ~/.cache/humanset/art-pool [--exclude bench/quality/images.csv] --out pool.csv
+
+Debian packages (pinned versions, bookworm) are fetched with `apt-get download` and unpacked with
+`dpkg-deb -x` into CACHE (nothing is installed); Python packages' images are read from the installed
+packages (scikit-image, scikit-learn, matplotlib, ultralytics). Each row of the pool names its label
+(photo, painting, drawing, cartoon, render, screenshot), the package and version, the member path
+inside it, its group (one photo in several sizes or formats is one group) and its sha256.
+
+--exclude takes the bench's manifest (bench/quality/images.csv): every image whose sha256 is listed, and
+every image of the same group as a listed one (same package and source file, or same wallpaper), is
+left out, so no image of the bench (in any format or size) trains the probe. Battle for Wesnoth's images
+are reserved for an independent check and are never in the pool.
+
+Licences of the packages: see SOURCES (Debian's copyright files under CACHE/x/PKG/usr/share/doc/).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import fnmatch
+import hashlib
+import importlib.util
+import random
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+IMAGE_EXT = (".jpg", ".jpeg", ".png", ".webp")
+MIN_SIDE = 256  # smaller files are icons and sprites; the curation keeps nothing below 300 px anyway
+LABELS = ("photo", "painting", "drawing", "cartoon", "render", "screenshot")
+
+
+@dataclass
+class Pick:
+    pattern: str            # fnmatch pattern on the member path inside the package
+    label: str
+    limit: int | None = None  # at most this many (a seeded sample), after grouping
+    group_by: str = "file"  # file: a file's stem is its group; dir: the wallpaper folder is
+
+
+@dataclass
+class Source:
+    package: str
+    version: str
+    licence: str
+    picks: list[Pick] = field(default_factory=list)
+    kind: str = "deb"       # deb | pip
+
+
+PL = "usr/share/wallpapers"
+MATE = "usr/share/backgrounds/mate"
+ES = "usr/share/games/endless-sky/images"
+CV = "usr/share/doc/opencv-doc/examples/data"
+FLARE = "usr/share/games/flare/mods"
+GIMP = "usr/share/gimp/2.0/help/en/images"
+
+SOURCES: list[Source] = [
+    # photographs of landscapes, processed and graded, and 1940s colour photographs of workers
+    Source("endless-sky-data", "0.9.8-1.2", "CC-BY-SA-4.0 / public domain (per file, debian/copyright)", [
+        Pick(f"{ES}/land/*", "photo"), Pick(f"{ES}/scene/loc*", "photo"),
+        Pick(f"{ES}/ship/*", "render"), Pick(f"{ES}/planet/*", "render")]),
+    Source("plasma-workspace-wallpapers", "4:5.27.5-2", "LGPL-3 / CC-BY-SA (debian/copyright)", [
+        *(Pick(f"{PL}/{n}/contents/images/*", "photo", group_by="dir") for n in (
+            "BytheWater", "ColdRipple", "ColorfulCups", "DarkestHour", "EveningGlow", "FallenLeaf", "Grey",
+            "OneStandsOut", "Path", "summer_1am")),
+        *(Pick(f"{PL}/{n}/contents/images/*", "render", group_by="dir") for n in (
+            "Altai", "Canopee", "Cascade", "Cluster", "Elarun", "Flow", "FlyingKonqui", "Honeywave", "IceCold",
+            "Kay", "Kokkini", "MilkyWay", "Opal", "PastelHills", "Patak", "SafeLanding", "Shell")),
+        Pick(f"{PL}/Autumn/contents/images/*", "painting", group_by="dir")]),
+    Source("mate-backgrounds", "1.26.0-1", "GPL-2+ / CC (debian/copyright)", [
+        *(Pick(f"{MATE}/nature/{n}.jpg", "photo") for n in (
+            "Garden", "Dune", "Wood", "Aqua", "TwoWings", "Storm", "GreenMeadow", "RainDrops", "Blinds",
+            "FreshFlower", "LadyBird", "YellowFlower")),
+        Pick(f"{MATE}/*/Elephants*", "painting"),
+        *(Pick(f"{MATE}/*/{n}*", "render") for n in ("Float-into-MATE", "Gulp", "Flow", "Waves", "Spring",
+                                                    "Silk", "Ubuntu-Mate-Warm*", "Ubuntu-Mate-Cold*"))]),
+    Source("ukui-wallpapers", "20.04.3-1.1", "GPL-2+ (debian/copyright)", [
+        Pick("usr/share/backgrounds/*", "render")]),
+    Source("gnome-backgrounds", "43.1-1", "CC-BY-SA-3.0 (debian/copyright)", [
+        Pick("usr/share/backgrounds/gnome/*-l.*", "render")]),
+    Source("opencv-doc", "4.6.0+dfsg-12", "Apache-2.0 / BSD (debian/copyright)", [
+        *(Pick(f"{CV}/{n}", "photo") for n in (
+            "fruits.jpg", "baboon.jpg", "leuvenA.jpg", "squirrel_cls.jpg", "home.jpg", "aloeL.jpg", "board.jpg",
+            "orange.jpg", "stuff.jpg", "messi5.jpg", "ela_original.jpg", "aero1.jpg", "apple.jpg", "left.jpg",
+            "butterfly.jpg", "building.jpg", "basketball1.png", "chicky_512.png", "rubberwhale1.png",
+            "box_in_scene.png", "left01.jpg")),
+        Pick(f"{CV}/starry_night.jpg", "painting"),
+        *(Pick(f"{CV}/{n}", "render") for n in ("Blender_Suzanne1.jpg", "blox.jpg", "smarties.png")),
+        *(Pick(f"{CV}/{n}", "cartoon") for n in ("ml.png", "cards.png", "pic1.png", "pic5.png", "opencv-logo.png")),
+        Pick(f"{CV}/imageTextN.png", "screenshot")]),
+    # painted portraits of people (the game's character art), menus and cut-scenes
+    Source("flare-game", "1.14-1", "CC-BY-SA-3.0 (debian/copyright)", [
+        Pick(f"{FLARE}/*/images/portraits/*", "painting"),
+        Pick(f"{FLARE}/*/images/cutscenes/*", "painting"),
+        Pick(f"{FLARE}/*/images/menus/backgrounds/*", "render")]),
+    Source("freedroidrpg-data", "1.0-1", "GPL-2+ (debian/copyright)", [
+        Pick("usr/share/freedroidrpg/data/graphics/backgrounds/*", "render")]),
+    Source("openclipart-png", "1:0.18+dfsg-19", "public domain (debian/copyright)", [
+        Pick("usr/share/openclipart/png/*", "cartoon", limit=700)]),
+    Source("gimp-help-en", "2.10.34-2", "GFDL-1.2 (debian/copyright)", [
+        Pick(f"{GIMP}/dialogs/*", "screenshot"), Pick(f"{GIMP}/preferences/*", "screenshot"),
+        Pick(f"{GIMP}/toolbox/*", "screenshot", limit=40), Pick(f"{GIMP}/menus/*", "screenshot", limit=40)]),
+    # Python packages' own sample photos (installed by `make`; scikit-image's README lists licences)
+    Source("scikit-image", "", "see skimage/data/README.txt", [
+        *(Pick(f"skimage/data/{n}", "photo") for n in (
+            "astronaut.png", "camera.png", "chelsea.png", "coffee.png", "motorcycle_left.png", "rocket.jpg",
+            "brick.png", "grass.png", "gravel.png", "moon.png", "coins.png"))], kind="pip"),
+    Source("scikit-learn", "", "see sklearn/datasets/images/README.txt", [
+        Pick("sklearn/datasets/images/*.jpg", "photo")], kind="pip"),
+    Source("matplotlib", "", "see matplotlib/mpl-data/sample_data/README.txt", [
+        Pick("matplotlib/mpl-data/sample_data/grace_hopper.jpg", "photo")], kind="pip"),
+    Source("ultralytics", "", "AGPL-3.0", [Pick("ultralytics/assets/*.jpg", "photo")], kind="pip"),
+]
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def fetch_deb(src: Source, cache: Path) -> Path:
+    """CACHE/x/PACKAGE: the package unpacked (apt-get download of the pinned version, dpkg-deb -x)."""
+    root = cache / "x" / src.package
+    if (root / ".done").exists():
+        return root
+    debs = cache / "debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    found = sorted(debs.glob(f"{src.package}_*.deb"))
+    if not found:
+        subprocess.run(["apt-get", "download", f"{src.package}={src.version}"], cwd=debs, check=True,
+                       stdout=subprocess.DEVNULL)
+        found = sorted(debs.glob(f"{src.package}_*.deb"))
+    root.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["dpkg-deb", "-x", str(found[-1]), str(root)], check=True)
+    (root / ".done").write_text(src.version)
+    return root
+
+
+def pip_root(src: Source) -> tuple[Path, str]:
+    """site-packages folder holding the package, and its installed version."""
+    from importlib.metadata import version
+
+    top = {"scikit-image": "skimage", "scikit-learn": "sklearn"}.get(src.package, src.package)
+    spec = importlib.util.find_spec(top)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(f"{src.package} is not installed: pip install {src.package}")
+    return Path(list(spec.submodule_search_locations)[0]).parent, version(src.package)
+
+
+def image_size(path: Path) -> tuple[int, int] | None:
+    from PIL import Image
+
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        with Image.open(path) as im:
+            return im.size
+    except Exception:
+        return None
+
+
+def members(root: Path, pick: Pick, base: str) -> list[tuple[str, str, Path]]:
+    """(member, group, file) of the pick, one file per group (the largest), sampled to its limit."""
+    pat_dir = pick.pattern.split("*")[0].rsplit("/", 1)[0]
+    start = root / pat_dir
+    groups: dict[str, list[tuple[int, str, Path]]] = {}
+    for path in sorted(start.rglob("*")) if start.is_dir() else []:
+        rel = str(path.relative_to(root))
+        if not path.is_file() or path.suffix.lower() not in IMAGE_EXT or not fnmatch.fnmatch(rel, pick.pattern):
+            continue
+        size = image_size(path)
+        if size is None or min(size) < MIN_SIDE:
+            continue
+        if pick.group_by == "dir" and "/contents/" in rel:
+            group = rel.split("/contents/")[0]
+        else:
+            group = str(Path(rel).with_suffix(""))
+            for sep in ("_3840x2160", "_5640x3172"):  # one wallpaper in several sizes
+                group = group.replace(sep, "")
+        groups.setdefault(f"{base}:{group}", []).append((size[0] * size[1], rel, path))
+    chosen = [(rel, g, path) for g, v in sorted(groups.items()) for _, rel, path in [max(v)]]
+    if pick.limit is not None and len(chosen) > pick.limit:
+        chosen = sorted(random.Random(f"{base}:{pick.pattern}").sample(chosen, pick.limit))
+    return chosen
+
+
+def read_exclude(path: Path | None) -> tuple[set[str], set[str]]:
+    """sha256s and members ('package:path') of the bench's manifest: any csv with a sha256 column and,
+    if present, columns naming the package and the member path inside it."""
+    if path is None:
+        return set(), set()
+    shas, srcs = set(), set()
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            if row.get("sha256"):
+                shas.add(row["sha256"].strip().lower())
+            pkg = row.get("package") or row.get("source_package") or ""
+            member = row.get("member") or row.get("path_in_package") or row.get("source_path") or ""
+            if pkg and member:
+                srcs.add(f"{pkg}:{member}")
+    return shas, srcs
+
+
+def build(cache: Path, exclude: Path | None = None) -> list[dict]:
+    shas, srcs = read_exclude(exclude)
+    rows, dropped_groups = [], set()
+    for src in SOURCES:
+        if "wesnoth" in src.package:
+            raise SystemExit("Battle for Wesnoth is reserved for an independent check")
+        if src.kind == "deb":
+            root, version = fetch_deb(src, cache), src.version
+        else:
+            root, version = pip_root(src)
+        for pick in src.picks:
+            for rel, group, path in members(root, pick, src.package):
+                rows.append({"label": pick.label, "package": src.package, "version": version, "member": rel,
+                             "group": group, "sha256": sha256(path), "file": str(path)})
+    for r in rows:  # a listed image excludes its whole group (the same photo in another size or format)
+        if r["sha256"] in shas or f"{r['package']}:{r['member']}" in srcs:
+            dropped_groups.add(r["group"])
+    kept = [r for r in rows if r["group"] not in dropped_groups and r["sha256"] not in shas]
+    seen, out = set(), []
+    for r in kept:  # one copy of identical files
+        if r["sha256"] not in seen:
+            seen.add(r["sha256"])
+            out.append(r)
+    print(f"pool: {len(out)} images ({len(rows) - len(kept)} excluded by {exclude}, "
+          f"{len(kept) - len(out)} duplicate files)", file=sys.stderr)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cache", type=Path, default=Path("~/.cache/humanset/art-pool").expanduser())
+    ap.add_argument("--exclude", type=Path, help="manifest whose images (and their groups) stay out")
+    ap.add_argument("--out", type=Path, required=True, help="pool CSV to write")
+    a = ap.parse_args(argv)
+    rows = build(a.cache, a.exclude)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(a.out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["label"]] = counts.get(r["label"], 0) + 1
+    print(counts)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

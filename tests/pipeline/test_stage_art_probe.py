@@ -1,0 +1,129 @@
+"""The art stage's default method: the shipped probe on the person model's backbone, on real packaged images.
+
+Photos: scikit-image's and ultralytics' (some of them are in the probe's training pool, bench/art_pool.py:
+these check behaviour, not accuracy, which bench/quality.py measures on images it never saw). Non-photos:
+matplotlib's clip-art present and scikit-image's logo and horse silhouette (none in the pool), and a
+photo turned into a painting and a cartoon by the generators of training/filters/styles.py.
+"""
+from __future__ import annotations
+
+import io
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from catalog.rules import ART
+from pipeline.config import default_config
+from pipeline.stages import art_probe
+from pipeline.stages.art import ArtStage
+from pipeline.stages.art_probe import PROBE_FILE, Probe, pooled, to_input
+from pipeline.stages.person import default_weights
+from pipeline.stages.person_model import file_sha256
+
+SKIMAGE = Path(str(resources.files("skimage") / "data"))
+ULTRALYTICS = Path(str(resources.files("ultralytics") / "assets"))
+MATPLOTLIB = Path(str(resources.files("matplotlib") / "mpl-data" / "sample_data"))
+CUT = ART.default
+
+PHOTOS = {"astronaut": SKIMAGE / "astronaut.png", "coffee": SKIMAGE / "coffee.png",
+          "chelsea": SKIMAGE / "chelsea.png", "bus": ULTRALYTICS / "bus.jpg", "zidane": ULTRALYTICS / "zidane.jpg"}
+NON_PHOTOS = {"clip art present": MATPLOTLIB / "Minduka_Present_Blue_Pack.png", "logo": SKIMAGE / "logo.png",
+              "horse silhouette": SKIMAGE / "horse.png"}
+
+
+def _png(rgb: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _stylised(style: str) -> bytes:
+    from training.filters import styles
+
+    rgb = np.asarray(Image.open(PHOTOS["zidane"]).convert("RGB").resize((640, 360)))
+    return _png(getattr(styles, style)(rgb, np.random.default_rng(1)))
+
+
+@pytest.fixture(scope="module")
+def stage():
+    s = ArtStage(default_config()["art"])
+    assert s.method == "probe" and s.enabled, s.skip_reason()
+    s.setup()
+    return s
+
+
+def test_shipped_probe_matches_the_installed_person_model():
+    p = Probe()
+    assert PROBE_FILE.stat().st_size < 200_000  # package data stays small
+    assert p.classes[0] == "cartoon" and "photo" in p.classes and p.coef.shape == (len(p.classes), 1152)
+    assert p.weights_sha256 == file_sha256(default_weights())
+    assert np.all(p.scale > 0)
+
+
+def test_photos_kept_and_non_photos_rejected(stage):
+    names = list(PHOTOS) + list(NON_PHOTOS) + ["painterly zidane", "cartoon zidane"]
+    images = [f.read_bytes() for f in (*PHOTOS.values(), *NON_PHOTOS.values())]
+    images += [_stylised("painterly"), _stylised("cartoon")]
+    out = stage.measure({"image": images})
+    scores = dict(zip(names, out["art_score"]))
+    labels = dict(zip(names, out["art_label"]))
+    assert all(e is None for e in out["art_error"]), out["art_error"]
+    for n in PHOTOS:
+        assert scores[n] <= CUT and labels[n] == "photo", (n, scores[n], labels[n])
+    for n in [*NON_PHOTOS, "painterly zidane", "cartoon zidane"]:
+        assert scores[n] > CUT and labels[n] != "photo", (n, scores[n], labels[n])
+    assert labels["painterly zidane"] == "painting"
+
+
+def test_black_and_white_and_dark_photos_stay_photos(stage):
+    rgb = np.asarray(Image.open(PHOTOS["astronaut"]).convert("RGB"))
+    grey = np.repeat(np.asarray(Image.fromarray(rgb).convert("L"))[..., None], 3, axis=2)
+    dark = (rgb.astype(np.float32) * 0.3).astype(np.uint8)
+    out = stage.measure({"image": [_png(grey), _png(dark), (SKIMAGE / "camera.png").read_bytes()]})
+    assert all(s <= CUT for s in out["art_score"]), out["art_score"]
+
+
+def test_a_broken_image_costs_its_own_row(stage):
+    out = stage.measure({"image": [b"not an image", PHOTOS["bus"].read_bytes()]})
+    assert out["art_score"][0] is None and out["art_error"][0].startswith("decode")
+    assert out["art_score"][1] is not None and out["art_error"][1] is None
+
+
+def test_to_input_keeps_aspect_in_multiples_of_the_stride():
+    x = to_input(np.zeros((480, 640, 3), np.uint8), 320)  # 240 rounds to 256 (7.5 strides, to even)
+    assert x.shape == (3, 256, 320) and x.dtype == np.float32
+    assert to_input(np.zeros((30, 900, 3), np.uint8), 320).shape == (3, 32, 320)
+
+
+def test_pooled_is_mean_then_std_per_channel():
+    rng = np.random.default_rng(0)
+    maps = [rng.normal(size=(2, 3, 4, 5)), rng.normal(size=(2, 2, 2, 2))]
+    f = pooled(maps)
+    assert f.shape == (2, 2 * (3 + 2))
+    np.testing.assert_allclose(f[1, :3], maps[0][1].mean(axis=(1, 2)), rtol=1e-5)
+    np.testing.assert_allclose(f[1, 3:6], maps[0][1].std(axis=(1, 2)), rtol=1e-5)
+    np.testing.assert_allclose(f[0, 8:], maps[1][0].std(axis=(1, 2)), rtol=1e-5)
+
+
+def test_a_probe_of_other_weights_is_refused(monkeypatch, tmp_path):
+    with np.load(PROBE_FILE) as z:
+        data = {k: z[k] for k in z.files}
+    data["weights_sha256"] = np.array("0" * 64)
+    other = tmp_path / "probe.npz"
+    np.savez(other, **data)
+    monkeypatch.setattr(art_probe, "PROBE_FILE", other)
+    monkeypatch.setattr(Probe.__init__, "__defaults__", (other,))
+    with pytest.raises(RuntimeError, match="fitted on the features of another yolo11n-pose.pt"):
+        ArtStage({}).setup()
+
+
+def test_a_missing_or_foreign_probe_file_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="art probe .*missing"):
+        Probe(tmp_path / "none.npz")
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, format=np.array("something else"))
+    with pytest.raises(ValueError, match="format 'something else', expected 'humanset-art-probe-1'"):
+        Probe(bad)
