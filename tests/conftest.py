@@ -47,6 +47,19 @@ def pytest_runtest_protocol(item, nextitem):
         patch.undo()
 
 
+def pytest_runtest_logreport(report):
+    tiers.add_report(report.keywords, report.when, report.duration)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The seconds per tier, beside pytest's wall time (docs/testing.md's figures)."""
+    lines = tiers.summary_lines()
+    if lines:
+        terminalreporter.write_sep("=", "seconds per tier (tests/tiers.py)")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(autouse=True)
 def _gc_frozen():
     """What is alive when a test starts is moved out of the cyclic collector's reach (gc.freeze): a

@@ -26,7 +26,6 @@ HEAVY = tuple(t for t in TIERS if t != "unit")
 FIXTURE_TIERS = {
     "s3_server": "s3",
     "demo_run": "e2e",
-    "ray_nodes": "cluster",
     "sshd": "cluster",
 }
 
@@ -111,3 +110,22 @@ def refuse_entry_points(nodeid: str, monkeypatch) -> None:
                 raise RuntimeError(f"{nodeid} starts {_what}: {_fix(_tier)}")
             return _real(*a, **k)
         monkeypatch.setattr(owner, name, refuse)
+
+
+# --- the seconds each tier took (printed at the end of a run: docs/testing.md's figures) --------------
+SECONDS: dict[str, float] = dict.fromkeys(TIERS, 0.0)
+COUNTS: dict[str, int] = dict.fromkeys(TIERS, 0)
+
+
+def add_report(keywords, when: str, duration: float) -> None:
+    """A test phase's seconds go to each tier mark the test has (a test with two heavy marks counts in
+    both); the test is counted once, at its call phase."""
+    for tier in TIERS:
+        if tier in keywords:
+            SECONDS[tier] += duration
+            COUNTS[tier] += when == "call"
+
+
+def summary_lines() -> list[str]:
+    return [f"{tier:8s} {COUNTS[tier]:4d} tests {SECONDS[tier]:8.1f} s (set-up, call and tear-down)"
+            for tier in TIERS if COUNTS[tier] or SECONDS[tier]]
