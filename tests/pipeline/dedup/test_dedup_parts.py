@@ -161,7 +161,7 @@ def test_run_dedup_partitioned_on_ray_equals_cluster(tmp_path, ray_local):
 
 
 @pytest.mark.e2e
-def test_curate_with_partitioned_dedup_writes_the_same_verdicts(tmp_path):
+def test_curate_with_partitioned_dedup_writes_the_same_verdicts(tmp_path, ray_local):
     """End to end through `humanset curate`: dedup.partitioned=true (small task_memory: several key
     ranges) gives the verdict files of the whole-table path."""
     import os
@@ -175,8 +175,12 @@ def test_curate_with_partitioned_dedup_writes_the_same_verdicts(tmp_path):
     root = Path(__file__).resolve().parents[3]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
     env.pop("RAY_ADDRESS", None)
-    runs = {}
-    for name, sets in (("whole", []), ("parts", ["dedup.partitioned=true", f"dedup.task_memory={TASK_BASE_BYTES + 20_000}"])):
+    from pipeline.config import load_config
+    from pipeline.engine.driver import curate
+    # the whole-table reference curates on the session Ray; the partitioned run goes through the CLI
+    runs = {"whole": tmp_path / "whole"}
+    curate([str(crawl)], str(runs["whole"]), load_config(sets=["stages=[decode, size, dedup]"]), progress=False)
+    for name, sets in (("parts", ["dedup.partitioned=true", f"dedup.task_memory={TASK_BASE_BYTES + 20_000}"]),):
         out = tmp_path / name
         cmd = [sys.executable, "-m", "humanset.cli", "curate", "--input", str(crawl), "--output", str(out),
                "--set", "stages=[decode, size, dedup]", "--set", "ray.num_cpus=2"]
