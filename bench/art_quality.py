@@ -22,6 +22,8 @@ sys.path.insert(0, str(ROOT))
 from pipeline.config import load_config  # noqa: E402
 from pipeline.stages.art import ArtStage  # noqa: E402
 
+PHOTOS_OF_PEOPLE = ("person_clear", "person_small")  # the photos the stage sees after the person stage: named
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -54,6 +56,8 @@ def main(argv=None) -> int:
             c["errors"] += 1
         elif s > cut:
             c["rejected"] += 1
+            if r["category"] in PHOTOS_OF_PEOPLE:
+                c.setdefault("rejected_ids", []).append(f"{r['id']} {s:.3f}")
     for c in per.values():
         c["rejected_share"] = round(c["rejected"] / c["n"], 3)
     print(json.dumps({"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

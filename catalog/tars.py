@@ -22,6 +22,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from catalog.storage.answers import STORE_FAULTS
+
 # the extensions of the image member of a sample, as crawls and curated shards hold them (lower case); the
 # default of the curation's input.extensions (pipeline/settings.py), which a run may change
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
@@ -370,6 +372,8 @@ def iter_tar(fileobj_or_path, *, name: str = "", max_member_bytes: int | None = 
         if current is not None and current.key != reading:  # whole before the damage
             yield current
         raise
+    except STORE_FAULTS:
+        raise  # the store refused or kept failing: not damage to this shard (the unit is redone)
     except OSError as e:  # the file itself failed under us (I/O error): damage at this point
         if current is not None and current.key != reading:
             yield current

@@ -137,6 +137,9 @@ def format_stats(runs: list[dict], overlap: dict | None = None) -> str:
         out.append(f"  {tot['inputs']:,} inputs, {tot['kept']:,} kept ({tot['kept_pct']:.1f}%), "
                    f"{tot['decode_errors']:,} decode errors")
         out.append(f"  {tot['units']:,} input units, {tot['units_with_errors']:,} units with errors")
+        if info.get("store"):
+            from explore.stats import store_line
+            out.append(f"  {store_line(info['store'])}")
 
     # funnel: the union of stages, in the first run's order
     stages = []

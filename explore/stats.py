@@ -338,8 +338,19 @@ def curated(con, p: str = "") -> dict | None:
     return {"shards": files, "samples": rows, "bytes": int(nbytes or 0)}
 
 
+def store_line(store: dict) -> str:
+    """The manifest's `store` counts (catalog/storage/retry.py) in one line: what the object store
+    made the run retry, and for what."""
+    n, retries = int(store.get("requests") or 0), int(store.get("retries") or 0)
+    per = f" ({1000 * retries / n:.1f} per 1,000)" if n else ""
+    line = (f"store: {n:,} requests, {retries:,} retried{per}, {int(store.get('throttled') or 0):,} throttled, "
+            f"{int(store.get('resumed_reads') or 0):,} reads resumed")
+    kinds = ", ".join(f"{k} {v:,}" for k, v in (store.get("retries_for") or {}).items())
+    return f"{line} (retries: {kinds})" if kinds else line
+
+
 def run_info(manifest: dict, run_dir) -> dict:
-    keys = ("stages", "skipped_stages", "inputs", "started", "finished", "versions")
+    keys = ("stages", "skipped_stages", "inputs", "started", "finished", "versions", "store")
     return {"run": str(run_dir), "has_manifest": bool(manifest), **{k: manifest.get(k) for k in keys}}
 
 

@@ -56,7 +56,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     with native_noise_filtered():
-        return int(args.func(args) or 0)
+        try:
+            return int(args.func(args) or 0)
+        except Exception as e:  # the store refused for good, or kept failing: one line, exit 3
+            from catalog.storage.answers import store_fault
+            fault = store_fault(e)
+            if fault is None:
+                raise
+            print(f"humanset {args.command}: error: {fault}", file=sys.stderr)
+            return 3
 
 
 if __name__ == "__main__":

@@ -38,11 +38,16 @@ def run_curate(args) -> int:
     from pipeline.engine.errors import EXIT_ENVIRONMENT, EXIT_RUN_ERROR, EnvironmentFault, RunError
     from pipeline.engine.funnel import print_funnel
     from pipeline.inputs.units import InputError
+    from catalog.storage.answers import GaveUp, StoreRefused
     try:
         cfg = load_config(args.config, args.set)
         manifest = curate(args.input, args.output, cfg, score_all=args.score_all, progress=not args.no_progress,
                           force_unlock=args.force_unlock, lock_lease_s=args.lock_lease)
     except EnvironmentFault as e:  # one line; -v adds the traceback
+        log.debug("traceback", exc_info=True)
+        print(f"humanset curate: error: {e}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
+    except (StoreRefused, GaveUp) as e:  # before the run took its lock: the store's own line
         log.debug("traceback", exc_info=True)
         print(f"humanset curate: error: {e}", file=sys.stderr)
         return EXIT_ENVIRONMENT

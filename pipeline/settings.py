@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from catalog.config import Check, section, setting
+from catalog.storage.retry import StorageSettings
 from catalog.rules import ART, ASPECT, BOX_RULES, PERSON_BOX, PERSON_SCORE, SHORT_SIDE, TEXT_AREA, WATERMARK
 from catalog.tars import IMAGE_EXTS
 
@@ -194,8 +195,8 @@ class EngineSettings:
     early_min_units: int = setting(16, "below this the set-up (seconds of CPU per actor) delays measure on a small"
                                        "\nmachine instead of hiding behind it (bench/filters.py at 96 and 480 images)",
                                    low=0)
-    task_poll_s: float = setting(0.01, "how often Ray Data looks for finished unit tasks (its own default, 0.1 s,\n"
-                                       "left a core idle between the 0.3-1.5 s unit tasks of the cheap stages)",
+    task_poll_s: float = setting(0.1, "the longest Ray Data's scheduling loop sleeps while no task finishes (it\n"
+                                      "wakes when one does: pipeline/engine/ray_compat.py); shorter costs driver CPU",
                                  low=0.001, high=1)
     max_batch_bytes: int = setting(
         67108864, "image bytes a worker holds at once: a unit streams through its stages in\n"
@@ -234,6 +235,10 @@ class CurateSettings:
     output: OutputSettings = section(OutputSettings)
     engine: EngineSettings = section(EngineSettings)
     ray: RaySettings = section(RaySettings)
+    storage: StorageSettings = section(
+        StorageSettings, note="How requests to an object store (s3://) are retried: every room has this section\n"
+                              "(catalog/storage/retry.py; docs/storage.md, \"Retries\"). Not part of a run's identity:\n"
+                              "a rerun may change it.")
 
 
 DEFAULTS = CurateSettings()  # read-only: the defaults the code reads where it has no config at hand

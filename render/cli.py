@@ -56,6 +56,8 @@ def add_render_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_render(args) -> int:
+    from catalog.storage import retry
+    from catalog.storage.answers import store_fault
     from render.config import load_config
     from render.run.job import prepare_run, run_local, summary
     if args.frames is None or args.output is None:
@@ -64,9 +66,12 @@ def run_render(args) -> int:
         return 2
     try:
         cfg = load_config(args.config, args.set)
+        retry.configure(cfg.storage)  # storage.retry_*: this process's requests and its workers'
         spec = prepare_run(args.output, args.scans, args.hdris, args.frames, args.seed, cfg,
                            force_unlock=args.force_unlock, lock_lease=args.lock_lease)
     except (OSError, KeyError, ValueError, ImportError) as e:  # OSError: FileNotFoundError, catalog.StorageError
+        if store_fault(e) is not None:
+            raise  # the store refused or kept failing: humanset's one line, exit 3
         print(f"humanset render: error: {e}", file=sys.stderr)
         return 2
     if args.ray:

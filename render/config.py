@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 from catalog import config as loader
 from catalog.config import setting
+from catalog.storage.retry import StorageSettings
 
 from render.scene import RenderSettings
 from render.sampling import SamplingConfig
@@ -39,10 +40,11 @@ class RenderConfig:
     cycles: RenderSettings = field(default_factory=RenderSettings)
     output: OutputConfig = field(default_factory=OutputConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    storage: StorageSettings = field(default_factory=StorageSettings)  # retries of requests to s3:// (docs/storage.md)
 
     def to_dict(self) -> dict:
         return {"sampling": self.sampling.to_dict(), "cycles": asdict(self.cycles), "output": asdict(self.output),
-                "schedule": asdict(self.schedule)}
+                "schedule": asdict(self.schedule), "storage": asdict(self.storage)}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "RenderConfig":

@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from catalog.config import setting
+from catalog.config import section, setting
+from catalog.storage.retry import StorageSettings
 @dataclass
 class RunConfig:
     """The engine's knobs; PretrainConfig and FinetuneConfig add the model's, data's and loss's."""
@@ -35,6 +36,8 @@ class RunConfig:
     progress: bool = setting(True, "a progress bar on a terminal (log lines otherwise)")
     progress_every_s: float = setting(30.0, "without a terminal: a progress line at most this often (0 = each "
                                             "logged step)", low=0)
+    storage: StorageSettings = section(StorageSettings, note="how requests to an object store (--data s3://...) "
+                                                             "are retried (docs/storage.md)")
 
     def __post_init__(self):
         if self.strategy not in ("ddp", "fsdp"):

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 import catalog
+from catalog.storage import retry
 
 from training import checkpoint as ckpt
 from training.lr import clip_and_step
@@ -190,6 +191,7 @@ class Recipe:
 def train(recipe: Recipe) -> dict:
     """Train for cfg.steps optimiser steps; the body of every process. Returns the recipe's summary."""
     cfg = recipe.cfg
+    retry.configure(cfg.storage)  # storage.retry_* in every process of the run (and its loader workers)
     ctx = ray_context() if cfg.workers else local_context()
     if cfg.cpu_threads:  # on a shared or small CPU, fewer threads than cores avoids spin-wait thrash
         torch.set_num_threads(cfg.cpu_threads)

@@ -12,19 +12,29 @@ pyarrow.fs; on S3 through obstore, with pyarrow's S3 client built only when `.fs
   succeeds), so a failed writer leaves nothing under the final name. Names are deterministic: a
   retried task rewrites the same object.
 
+Requests to an object store go through one retry policy (catalog/storage/retry.py, the
+`storage.retry_*` settings; what an answer means: answers.py): transient answers are retried with
+backoff, cut reads resume from the byte reached (objectfile.py), writes survive a lost answer, a
+permanent refusal is one line (StoreRefused).
+
 The modules, each importing only those above it (no module imports this facade):
-catalog/storage/core.py (errors, Entry, scrub, path and URI checks) -> lock.py (the run lock on object
-stores) -> base.py (Storage, LocalStorage; globs.py: shard patterns) -> memory.py, s3.py (the backends)
--> factory.py (open_storage, expand, duckdb_connect_for) -> paths.py (files named by a URI, run roots). Import from here: `from catalog.storage import open_storage, ...`.
+core.py (errors, Entry, scrub, path and URI checks) -> answers.py -> retry.py -> objectfile.py,
+lock.py (the run lock on object stores) -> base.py (Storage, LocalStorage; globs.py: shard patterns)
+-> memory.py, s3.py (the backends; arrowfs.py: the pyarrow file system over a backend's requests)
+-> factory.py (open_storage, expand, duckdb_connect_for) -> paths.py (files named by a URI, run
+roots, open_input). Import from here: `from catalog.storage import open_storage, ...`.
 """
+from catalog.storage.answers import GaveUp, StoreRefused
 from catalog.storage.base import SPOOL_BYTES, LocalStorage, Storage
 from catalog.storage.core import ConditionalWritesUnsupported, Entry, StorageError, scrub
 from catalog.storage.factory import duckdb_connect_for, expand, open_storage
 from catalog.storage.paths import (exists_at, is_uri, join, local_path, locate, open_input, read_json_at,
                                    read_schema_at, read_table_at, run_root, storage_for, write_bytes_at,
                                    write_json_at, write_parquet_at)
+from catalog.storage.retry import StorageSettings
 
 __all__ = [
+    "GaveUp", "StoreRefused", "StorageSettings",
     "SPOOL_BYTES", "LocalStorage", "Storage", "ConditionalWritesUnsupported", "Entry", "StorageError", "scrub",
     "duckdb_connect_for", "expand", "open_storage", "exists_at", "is_uri", "join", "local_path", "locate", "open_input", "read_json_at",
     "read_schema_at", "read_table_at", "run_root", "storage_for", "write_bytes_at", "write_json_at",

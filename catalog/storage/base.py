@@ -95,9 +95,11 @@ class Storage:
             raise self._err("open", path, e) from None
 
     def open_stream(self, path: str, buffer_size: int = 1 << 20):
-        """A sequential reader (read, readline; a context manager), `buffer_size` bytes a request."""
+        """A sequential reader (read, readline; a context manager), `buffer_size` bytes a request; the
+        bytes as stored (pyarrow's default would decompress a name ending in .gz, .bz2, ...)."""
         try:
-            return io.BufferedReader(self.fs.open_input_stream(self.fs_path(path), buffer_size=buffer_size))
+            return io.BufferedReader(self.fs.open_input_stream(self.fs_path(path), compression=None,
+                                                               buffer_size=buffer_size))
         except FileNotFoundError:
             raise FileNotFoundError(f"{self.uri_of(path)}: no such file") from None
         except OSError as e:
@@ -138,7 +140,8 @@ class Storage:
             yield spool
             spool.seek(0)
             try:
-                with self.fs.open_output_stream(self.fs_path(path)) as out:
+                # the bytes as given: pyarrow's default would compress a name ending in .gz, .bz2, ...
+                with self.fs.open_output_stream(self.fs_path(path), compression=None) as out:
                     shutil.copyfileobj(spool, out, 8 << 20)
             except OSError as e:
                 raise self._err("write", path, e) from None

@@ -14,6 +14,7 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from catalog.storage.answers import GaveUp, StoreRefused
 from catalog.storage.base import Storage
 from catalog.storage.core import scrub
 from catalog.storage.factory import open_storage
@@ -43,11 +44,13 @@ def open_input(uri_or_path: str | os.PathLike, buffer_size: int | None = None):
     store, name = locate(text)
     if buffer_size is None:
         return store.open_input(name)
-    try:  # pyarrow's stream (a failed request mid-read is an OSError: the tar reader reports it as damage),
-        # the bytes as stored (pyarrow would decompress a name ending in .gz, .bz2, ...)
-        return store.fs.open_input_stream(store.fs_path(name), buffer_size=buffer_size, compression=None)
+    try:  # Storage.open_stream: the bytes as stored; on S3 one streamed GET resumed where a fault cuts it
+        # (catalog/storage/objectfile.py), a store that refuses or keeps failing raised as it is
+        return store.open_stream(name, buffer_size=buffer_size)
     except FileNotFoundError:
         raise FileNotFoundError(f"{text}: no such file") from None
+    except (StoreRefused, GaveUp):
+        raise
     except OSError as e:
         raise OSError(f"{text}: cannot open: {scrub(str(e))}") from None
 

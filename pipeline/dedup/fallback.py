@@ -67,10 +67,21 @@ def kept_path(unit_id: str) -> str:
 def write_scored(store, table: pa.Table, cfg: dict) -> str:
     """A scoring round's terminal: the unit's scored rows (no bytes, its counters in the metadata)
     into the run's `store`. Returns the unit id."""
-    uid = unit_meta(table)["unit"]["unit_id"]
+    meta = unit_meta(table)
+    uid = meta["unit"]["unit_id"]
+    meta.pop("pass", None)  # which pass of a pipeline scored them (blocks.pass_of) is not theirs to keep
     keep = [c for c in table.column_names if c not in ("image", "_thumb")]
-    store.write_parquet(scored_path(uid, int(round_of(cfg))), table.select(keep))
+    store.write_parquet(scored_path(uid, int(round_of(cfg))), with_meta(table.select(keep), meta))
     return uid
+
+
+def final_after_round_0(table: pa.Table) -> bool:
+    """A unit none of whose rows is in a cluster of several members: no fallback round can change
+    its rows (a round scores, and the last exchange re-points, members of such clusters only), so
+    round 0 writes it as the write pass would and it skips the exchanges and the write pass."""
+    if "dup_cluster_size" not in table.column_names or not table.num_rows:
+        return True
+    return not pc.any(pc.fill_null(pc.greater(table.column("dup_cluster_size"), 1), False)).as_py()
 
 
 def _read(store, rel: str, columns=None) -> pa.Table:
@@ -88,6 +99,7 @@ def read_round(store, unit, cfg: dict) -> pa.Table:
     t = set_column(t, "_alive", pa.array([True] * t.num_rows, pa.bool_()))
     t = set_column(t, "dup_scored", pa.array([True] * t.num_rows, pa.bool_()))
     meta["source_changed"] = 0
+    meta["seconds"], meta["cpu_seconds"] = {}, {}  # this round's own (the write pass adds them up)
     return with_meta(t, meta)
 
 
@@ -113,7 +125,12 @@ def read_final(store, unit, cfg: dict) -> pa.Table:
     meta = unit_meta(t)
     for r in range(1, max_fallbacks(cfg, [True]) + 1):
         if store.exists(scored_path(unit.unit_id, r)):
-            t = _overlay(t, _read(store, scored_path(unit.unit_id, r)))
+            rows = _read(store, scored_path(unit.unit_id, r))
+            t = _overlay(t, rows)
+            extra = unit_meta(rows)
+            for key in ("seconds", "cpu_seconds"):  # the round's own step times, added to the unit's
+                for step, sec in (extra.get(key) or {}).items():
+                    meta.setdefault(key, {})[step] = round(meta.get(key, {}).get(step, 0.0) + sec, 4)
     if store.exists(kept_path(unit.unit_id)):
         k = _read(store, kept_path(unit.unit_id))
         pos = pc.index_in(t.column("sample_id"), value_set=k.column("sample_id"))

@@ -20,6 +20,7 @@ whose round file exists, like any phase.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 import os
@@ -159,7 +160,7 @@ def map_window(run: str, r: int, w: int, unit_ids: list[str], parts: int) -> int
     recs: list[dict] = []
     for uid in unit_ids:
         rel = fb.scored_path(uid, r)
-        if r and not store.exists(rel):
+        if not store.exists(rel):  # not in round r; in round 0, a unit outside every cluster (written then)
             continue
         t = _read(store, rel, cols)
         t = t.filter(pc.fill_null(pc.greater(t.column("dup_cluster_size"), 1), False))
@@ -228,10 +229,78 @@ def exchange(run, step: str, window: int, retries: int, map_round: int | None) -
     return counts
 
 
+def passes(n_fallbacks: int) -> list[str]:
+    """The passes of phase 3 with fallbacks, in order: round 0, each fallback round, the write pass."""
+    return [str(r) for r in range(n_fallbacks + 1)] + [fb.WRITE]
+
+
+def one_pipeline(run, n_todo: int, window: int) -> bool:
+    """Whether phase 3 runs as one pipeline of all its passes (the model actors start once): when
+    its units fit one window and no pass has started (a resumed phase 3 goes pass by pass, from its
+    files)."""
+    store = run_store(run)
+    return 0 < n_todo <= window and not len(NameSet((store, fb.SCORED_DIR), ".parquet")) \
+        and not store.exists(f"{fb.FALLBACK_DIR}/_m.json")
+
+
+def _rounds(run, store, n_fb: int, window: int, retries: int, span, score_round) -> dict:
+    """The exchanges and fallback rounds after round 0; score_round(r, todo NameSet) scores round r."""
+    stats = {"rounds": {}}
+    done = NameSet((store, "stats"), ".json")  # units round 0 finished are out of the exchanges
+    if not any(True for _ in unit_windows(run, lambda uid: uid not in done, 1)):
+        return stats
+    with span("exchange_m"):
+        exchange(run, "m", window, retries, 0)
+    for r in range(1, n_fb + 1):  # round r-1's outcomes are mapped by the exchange planning round r
+        with span(f"exchange_r{r}"):
+            got = exchange(run, f"r{r}", window, retries, r - 1 if r > 1 else None)
+        stats["rounds"][str(r)] = got.get("rows", 0)
+        if not got.get("rows"):
+            break
+        with span(f"fallback_{r}"):
+            score_round(r, NameSet((store, f"{fb.FALLBACK_DIR}/todo/r{r}"), ".parquet"))
+    last = max([int(r) for r, n in stats["rounds"].items() if n] or [0])
+    with span("exchange_kept"):
+        stats["kept_fallbacks"] = exchange(run, "kept", window, retries, last or None).get("rows", 0)
+    return stats
+
+
+def run_one_pipeline(run, cfg: dict, score_stages, progress: bool, pipe, window: int, retries: int, span) -> dict:
+    """Phase 3 with fallbacks as the passes of one pipeline (`pipe`: early.EarlyScore built with
+    passes(n)): the driver opens round 0, runs each exchange while the pipeline waits at its gate,
+    opens the next round for the units it named, and last the write pass for the units not finished."""
+    store = run_store(run)
+    n_fb = fb.max_fallbacks(cfg, score_stages)
+    names = [u.unit_id for u in pipe.units]
+    with span("score"), console.progress(len(names), "score", enabled=progress) as bar:
+        pipe.run_pass("0", True, bar)
+
+    def score_round(r: int, todo) -> None:
+        work = {uid for uid in names if uid in todo}
+        with console.progress(len(work), f"fallback {r}", enabled=progress) as bar:
+            pipe.run_pass(str(r), work, bar)
+
+    stats = _rounds(run, store, n_fb, window, retries, span, score_round)
+    for r in range(1, n_fb + 1):  # rounds the exchanges found nothing for: their items leave at once
+        if str(r) not in stats["rounds"] or not stats["rounds"][str(r)]:
+            pipe.run_pass(str(r), set())
+    done = NameSet((store, "stats"), ".json")
+    work = {uid for uid in names if uid not in done}
+    with span("write"), console.progress(len(work), "write", enabled=progress) as bar:
+        pipe.run_pass(fb.WRITE, work, bar)
+    pipe.finish()
+    return stats
+
+
 def run_rounds(run, cfg: dict, score_stages, progress: bool, early, window: int, retries: int,
-               score_pass) -> dict:
+               score_pass, span=None, pipeline=None) -> dict:
     """Phase 3 with fallbacks. score_pass(units, stages, cfg, bar, early, marker folder) runs one
-    pass of phase 3 over a window. Returns the rounds' counts (rows scored per round, kept)."""
+    pass of phase 3 over a window; span(name) times a step (the driver's Spans). pipeline(units)
+    builds the pipeline of all passes when phase 3 fits one (one_pipeline), unless `early` is one
+    already; should it fail (a unit that fails for good stops it), phase 3 goes on pass by pass from
+    the files written, where a failing unit is isolated as in every phase. Returns the rounds' counts
+    (rows scored per round, kept)."""
+    span = span or (lambda name: contextlib.nullcontext())
     store = run_store(run)
     n_fb = fb.max_fallbacks(cfg, score_stages)
     if store.posix:  # temporaries a crashed round left (the engine's clean_tmp lists fixed folders only)
@@ -240,34 +309,48 @@ def run_rounds(run, cfg: dict, score_stages, progress: bool, early, window: int,
         if os.path.isdir(os.path.join(run, fb.FALLBACK_DIR)):
             catalog.clean_tmp(os.path.join(run, fb.FALLBACK_DIR))
     done = NameSet((store, "stats"), ".json")
+    pipe = early if early is not None and early.passes else None
+    if pipe is None and pipeline is not None:
+        units = [u for w in unit_windows(run, lambda uid: uid not in done, window) for u in w]
+        if one_pipeline(run, len(units), window):
+            if early is not None:
+                early.abort()
+            early, pipe = None, pipeline(units)
+    if pipe is not None:
+        from pipeline.engine.errors import EnvironmentFault
+        try:
+            return run_one_pipeline(run, cfg, score_stages, progress, pipe, window, retries, span)
+        except (EnvironmentFault, KeyboardInterrupt):
+            pipe.abort()
+            raise
+        except Exception as e:  # a unit failed for good: on pass by pass, resuming from the files written
+            pipe.abort()
+            log.warning("phase 3 as one pipeline stopped (%s: %s); going on pass by pass", type(e).__name__, e)
+            early = None
+            done = NameSet((store, "stats"), ".json")
     scored0 = NameSet((store, fb.SCORED_DIR), ".parquet")
     todo0 = lambda uid: uid not in done and uid not in scored0  # noqa: E731
     n0 = sum(1 for units in unit_windows(run, todo0, window) for _ in units)
-    with console.progress(n0, "score", enabled=progress) as bar:
+    with span("score"), console.progress(n0, "score", enabled=progress) as bar:
         for units in unit_windows(run, todo0, window):
             score_pass(units, score_stages, fb.round_cfg(cfg, 0), bar, early, fb.SCORED_DIR)
             early = None
     if early is not None:
         early.abort()
-    stats = {"rounds": {}}
-    if any(True for _ in unit_windows(run, lambda uid: uid not in done, 1)):
-        exchange(run, "m", window, retries, 0)
-        for r in range(1, n_fb + 1):  # round r-1's outcomes are mapped by the exchange planning round r
-            got = exchange(run, f"r{r}", window, retries, r - 1 if r > 1 else None)
-            stats["rounds"][str(r)] = got.get("rows", 0)
-            if not got.get("rows"):
-                break
-            todo_r = NameSet((store, f"{fb.FALLBACK_DIR}/todo/r{r}"), ".parquet")
-            have_r = NameSet((store, fb.scored_dir(r)), ".parquet")
-            keep = lambda uid, t=todo_r, h=have_r: uid in t and uid not in h  # noqa: E731
-            n_r = sum(len(units) for units in unit_windows(run, keep, window))
-            with console.progress(n_r, f"fallback {r}", enabled=progress) as bar:
-                for units in unit_windows(run, keep, window):
-                    score_pass(units, score_stages, fb.round_cfg(cfg, r), bar, None, fb.scored_dir(r))
-        last = max([int(r) for r, n in stats["rounds"].items() if n] or [0])
-        stats["kept_fallbacks"] = exchange(run, "kept", window, retries, last or None).get("rows", 0)
+
+    def score_round(r: int, todo_r) -> None:
+        have_r = NameSet((store, fb.scored_dir(r)), ".parquet")
+        keep = lambda uid: uid in todo_r and uid not in have_r  # noqa: E731
+        n_r = sum(len(units) for units in unit_windows(run, keep, window))
+        with console.progress(n_r, f"fallback {r}", enabled=progress) as bar:
+            for units in unit_windows(run, keep, window):
+                score_pass(units, score_stages, fb.round_cfg(cfg, r), bar, None, fb.scored_dir(r))
+
+    stats = _rounds(run, store, n_fb, window, retries, span, score_round)
+    done = NameSet((store, "stats"), ".json")  # round 0 finished the units outside every cluster
     todo = lambda uid: uid not in done  # noqa: E731
-    with console.progress(sum(len(u) for u in unit_windows(run, todo, window)), "write", enabled=progress) as bar:
+    with span("write"), console.progress(sum(len(u) for u in unit_windows(run, todo, window)), "write",
+                                         enabled=progress) as bar:
         for units in unit_windows(run, todo, window):
             score_pass(units, [], fb.round_cfg(cfg, fb.WRITE), bar, None, "stats")
     return stats

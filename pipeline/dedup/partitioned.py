@@ -180,12 +180,15 @@ def fingerprint(units_hash: str, settings: dict) -> str:
 def run_dedup(run, unit_ids: list[str] | None, cfg: dict) -> dict:
     """Phase 2 as the engine runs it: partitioned by hash when dedup.partitioned says so (true, or
     auto and the run too large for one process), else pipeline/dedup.run_dedup in this process."""
+    from catalog.storage import retry
+    retry.configure(cfg)  # a Ray task of its own: the run's storage.retry_*
+    before = retry.snapshot()
     d = cfg.get("dedup", {}) or {}
+    st = None
     if d.get("partitioned", DEFAULTS.dedup.partitioned):
-        st = run_dedup_distributed(run, unit_ids, cfg)
-        if st is not None:  # None: auto, and small enough for one process
-            return st
-    return D.run_dedup(run, unit_ids, cfg)
+        st = run_dedup_distributed(run, unit_ids, cfg)  # None: auto, and small enough for one process
+    st = st if st is not None else D.run_dedup(run, unit_ids, cfg)
+    return {**st, "store": retry.since(before)}  # this process's retries (not its partitions' tasks')
 
 
 def run_dedup_distributed(run, unit_ids, cfg: dict, use_ray: bool | None = None) -> dict | None:

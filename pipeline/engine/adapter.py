@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from catalog.storage import retry
 from pipeline.engine.columns import add_seconds, append_name, flag, scatter, set_column, typed, unit_meta, with_meta
 from pipeline.engine.errors import RunError
 from pipeline.inputs.fetch import ByteSource
@@ -111,17 +112,19 @@ def run_on_unit(stage: Stage, table: pa.Table, score_all: bool) -> pa.Table:
     if "fault" in table.column_names:  # a unit's summary (finished early, or a fault): passes through
         return table
     meta = unit_meta(table)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
+    before = retry.snapshot()
     step = max(1, stage.batch_size)
     src = _byte_source(stage, table, meta)
-    fetch_s, parts = 0.0, []
+    fetch_s, fetch_cpu, parts = 0.0, 0.0, []
     try:
         for off in range(0, table.num_rows, step):
             part = table.slice(off, step)
             if src is not None:
-                t1 = time.perf_counter()
+                t1, c1 = time.perf_counter(), time.process_time()
                 part, changed = attach_images(part, src, _todo(stage, part, score_all))
                 fetch_s += time.perf_counter() - t1
+                fetch_cpu += time.process_time() - c1
                 if changed:
                     meta["source_changed"] = (meta.get("source_changed") or 0) + changed
                     log.warning("unit %s: %d samples changed since they were measured (rejected as "
@@ -140,9 +143,10 @@ def run_on_unit(stage: Stage, table: pa.Table, score_all: bool) -> pa.Table:
         if src is not None:
             src.close()
     out = pa.concat_tables(parts, promote_options="default") if parts else run_stage(stage, table, score_all)
-    add_seconds(meta, stage.name, time.perf_counter() - t0 - fetch_s)
+    add_seconds(meta, stage.name, time.perf_counter() - t0 - fetch_s, time.process_time() - c0 - fetch_cpu)
     if src is not None:
-        add_seconds(meta, "read_2", fetch_s)
+        add_seconds(meta, "read_2", fetch_s, fetch_cpu)
+    meta["store"] = retry.total([meta.get("store"), retry.since(before)])  # its byte fetches' retries
     return with_meta(out, meta)
 
 
@@ -172,8 +176,10 @@ def stage_instance(name: str, cfg: dict) -> Stage:
     return _TASK_STAGES[key]
 
 
-def _task_fn(batch: pa.Table, name: str, cfg: dict, score_all: bool) -> pa.Table:
+def _task_fn(batch: pa.Table, name: str, cfg: dict, score_all: bool, storage: dict | None = None) -> pa.Table:
     """Ray Data task: stateless stages, one instance per worker process."""
+    if storage is not None:
+        retry.configure(storage)  # the run's storage.retry_* for its byte fetches (a remote worker's too)
     return run_on_unit(stage_instance(name, cfg), batch, score_all)
 
 
@@ -183,8 +189,10 @@ class _ActorFn:
     When the actor started and when its model was ready (epoch seconds) ride in each unit's
     counters (`actor_setup`), so a run shows whether set-up sat on its critical path."""
 
-    def __init__(self, name: str, cfg: dict, score_all: bool):
+    def __init__(self, name: str, cfg: dict, score_all: bool, storage: dict | None = None):
         t0 = time.time()
+        if storage is not None:
+            retry.configure(storage)  # the run's storage.retry_* for its byte fetches
         try:  # the tasks that feed the models (measure, read, write) keep the cores first: actors
             os.nice(ACTOR_NICE)  # started early load their models in the CPU measure leaves idle
         except OSError:
@@ -228,8 +236,11 @@ def _pool(stage: Stage):
     return ray.data.ActorPoolStrategy(min_size=1, max_size=fit)
 
 
-def apply_stage(ds, stage: Stage, score_all: bool, retries: int = 2):
+def apply_stage(ds, stage: Stage, score_all: bool, retries: int = 2, storage: dict | None = None):
     """`stage` as a Ray Data operation on `ds` (one block = one unit; batch_size=None).
+
+    `storage` is the run's `storage` section: its retry policy is made the worker's (a stage's
+    config is its own section only).
 
     A worker that dies is retried `retries` times, then the unit's block is dropped and the
     driver re-runs the unit sample by sample (pipeline/engine/isolate.py)."""
@@ -241,7 +252,8 @@ def apply_stage(ds, stage: Stage, score_all: bool, retries: int = 2):
         kw["memory"] = int(res.memory_gb * 2**30)
     if stage.stateful:
         return ds.map_batches(_ActorFn, fn_constructor_kwargs=dict(name=stage.name, cfg=stage.cfg,
-                              score_all=score_all), compute=_pool(stage),
+                              score_all=score_all, storage=storage), compute=_pool(stage),
                               max_restarts=retries, max_task_retries=retries, **kw)
-    return ds.map_batches(_task_fn, fn_kwargs=dict(name=stage.name, cfg=stage.cfg, score_all=score_all),
+    return ds.map_batches(_task_fn, fn_kwargs=dict(name=stage.name, cfg=stage.cfg, score_all=score_all,
+                                                    storage=storage),
                           max_retries=retries, **kw)

@@ -16,9 +16,10 @@ from pathlib import Path
 import pyarrow as pa
 
 import catalog
+from catalog.storage import retry
 
 from pipeline.engine.adapter import apply_stage
-from pipeline.engine.columns import unit_meta
+from pipeline.engine.columns import unit_meta, with_meta
 from pipeline.config import section
 from pipeline.settings import DEFAULTS
 from pipeline.engine.errors import RunError, environment_fault
@@ -85,23 +86,50 @@ def _each_unit(batch: pa.Table, run: str, work) -> pa.Table:
 
 def measure_block(batch: pa.Table, run: str, limits: dict, cfg: dict, score_all: bool) -> pa.Table:
     """Phase 1 of a bundle's units: their summaries."""
+    retry.configure(cfg)  # the run's storage.retry_* in this worker (a remote cluster's too)
     stages = [s for s in build_stages(cfg) if s.phase == "measure" and s.name in cfg["stages"]]
     return _each_unit(batch, run, lambda unit: measure_unit(run, unit, stages, limits, score_all,
                                                             max_batch_bytes(cfg)))
 
 
+def pass_of(batch: pa.Table) -> str | None:
+    """The phase-3 pass an item of a pipeline of several passes (score_ds `passes`) belongs to."""
+    return batch.column("pass")[0].as_py() if "pass" in batch.column_names else None
+
+
+def pass_cfg(cfg: dict, p: str | None) -> dict:
+    """The config of pass `p` (a fallback round's number or fallback.WRITE); cfg itself without one."""
+    if p is None:
+        return cfg
+    from pipeline.dedup import fallback
+    return fallback.round_cfg(cfg, p if p == fallback.WRITE else int(p))
+
+
 def _score_block(batch: pa.Table, run: str, limits: dict, score_all: bool, cfg: dict, fused: bool = False) -> pa.Table:
     """Phase 3's read of one unit, whose rows go on to the stages; or, with `fused` (no stage in
-    phase 3), read and write of each unit of the bundle: their summaries."""
-    if fused:
+    phase 3), read and write of each unit of the bundle: their summaries. In a pipeline of several
+    passes, an item of the write pass is read and written here too, and its summary passes the stages."""
+    retry.configure(cfg)
+    if "fault" in batch.column_names:  # a summary from the gate (a unit with nothing to do in this pass)
+        return batch
+    p = pass_of(batch)
+    cfg = pass_cfg(cfg, p)
+    from pipeline.dedup import fallback
+    if fused or fallback.round_of(cfg) == fallback.WRITE:
         return _each_unit(batch, run, lambda unit: finish_unit(run, read_for_score(run, unit, limits, score_all, cfg),
                                                                cfg))
     out: list = []
     unit = _units_of(batch, run)[0]  # unbundled: one unit a block
     with _faults_reported(run, unit.unit_id, out):
         table = read_for_score(run, unit, limits, score_all, cfg)
-        if table.num_rows:
-            return table
+        if table.num_rows:  # the writer at the end of the pipeline finishes it for this pass (a round's
+            # rows read back carry no pass of their own: write_scored keeps none)
+            meta = unit_meta(table)
+            if p is None:
+                meta.pop("pass", None)
+            else:
+                meta["pass"] = p
+            return with_meta(table, meta)
         # an empty unit is finished here (Ray Data drops empty blocks): its summary passes the stages
         # and the writer untouched
         out.append(finish_unit(run, table, cfg))
@@ -109,23 +137,27 @@ def _score_block(batch: pa.Table, run: str, limits: dict, score_all: bool, cfg: 
 
 
 def _finish_unit_block(batch: pa.Table, run: str, cfg: dict) -> pa.Table:
+    retry.configure(cfg)
     if "fault" in batch.column_names:  # summaries from _score_block (empty units, faults) pass through
         return batch
     out: list = []
-    with _faults_reported(run, unit_meta(batch)["unit"]["unit_id"], out):
-        out.append(finish_unit(run, batch, cfg))
+    meta = unit_meta(batch)
+    with _faults_reported(run, meta["unit"]["unit_id"], out):
+        out.append(finish_unit(run, batch, pass_cfg(cfg, meta.get("pass"))))
     return out[-1]
 
 
 @contextmanager
-def unit_blocks(ray, cpus: float | None = None):
+def unit_blocks(ray, cpus: float | None = None, errored_blocks: int = -1):
     """Data context of the engine's datasets: blocks never split (one block = one unit), a block
-    whose task failed after its retries is dropped instead of aborting (its unit is redone).
-    With `cpus`, the datasets built in it use at most that many (others are held by actors)."""
+    whose task failed after its retries is dropped instead of aborting (its unit is redone); with
+    errored_blocks=0 the dataset stops at the first such block instead (a pipeline of several passes,
+    which waits for every unit of a pass). With `cpus`, the datasets built in it use at most that
+    many (others are held by actors)."""
     import copy
     ctx = ray.data.DataContext.get_current()
     old = (ctx.target_max_block_size, ctx.max_errored_blocks, ctx.execution_options)
-    ctx.target_max_block_size, ctx.max_errored_blocks = None, -1
+    ctx.target_max_block_size, ctx.max_errored_blocks = None, errored_blocks
     if cpus is not None:  # a new options object: datasets built before keep theirs
         ctx.execution_options = copy.copy(ctx.execution_options)
         ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(cpu=cpus)
@@ -164,41 +196,60 @@ def bundles(units: list[Unit], cfg: dict, cpus: float) -> list[list[Unit]]:
     return out
 
 
-def units_ds(units: list[Unit], cfg: dict, bundled: bool):
+def units_ds(units: list[Unit], cfg: dict, bundled: bool, passes: list[str] | None = None):
+    """One item per bundle of units (per unit unbundled); with `passes`, one per unit and pass, the
+    passes one after the other."""
     import ray
     groups = bundles(units, cfg, ray.cluster_resources().get("CPU", 1)) if bundled else [[u] for u in units]
-    return ray.data.from_items([{"units": json.dumps([u.to_dict() for u in g])} for g in groups],
-                               override_num_blocks=len(groups))
+    if passes:
+        items = [{"units": json.dumps([u.to_dict() for u in g]), "pass": p} for p in passes for g in groups]
+    else:
+        items = [{"units": json.dumps([u.to_dict() for u in g])} for g in groups]
+    return ray.data.from_items(items, override_num_blocks=len(items))
 
 
 def retries_of(cfg: dict) -> int:
     return int(section(cfg, "engine")["max_retries"])
 
 
-_OPEN_GATES: set[str] = set()  # in a worker: gates seen open, so later units pass without asking
+_OPEN_GATES: dict[tuple, object] = {}  # in a worker: (gate token, pass) -> the units with work in the pass
 
 
 def _after_gate(batch: pa.Table, gate, token: str) -> pa.Table:
-    """Ray Data task: a unit passes once its run's dedup is done; none pass if the run stopped."""
-    if token not in _OPEN_GATES:
+    """Ray Data task: a unit passes once its pass is open (dedup is done; for a fallback round or the
+    write pass, the exchange before it); none pass if the run stopped. A unit with nothing to do in
+    an open pass leaves as a summary of that pass, which every later step passes on untouched."""
+    p = pass_of(batch) or "0"
+    key = (token, p)
+    if key not in _OPEN_GATES:
         import ray
-        if not ray.get(gate.wait.remote()):
-            return batch.slice(0, 0)  # an empty block: the unit goes no further
-        _OPEN_GATES.add(token)
+        _OPEN_GATES[key] = ray.get(gate.wait.remote(p))
+    work = _OPEN_GATES[key]
+    if work is False:
+        return batch.slice(0, 0)  # an empty block: the unit goes no further
+    if work is not True:
+        uid = json.loads(batch.column("units")[0].as_py())[0]["unit_id"]
+        if uid not in work:
+            return summary(uid, 0, pass_=p)
     return batch
 
 
-def score_ds(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score_all: bool, gate=None):
-    """Phase 3 as one Ray Data pipeline; with a gate, its units wait for the gate to open first."""
+def score_ds(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score_all: bool, gate=None,
+             passes: list[str] | None = None):
+    """Phase 3 as one Ray Data pipeline; with a gate, its units wait for the gate to open first. With
+    `passes` (fallback rounds and the write pass, pipeline/dedup/fallback_rounds.py), every unit goes
+    through it once per pass, each pass behind the gate until the driver opens it: the model actors
+    start once for all passes. Such a pipeline stops at the first unit that fails for good (the
+    driver then goes on pass by pass, from the files written)."""
     import ray
     retries = retries_of(cfg)
-    with unit_blocks(ray):  # a Dataset keeps the context it was built in
+    with unit_blocks(ray, errored_blocks=0 if passes else -1):  # a Dataset keeps the context it was built in
         if not stages:  # read and write in one task per bundle
             return units_ds(units, cfg, bundled=True).map_batches(
                 _score_block, fn_kwargs=dict(run=str(run), limits=limits_of(cfg), score_all=score_all, cfg=cfg,
                                              fused=True),
                 batch_size=None, batch_format="pyarrow", max_retries=retries)
-        ds = units_ds(units, cfg, bundled=False)
+        ds = units_ds(units, cfg, bundled=False, passes=passes)
         if gate is not None:  # one zero-CPU task at a time waits (no CPU or worker per unit held); once
             # the gate is open a unit passes in a few milliseconds, far below its work downstream
             ds = ds.map_batches(_after_gate, fn_kwargs=dict(gate=gate[0], token=gate[1]), batch_size=None,
@@ -207,7 +258,6 @@ def score_ds(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score
                             score_all=score_all, cfg=cfg), batch_size=None, batch_format="pyarrow",
                             max_retries=retries)
         for s in stages:
-            ds = apply_stage(ds, s, score_all, retries)
+            ds = apply_stage(ds, s, score_all, retries, storage=cfg.get("storage") or {})
         return ds.map_batches(_finish_unit_block, fn_kwargs=dict(run=str(run), cfg=cfg), batch_size=None,
                               batch_format="pyarrow", max_retries=retries)
-

@@ -75,6 +75,11 @@ def with_meta(table: pa.Table, meta: dict) -> pa.Table:
     return table.replace_schema_metadata({UNIT_META: json.dumps(meta).encode()})
 
 
-def add_seconds(meta: dict, name: str, seconds: float) -> None:
+def add_seconds(meta: dict, name: str, seconds: float, cpu_seconds: float | None = None) -> None:
+    """A step's wall seconds on the unit (and, when given, the CPU seconds of its process: every
+    thread of it, e.g. an ONNX Runtime session's; under load the steadier figure)."""
     meta.setdefault("seconds", {})
     meta["seconds"][name] = round(meta["seconds"].get(name, 0.0) + seconds, 4)
+    if cpu_seconds is not None:
+        cpu = meta.setdefault("cpu_seconds", {})
+        cpu[name] = round(cpu.get(name, 0.0) + cpu_seconds, 4)

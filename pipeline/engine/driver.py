@@ -41,7 +41,7 @@ from pathlib import Path
 
 import catalog
 from catalog import compact as compact_mod
-from catalog.storage import is_uri, run_root
+from catalog.storage import is_uri, retry, run_root
 from catalog.storage.lock import LEASE_S
 
 from catalog import console
@@ -49,12 +49,13 @@ from pipeline.dedup import clusters as dedup_mod, partitioned as dedup_dist, fal
 from pipeline.engine import cleanup as run_cleanup
 from pipeline.config import load_config, section, with_defaults
 from pipeline.settings import DEFAULTS
+from pipeline.engine.funnel import funnel_from_counts
 from pipeline.engine.errors import EnvironmentFault, RunError, environment_fault
 from pipeline.engine.blocks import measure_block, retries_of, score_ds, unit_blocks, units_ds
 from pipeline.engine.early import EarlyScore, start_actors_early
-from pipeline.engine.ray_compat import set_task_poll as task_poll
+from pipeline.engine.ray_compat import set_task_poll as task_poll, wake_on_first_task
 from pipeline.engine.ray_setup import init_ray
-from pipeline.engine.run_state import NameSet, drain_batches, failed_units, unit_windows, reason_counts
+from pipeline.engine.run_state import NameSet, Spans, drain_batches, failed_units, unit_windows, reason_counts
 from pipeline.inputs.kinds import check_inputs
 from pipeline.inputs.units import Unit
 from pipeline.inputs.listing import count_new, iter_listing, write_listing
@@ -83,9 +84,14 @@ def _window_units(cfg: dict) -> int:
 def _measure(run: Path, units: list[Unit], cfg: dict, score_all: bool, bar, progress: bool,
              cpus: float | None = None):
     import ray
+
+    from pipeline.engine import adapter
     retries = retries_of(cfg)
     measure_cpus = max([s.resources.num_cpus for s in build_stages(cfg)
                         if s.phase == "measure" and s.name in cfg["stages"]] or [1.0])
+    if adapter.local_cores:  # a local Ray counts more CPUs than cores (init_ray); measure is CPU-bound: more
+        # tasks at once than cores would only start more worker processes (seconds of CPU each)
+        cpus = min(cpus or float(adapter.local_cores), float(adapter.local_cores))
     with unit_blocks(ray, cpus):
         ds = units_ds(units, cfg, bundled=True).map_batches(
             measure_block, fn_kwargs=dict(run=str(run), limits=limits_of(cfg), cfg=cfg, score_all=score_all),
@@ -187,6 +193,7 @@ def curate(inputs: list[str], output: str, config: dict | None = None, score_all
            progress: bool = True, force_unlock: bool = False, lock_lease_s: float = LEASE_S) -> dict:
     """Run (or finish) a curation run. Returns the manifest."""
     cfg = config or load_config()
+    retry.configure(cfg)  # storage.retry_*: this driver's requests, and the processes it starts
     run = _run_root(output)  # workers write into it, from their own working directories
     # unusable inputs are refused, naming the input, before anything is written; the listing itself
     # is streamed into RUN/units.jsonl under the lock
@@ -217,12 +224,18 @@ def check_stages(cfg: dict) -> None:
                        "or [decode,size,dedup,person])")
 
 
+def _identity(cfg) -> dict:
+    """What makes a run the same run: its config without `storage` (how the store is talked to)."""
+    return {k: v for k, v in c.items() if k != "storage"} if isinstance(c := with_defaults(cfg), dict) else c
+
+
 def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress: bool, held=None) -> dict:
     store = run_store(run)
+    before, store_parts = retry.snapshot(), []  # this driver's retries, then dedup's task's
     manifest = {"config": cfg, "inputs": [str(i) for i in inputs], "score_all": score_all}
     if store.exists("manifest.json"):
         old = store.read_json("manifest.json")
-        if with_defaults(old.get("config")) != cfg or old.get("inputs") != manifest["inputs"] or old.get("score_all") != score_all:
+        if _identity(old.get("config")) != _identity(cfg) or old.get("inputs") != manifest["inputs"] or old.get("score_all") != score_all:
             raise RunError(f"{run}: holds a run with other inputs or config; resume it with the same "
                            "command, or pass a new --output")
         manifest["started"] = old.get("started")
@@ -260,32 +273,41 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
 
     if n_todo and not is_uri(str(run)):
         compact_mod.invalidate(Path(run))  # parts are written again: the views read them, not a stale copy
+    spans = Spans()
     if n_todo:
-        init_ray(cfg)  # Ray Data's own progress off: ours (console.progress) counts units
+        with spans("ray_start"):
+            init_ray(cfg)  # Ray Data's own progress off: ours (console.progress) counts units
         task_poll(float(section(cfg, "engine")["task_poll_s"]))
+        wake_on_first_task()
         t_start = time.time()
-        timeline = manifest["timeline"] = {"start": round(t_start, 3)}
+        timeline = manifest["timeline"] = {"start": round(t_start, 3), "spans": spans.items}
         todo = lambda uid: uid not in done  # noqa: E731
         n_fallbacks = fallback.max_fallbacks(cfg_active, score_stages)  # phase 3 in rounds (pipeline/dedup/fallback.py)
         cfg_score = fallback.round_cfg(cfg_active, 0) if n_fallbacks else cfg_active
         # model actors load while phases 1 and 2 run (engine.start_actors_early), for the first window
+        # with fallbacks, phase 3 is one pipeline of all its passes when it fits one (its actors start once)
+        passes = fallback_rounds.passes(n_fallbacks) if n_fallbacks else None
+        one = bool(n_fallbacks) and fallback_rounds.one_pipeline(run, n_todo, window)
         early = None
         if start_actors_early(cfg, score_stages, n_measure):
             scored = NameSet((store, fallback.SCORED_DIR), ".parquet") if n_fallbacks else ()
             first = next(unit_windows(run, lambda uid: uid not in done and uid not in scored, window))
-            early = EarlyScore(run, first, score_stages, cfg_score, score_all)
+            early = EarlyScore(run, first, score_stages, cfg_active if one else cfg_score, score_all,
+                               passes if one else None)
         try:
             if n_measure:  # with early actors, measure leaves their CPUs to them
                 t0 = time.perf_counter()
                 cpus = early.measure_cpus() if early is not None else None
-                with console.progress(n_measure, "measure", enabled=progress) as bar:
+                with spans("measure"), console.progress(n_measure, "measure", enabled=progress) as bar:
                     for units in unit_windows(run, lambda uid: uid not in done and uid not in measured, window):
                         _measure(run, units, cfg_active, score_all, bar, progress, cpus)
                 seconds["measure"] = round(time.perf_counter() - t0, 2)
             timeline["measured"] = round(time.time(), 3)
             if not dedup_mod.is_done(run):
                 t0 = time.perf_counter()
-                st = _run_dedup(run, cfg_active)
+                with spans("dedup"):
+                    st = _run_dedup(run, cfg_active)
+                store_parts.append(st.get("store"))
                 seconds["dedup"] = round(time.perf_counter() - t0, 2)
                 log.info("dedup: %d of %d candidates are duplicates (%.2f s)", st["duplicates"], st["candidates"],
                          seconds["dedup"])
@@ -294,10 +316,11 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
             if n_fallbacks:
                 manifest["fallbacks"] = fallback_rounds.run_rounds(
                     run, cfg_active, score_stages, progress, early, window, retries_of(cfg),
-                    lambda *a: _score_and_write(run, *a[:3], score_all, a[3], progress, *a[4:]))
+                    lambda *a: _score_and_write(run, *a[:3], score_all, a[3], progress, *a[4:]), spans,
+                    lambda units: EarlyScore(run, units, score_stages, cfg_active, score_all, passes))
                 early = None
             else:
-                with console.progress(n_todo, "score+write", enabled=progress) as bar:
+                with spans("score+write"), console.progress(n_todo, "score+write", enabled=progress) as bar:
                     for i, units in enumerate(unit_windows(run, todo, window)):
                         _score_and_write(run, units, score_stages, cfg_active, score_all, bar, progress,
                                          early if i == 0 else None)
@@ -319,20 +342,31 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
                        "rerun the same command to finish them")
     if not is_uri(str(run)) and not compact_mod.is_compacted(Path(run)):
         t0 = time.perf_counter()
-        _compact(Path(run), cfg, n_units)
+        with spans("compact"):
+            _compact(Path(run), cfg, n_units)
         seconds["compact"] = round(time.perf_counter() - t0, 2)
-    counts, n_inputs, n_kept, reasons = reason_counts(run)
+    with spans("counts"):
+        counts, n_inputs, n_kept, reasons, units_store = reason_counts(run)
     manifest.update(status="complete", finished=_now(), funnel=funnel_from_counts(counts, n_inputs, manifest["stages"]),
-                    counts={"inputs": n_inputs, "kept": n_kept}, reject_reasons=reasons, seconds=seconds)
+                    counts={"inputs": n_inputs, "kept": n_kept}, reject_reasons=reasons, seconds=seconds,
+                    store=retry.total([units_store, retry.since(before), *store_parts]))  # units, driver, dedup
     store.write_json("manifest.json", manifest)
     if not section(cfg, "engine")["keep_work"]:  # complete: the scratch nothing reads now (pipeline/engine/cleanup.py)
-        run_cleanup.remove_scratch(run)
+        with spans("cleanup"):
+            run_cleanup.remove_scratch(run)
+        if "timeline" in manifest:  # the clean-up's span too (the manifest above said complete already)
+            store.write_json("manifest.json", manifest)
     return manifest
 
 
 def _compact(run: Path, cfg: dict, n_units: int) -> None:
     """The catalog's compacted copy (catalog/compact.py): one Ray task per group of consecutive units
     of the listing, at most 4 per CPU in flight (the driver holds their unit ids, never the run's)."""
+    if n_units <= compact_mod.GROUP:  # one file: copied here, no task to schedule
+        rows = compact_mod.compact_group(str(run), 0, [u.unit_id for u in iter_listing(listing_path(run))])
+        compact_mod.finish(run, 1, rows, n_units)
+        log.info("catalog: %d parts compacted into 1 file (%d rows)", n_units, rows)
+        return
     import ray
     init_ray(cfg)
     task = ray.remote(num_cpus=1, max_retries=retries_of(cfg))(compact_mod.compact_group)
@@ -364,18 +398,3 @@ def _compact(run: Path, cfg: dict, n_units: int) -> None:
     rows += collect(0)
     compact_mod.finish(run, files, rows, n_units)
     log.info("catalog: %d parts compacted into %d files (%d rows)", n_units, files, rows)
-
-
-def funnel_from_counts(rejected: dict[str, int], n_inputs: int, stage_names: list[str]) -> list[dict]:
-    """inputs -> survivors after each stage -> kept (decide.funnel's shape, from grouped counts)."""
-    from pipeline.decide import funnel_stages
-    stage_names = funnel_stages(stage_names, rejected)  # 'input' first when a source had no bytes
-    rows, alive = [], n_inputs
-    for name in stage_names:
-        out = alive - rejected.get(name, 0)
-        rows.append({"stage": name, "in": alive, "out": out})
-        alive = out
-    unknown = sum(n for s, n in rejected.items() if s not in stage_names)
-    if unknown:
-        rows.append({"stage": "other", "in": alive, "out": alive - unknown})
-    return rows

@@ -3,11 +3,15 @@
 Data never stops a run (a bad sample is a row, a bad unit a stats marker). Exit statuses of
 `humanset curate` (and `pipeline/curate.py`): 2 for a RunError (config, inputs, a model that does
 not load, a RUN in use), 3 for an EnvironmentFault (no space left, permission denied, a read-only
-file system, credentials the store refuses): fix the cause, then rerun the same command to resume.
+file system, an answer the store gives for good: wrong credentials, a missing bucket (StoreRefused),
+or a store that kept failing past storage.retry_total_s (GaveUp)): fix the cause, then rerun the
+same command to resume.
 """
 from __future__ import annotations
 
 import errno
+
+from catalog.storage.answers import GaveUp, StoreRefused
 
 EXIT_RUN_ERROR = 2
 EXIT_ENVIRONMENT = 3
@@ -49,9 +53,12 @@ def environment_fault(exc: BaseException, where: str) -> str | None:
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:  # the cause may be wrapped (a Ray task error, pyarrow)
         seen.add(id(e))
+        if isinstance(e, (StoreRefused, GaveUp)):  # the store's own line: its URI, cause and fix
+            return f"{e}, then rerun the same command to resume"
         code = _code(e)
         if code is not None:
             cause, fix = _FIXES[code]
             return f"{where}: {cause}; {fix.format(where=where)}, then rerun the same command to resume"
-        e = e.__cause__ or e.__context__
+        cause = getattr(e, "cause", None)  # a Ray task error holds the worker's exception here
+        e = cause if isinstance(cause, BaseException) else (e.__cause__ or e.__context__)
     return None

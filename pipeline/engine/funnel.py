@@ -1,4 +1,5 @@
-"""The funnel table printed at the end of a run."""
+"""A run's funnel: the manifest's rows (inputs -> survivors after each stage -> kept) and the table printed
+at the end of a run."""
 from __future__ import annotations
 
 
@@ -31,3 +32,18 @@ def print_funnel(manifest: dict, con=None) -> None:
         print("\nreject reasons")
         for reason, n in reasons:
             print(f"  {n:>8}  {reason}")
+
+
+def funnel_from_counts(rejected: dict[str, int], n_inputs: int, stage_names: list[str]) -> list[dict]:
+    """inputs -> survivors after each stage -> kept (decide.funnel's shape, from grouped counts)."""
+    from pipeline.decide import funnel_stages
+    stage_names = funnel_stages(stage_names, rejected)  # 'input' first when a source had no bytes
+    rows, alive = [], n_inputs
+    for name in stage_names:
+        out = alive - rejected.get(name, 0)
+        rows.append({"stage": name, "in": alive, "out": out})
+        alive = out
+    unknown = sum(n for s, n in rejected.items() if s not in stage_names)
+    if unknown:
+        rows.append({"stage": "other", "in": alive, "out": alive - unknown})
+    return rows

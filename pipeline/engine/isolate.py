@@ -106,6 +106,8 @@ def isolate_unit(run: str, unit: dict, phase: str, cfg: dict, score_all: bool, l
     from pipeline.inputs.units import Unit
     from pipeline.inputs.listing import load_unit
     from pipeline.stages import build_stages
+    from catalog.storage import retry
+    retry.configure(cfg)
     run_p = run  # a local path or a URI: unit_io writes through catalog/storage
     u = load_unit(Unit.from_dict(unit), unit_io.listing_path(run_p))
     names = [s.name for s in build_stages(cfg) if s.phase == phase and s.enabled and s.name in cfg["stages"]]

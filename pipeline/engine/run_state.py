@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -13,10 +14,29 @@ from pathlib import Path
 import numpy as np
 
 from catalog import console
+from catalog.storage import retry
 from pipeline.engine.errors import EnvironmentFault
 from pipeline.inputs.units import Unit
 from pipeline.inputs.listing import iter_listing
 from pipeline.engine.unit_io import listing_path, run_store
+
+
+class Spans:
+    """The driver's steps on its own clock: [name, start, end] in epoch seconds (ms resolution), in
+    the order they ended (manifest.json `timeline.spans`), so a run shows its fixed costs (Ray start,
+    phase barriers, the fallback exchanges, compaction, clean-up) beside its phases; bench/profile.py
+    adds the CPU time of every process of the run over each span."""
+
+    def __init__(self, into: list | None = None):
+        self.items = [] if into is None else into
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            self.items.append([name, round(t0, 3), round(time.time(), 3)])
 
 
 def drain_batches(batches, total: int, desc: str, progress: bool, bar=None) -> set[str]:
@@ -101,9 +121,9 @@ def unit_windows(run: Path, keep, size: int):
 MARKER_READERS = 16  # stats markers read at once by reason_counts (one GET each on an object store)
 
 
-def reason_counts(run: str, readers: int = MARKER_READERS) -> tuple[dict[str, int], int, int, dict[str, int]]:
-    """Rejections per stage (first reason), inputs, kept and the count of each reject reason, from
-    the units' stats markers. The listing is streamed and at most 4 x `readers` reads are in flight,
+def reason_counts(run: str, readers: int = MARKER_READERS) -> tuple[dict[str, int], int, int, dict[str, int], dict]:
+    """Rejections per stage (first reason), inputs, kept, the count of each reject reason and the
+    sum of the units' store counts (what was retried, catalog/storage/retry.py), from the units' stats markers. The listing is streamed and at most 4 x `readers` reads are in flight,
     so the driver holds counters and a bounded window, never the run's markers (a DuckDB scan of the
     catalog would hold ~4 KB per part until it ends); on an object store the reads overlap their
     round trips instead of paying one after another."""
@@ -111,9 +131,11 @@ def reason_counts(run: str, readers: int = MARKER_READERS) -> tuple[dict[str, in
     reasons: dict[str, int] = {}
     n_inputs = n_kept = 0
     store = run_store(run)
+    retried = retry.total([])
 
     def add(m: dict) -> None:
-        nonlocal n_inputs, n_kept
+        nonlocal n_inputs, n_kept, retried
+        retried = retry.total([retried, m.get("store")])
         n_inputs += int(m.get("inputs") or 0)
         n_kept += int(m.get("kept") or 0)
         for reason, n in (m.get("rejected") or {}).items():
@@ -132,4 +154,4 @@ def reason_counts(run: str, readers: int = MARKER_READERS) -> tuple[dict[str, in
                 add(window.popleft().result())
         while window:
             add(window.popleft().result())
-    return by_stage, n_inputs, n_kept, dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+    return by_stage, n_inputs, n_kept, dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))), retried

@@ -26,13 +26,13 @@ import pyarrow.compute as pc
 import catalog
 import catalog.storage as cst
 from catalog import CURATED_INDEX, SAMPLES
-from catalog.storage import storage_for
+from catalog.storage import retry, storage_for
 from catalog.schema import MEASURE
 
 from pipeline.dedup import clusters as dedup_mod
 from pipeline.dedup import fallback
 from pipeline.engine.adapter import run_on_unit
-from pipeline.engine.columns import flag, set_column, typed, unit_meta, with_meta
+from pipeline.engine.columns import add_seconds, flag, set_column, typed, unit_meta, with_meta
 from pipeline.inputs.fetch import ByteSource
 from pipeline.settings import DEFAULTS
 from pipeline.inputs.reading import DEFAULT_LIMITS, ROW_FIELDS, UnitReader, read_unit
@@ -46,7 +46,7 @@ _READ_FIELDS = list(ROW_FIELDS) + [pa.field("_alive", pa.bool_()), SAMPLES.field
 MEMBER_SPAN = ("_offset", "_size")  # a tar sample's image member: phase 3 reads it back without parsing the tar
 READ_SCHEMA = pa.schema(_READ_FIELDS)
 SUMMARY_SCHEMA = pa.schema([("unit_id", pa.string()), ("inputs", pa.int64()), ("kept", pa.int64()),
-                            ("isolated", pa.bool_()), ("fault", pa.string())])
+                            ("isolated", pa.bool_()), ("fault", pa.string()), ("pass", pa.string())])
 DEFAULT_MAX_BATCH_BYTES = DEFAULTS.engine.max_batch_bytes  # its setting's default (pipeline/settings.py)
 
 
@@ -87,9 +87,10 @@ def marker_path(run, unit_id: str):
 
 
 def summary(unit_id: str, inputs: int, kept: int | None = None, isolated: bool = False,
-            fault: str | None = None) -> pa.Table:
+            fault: str | None = None, pass_: str | None = None) -> pa.Table:
+    """A unit's one-row summary for the driver; `pass_`: the phase-3 pass it ends (fallback rounds)."""
     return pa.Table.from_pylist([{"unit_id": unit_id, "inputs": inputs, "kept": kept, "isolated": isolated,
-                                  "fault": fault}], schema=SUMMARY_SCHEMA)
+                                  "fault": fault, "pass": pass_}], schema=SUMMARY_SCHEMA)
 
 
 def limits_of(cfg: dict) -> dict:
@@ -171,11 +172,14 @@ def measure_unit(run: Path, unit: Unit, stages: list[Stage], limits: dict, score
     """Phase 1 of one unit, streamed: read a batch, measure it, keep its measurements; write the
     unit's measure files. Returns the unit's summary."""
     reset_peak_rss()
+    before = retry.snapshot()
     meta = {"unit": unit.brief().to_dict(), "seconds": {}}
     rows, error_of = iter_rows(unit, limits)
     parts, t_read, t0 = [], 0.0, time.perf_counter()
+    c_read, c0 = 0.0, time.process_time()
     for batch in batches_by_bytes(rows, max_bytes):
         t_read += time.perf_counter() - t0
+        c_read += time.process_time() - c0
         table = read_table(batch, meta)
         del batch
         for s in stages:
@@ -183,12 +187,14 @@ def measure_unit(run: Path, unit: Unit, stages: list[Stage], limits: dict, score
         meta = unit_meta(table)
         parts.append(measured_only(table))
         del table
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
     t_read += time.perf_counter() - t0
-    meta["seconds"]["read"] = round(t_read, 4)
+    c_read += time.process_time() - c0
+    add_seconds(meta, "read", t_read, c_read)
     meta["unit_error"] = error_of()
     measured = pa.concat_tables(parts) if parts else MEASURE.empty_table()
     meta["peak_rss_mb"] = {"measure": peak_rss_mb()}
+    meta["store"] = retry.since(before)  # the unit's retries in this phase, its stages' included
     return write_measure(run, unit.unit_id, measured, meta)
 
 
@@ -204,7 +210,8 @@ def read_for_measure(unit: Unit, limits: dict) -> pa.Table:
 
 def write_measure(run: Path, unit_id: str, measured: pa.Table, meta: dict) -> pa.Table:
     """The unit's phase-1 file (one file, one fsync: its counters ride in the Parquet metadata)."""
-    counters = {k: meta.get(k) for k in ("unit_error", "seconds", "worker_crashes", "isolated", "peak_rss_mb")}
+    counters = {k: meta.get(k) for k in ("unit_error", "seconds", "cpu_seconds", "worker_crashes", "isolated",
+                                         "peak_rss_mb", "store")}
     schema_meta = {**(measured.schema.metadata or {}), COUNTERS: json.dumps(counters).encode()}
     run_store(run).write_parquet(f"{MEASURE_DIR}/{unit_id}.parquet", measured.replace_schema_metadata(schema_meta))
     return summary(unit_id, measured.num_rows, isolated=bool(meta.get("isolated")))
@@ -259,17 +266,21 @@ def read_for_score(run: Path, unit: Unit, limits: dict, score_all: bool, cfg: di
         return fallback.read_final(run_store(run), unit, cfg)
     if fallback.round_of(cfg):
         return fallback.read_round(run_store(run), unit, cfg)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     reset_peak_rss()
+    before = retry.snapshot()
     measured, counters = read_measure(run, unit.unit_id)
     table = measured_table(run, unit.unit_id, measured)
     seconds = dict(counters.get("seconds") or {})
     seconds["read_2"] = round(time.perf_counter() - t0, 4)
+    cpu = dict(counters.get("cpu_seconds") or {})
+    cpu["read_2"] = round(time.process_time() - c0, 4)
     return with_meta(table, {"unit": unit.brief().to_dict(), "limits": limits,
-                             "unit_error": counters.get("unit_error"), "seconds": seconds,
+                             "unit_error": counters.get("unit_error"), "seconds": seconds, "cpu_seconds": cpu,
                              "worker_crashes": counters.get("worker_crashes") or 0, "source_changed": 0,
                              "isolated": bool(counters.get("isolated")),
-                             "peak_rss_mb": dict(counters.get("peak_rss_mb") or {})})
+                             "peak_rss_mb": dict(counters.get("peak_rss_mb") or {}),
+                             "store": retry.total([counters.get("store"), retry.since(before)])})
 
 
 SIDECAR = ("sample_id", "source_uri", "key", "caption", "width", "height", "person_boxes", "person_scores",
@@ -343,12 +354,14 @@ def finish_unit(run: Path, table: pa.Table, cfg: dict) -> pa.Table:
     """Decide, write the unit's curated shards and catalog part, then its stats marker (last). A
     scoring round with fallbacks keeps the unit's scored rows instead (pipeline/dedup/fallback.py)."""
     from pipeline.decide import decide
-    if fallback.round_of(cfg) not in (None, fallback.WRITE):
-        return summary(fallback.write_scored(run_store(run), table, cfg), table.num_rows)
+    r = fallback.round_of(cfg)
+    if r not in (None, fallback.WRITE) and not (r == 0 and fallback.final_after_round_0(table)):
+        return summary(fallback.write_scored(run_store(run), table, cfg), table.num_rows, pass_=str(r))
     meta = unit_meta(table)
     u = Unit.from_dict(meta["unit"])
     meta.setdefault("limits", limits_of(cfg))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
+    before = retry.snapshot()
     stages = build_stages(cfg)
     table = decide(table, stages)
     written, changed = _write_kept(run, u, table, meta, cfg)
@@ -365,6 +378,8 @@ def finish_unit(run: Path, table: pa.Table, cfg: dict) -> pa.Table:
     kept = int(pc.sum(pc.cast(table.column("keep"), pa.int64())).as_py() or 0) if table.num_rows else 0
     seconds = dict(meta.get("seconds") or {})
     seconds["write"] = round(time.perf_counter() - t0, 4)
+    cpu = dict(meta.get("cpu_seconds") or {})
+    cpu["write"] = round(time.process_time() - c0, 4)
     unit_error = meta.get("unit_error")
     peak = dict(meta.get("peak_rss_mb") or {})
     peak["write"] = peak_rss_mb()  # the worker's peak since this unit's phase-3 read (same process when
@@ -374,7 +389,8 @@ def finish_unit(run: Path, table: pa.Table, cfg: dict) -> pa.Table:
              "unit_error_kind": unit_error_kind(unit_error) if unit_error else None,
              "worker_crashes": meta.get("worker_crashes") or 0,
              "source_changed": (meta.get("source_changed") or 0) + len(changed),
-             "isolated": bool(meta.get("isolated")), "seconds": seconds, "actor_setup": meta.get("actor_setup") or {},
-             "node_id": _node_id(), "peak_rss_mb": peak, "finished": now()}
+             "isolated": bool(meta.get("isolated")), "seconds": seconds, "cpu_seconds": cpu, "actor_setup": meta.get("actor_setup") or {},
+             "node_id": _node_id(), "peak_rss_mb": peak, "finished": now(),
+             "store": retry.total([meta.get("store"), retry.since(before)])}  # what the store made us retry
     store.write_json(f"{STATS_DIR}/{u.unit_id}.json", stats)  # last: the unit's only proof it is done
-    return summary(u.unit_id, table.num_rows, kept, bool(meta.get("isolated")))
+    return summary(u.unit_id, table.num_rows, kept, bool(meta.get("isolated")), pass_=None if r is None else str(r))

@@ -16,6 +16,7 @@ import logging
 import pyarrow as pa
 
 from catalog.storage import is_uri, open_input
+from catalog.storage.answers import STORE_FAULTS
 
 from pipeline.inputs.reading import UnitReader, file_row, with_defaults
 from pipeline.inputs.units import Unit
@@ -71,6 +72,8 @@ class ByteSource:
                 span = self._reparsed.get(sid)
                 return self._span_bytes(*span) if span else None
             return None if offset is None else self._span_bytes(offset, size)
+        except STORE_FAULTS:
+            raise  # the store refused or kept failing: not a changed source
         except OSError as e:
             log.warning("%s: cannot read the shard again (%s); its samples are rejected as source_changed",
                         self.unit.uri, e)
@@ -98,6 +101,8 @@ class ByteSource:
                 end, j = max(end, rows[j][0] + rows[j][1]), j + 1
             try:
                 blob = self._span_bytes(start, end - start)
+            except STORE_FAULTS:
+                raise
             except OSError:
                 blob = None
             if blob is not None:

@@ -19,6 +19,7 @@ from typing import Iterator
 
 from catalog.storage import globs
 from catalog.storage import is_uri, local_path, scrub
+from catalog.storage.answers import STORE_FAULTS
 
 from pipeline.inputs import folders, manifests, shards
 from pipeline.inputs.units import InputError, Unit, stem
@@ -59,6 +60,8 @@ def classify(inp: str) -> str:
         try:
             with manifests.open_parquet(inp) as pf:
                 names = pf.schema_arrow.names
+        except STORE_FAULTS:
+            raise  # the store's own line (its URI, the cause, the fix): exit 3, not a bad --input
         except (OSError, ValueError) as e:
             raise InputError(f"--input {inp}: cannot be listed or read ({scrub(str(e))}); "
                              "check the URI and the store's credentials") from None
@@ -117,6 +120,8 @@ def input_parts(inputs: list[str], exts: tuple[str, ...], check_only: bool = Fal
                     _first_or_refuse(inp, kind, found)
                 else:
                     yield from ((TAR, s) for s in found)
+            except STORE_FAULTS:
+                raise  # the store's own line (its URI, the cause, the fix): exit 3, not a bad --input
             except (OSError, ValueError) as e:
                 raise InputError(f"--input {inp}: cannot be listed or read ({scrub(str(e))}); "
                                  "check the URI and the store's credentials") from None

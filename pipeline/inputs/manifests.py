@@ -12,6 +12,7 @@ from typing import Iterator
 import pyarrow.parquet as pq
 
 from catalog.storage import is_uri, local_path, open_input
+from catalog.storage.answers import STORE_FAULTS
 
 from pipeline.inputs.units import InputError, Unit, chunk_id, chunks, stem
 
@@ -75,6 +76,8 @@ def manifest_units(uri: str, files_per_unit: int) -> Iterator[Unit]:
             with open_parquet(uri) as pf:
                 for b in pf.iter_batches(batch_size=min(files_per_unit, 4096), columns=[col]):
                     yield from b.column(0).to_pylist()
+        except STORE_FAULTS:
+            raise  # the store refused or kept failing: not a corrupt manifest
         except Exception as e:  # a corrupt row group: the rows before it are listed
             failed.append(f"{uri}: manifest unreadable after the rows listed ({type(e).__name__}: {e})")
 

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from catalog import SAMPLES, ShardTruncated, iter_tar
 from catalog.storage import exists_at, is_uri, open_input
+from catalog.storage.answers import STORE_FAULTS
 
 from pipeline.inputs.units import Unit, sample_id
 from pipeline.settings import DEFAULTS
@@ -81,6 +82,8 @@ class UnitReader:
             for row in rows:
                 self.rows += 1
                 yield row
+        except STORE_FAULTS:
+            raise  # the store refused or kept failing: the run stops with its line, the unit is redone
         except Exception as e:  # a bug here must not end the run: the unit records it
             self._fail(f"reader_error: {self.unit.uri}: {type(e).__name__}: {e}; samples before it kept")
         if self.error:
@@ -104,6 +107,8 @@ class UnitReader:
         u, limits = self.unit, self.limits
         try:
             fh = open_input(u.uri, buffer_size=READ_BUFFER)
+        except STORE_FAULTS:
+            raise
         except Exception as e:
             self._fail(f"cannot_open_shard: {u.uri}: {type(e).__name__}: {e}")
             return
@@ -139,6 +144,8 @@ class UnitReader:
             if index is None or not exists_at(index):
                 return
             fh = open_input(index)
+        except STORE_FAULTS:
+            raise
         except Exception as e:
             self._fail(f"bad_index: {u.uri}: the Parquet index beside the tar cannot be read "
                        f"({type(e).__name__}: {e}); the tar's samples are kept")
@@ -146,6 +153,8 @@ class UnitReader:
         with fh:
             try:
                 pf = pq.ParquetFile(fh)
+            except STORE_FAULTS:
+                raise
             except Exception as e:
                 self._fail(f"bad_index: {u.uri}: the Parquet index beside the tar cannot be read "
                            f"({type(e).__name__}: {e}); the tar's samples are kept")
@@ -183,6 +192,8 @@ class UnitReader:
                         yield _unique(seen, _row(u, key, f"{u.uri}#{key}", None,
                                                  "missing member: the shard's index lists this key, its tar does not "
                                                  "hold it", source=rec if img2 else None))
+        except STORE_FAULTS:
+            raise
         except Exception as e:
             self._fail(f"bad_index: {u.uri}: the Parquet index beside the tar is corrupt "
                        f"({type(e).__name__}: {e}); rows read before it kept")
@@ -237,6 +248,8 @@ def file_row(unit: Unit, key: str, uri: str, limits: dict) -> dict:
             return _row(unit, key, uri, None, f"too large: file is over the cap of {cap} bytes; "
                                               "raise input.max_file_bytes to read it")
         return _row(unit, key, uri, data)
+    except STORE_FAULTS:
+        raise
     except Exception as e:  # one file never stops its unit: any failure is this sample's row
         return _row(unit, key, uri, None, f"cannot read file: {type(e).__name__}: {e}")
 
@@ -289,6 +302,8 @@ def read_members(unit: Unit, spans: dict[str, tuple[int, int]]) -> dict[str, byt
                 data = fh.read(n)
                 if len(data) == n:
                     out[sid] = data
+    except STORE_FAULTS:
+        raise
     except OSError as e:
         log.warning("%s: cannot read the shard again (%s); its samples are rejected as source_changed", unit.uri, e)
     return out

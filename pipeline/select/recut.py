@@ -32,16 +32,18 @@ import pyarrow.parquet as pq
 
 import catalog
 from catalog import SAMPLES, console
+from catalog.storage import retry
 from catalog.schema import MEASURE
 from catalog.source_bytes import read_source
-from pipeline.config import apply_sets
+from pipeline.config import apply_sets, with_defaults
 from pipeline.decide import decide
 from pipeline.dedup import clusters as dedup_mod
 from pipeline.dedup import fallback
 from pipeline.dedup.fallback_rounds import fold, read_partition, route, tasks_in_flight, write_by_key, write_by_window
 from pipeline.dedup.ranges import TASK_BASE_BYTES
 from pipeline.engine.cleanup import SCRATCH, remove_scratch, remove_tree
-from pipeline.engine.driver import funnel_from_counts, library_versions
+from pipeline.engine.driver import library_versions
+from pipeline.engine.funnel import funnel_from_counts
 from pipeline.engine.unit_io import now, run_store, with_dup_scored, write_curated
 from pipeline.settings import DEFAULTS
 from pipeline.stages import REGISTRY, build_stages
@@ -337,7 +339,7 @@ def plan(run, sets: list[str]) -> tuple[dict, dict, list[str]]:
     manifest = _store(run).read_json("manifest.json")
     if manifest.get("status") != "complete":
         raise SelectError(f"{run}: the run is not complete; finish it first (rerun the same curate command)")
-    old = manifest["config"]
+    old = with_defaults(manifest["config"])  # a run older than a section (e.g. storage) takes its defaults
     new = apply_sets(old, sets)
     changed = _changed(old, new)
     ran = set(manifest["stages"])
@@ -358,6 +360,7 @@ def select(run: str, output: str, sets: list[str], progress: bool = True) -> dic
     started = now()
     run_p, out = _store(run), _store(output)  # either may be local or on an object store
     manifest, cfg, changed = plan(run_p, sets)
+    retry.configure(cfg)  # the run's storage.retry_*, or this command's --set storage.retry_*=...
     if out.exists("manifest.json"):
         raise SelectError(f"{out}: already holds a run; choose a new --output")
     names = list(manifest["stages"])

@@ -227,7 +227,6 @@ class PersonStage(Stage):
         self.device = "cuda:0" if backend == "torch" and torch.cuda.is_available() else "cpu"
         if backend == "onnx":
             import onnxruntime as ort
-
             so = ort.SessionOptions()
             so.intra_op_num_threads = self.threads
             so.inter_op_num_threads = 1
@@ -258,6 +257,13 @@ class PersonStage(Stage):
             y = y[0] if isinstance(y, (list, tuple)) else y
             return y.float().cpu().numpy()
 
+    def _input(self, n: int, shape: tuple) -> np.ndarray:
+        """The model's input (n, 3, h, w) float32 in a kept buffer (new pages per batch fault as much as filling)."""
+        h, w, c = shape
+        if getattr(self, "_buffer", None) is None or self._buffer.size < n * c * h * w:
+            self._buffer = np.empty(n * c * h * w, np.float32)
+        return self._buffer[:n * c * h * w].reshape(n, c, h, w)
+
     def _predict(self, images: list[np.ndarray]) -> list[dict]:
         """RGB arrays -> per image {boxes (N,4) xyxy, scores (N,), kpts (N,K,3) or None} in the
         arrays' own pixels, sorted as ultralytics returns them."""
@@ -265,10 +271,7 @@ class PersonStage(Stage):
         from ultralytics.data.augment import LetterBox
         from ultralytics.utils import nms, ops
 
-        boxed = []
-        for im in images:
-            lb = LetterBox(self.imgsz, auto=self.rect, stride=self.stride)
-            boxed.append(lb(image=im))
+        boxed = [LetterBox(self.imgsz, auto=self.rect, stride=self.stride)(image=im) for im in images]
         groups: dict[tuple, list[int]] = {}
         for j, b in enumerate(boxed):
             groups.setdefault(b.shape, []).append(j)
@@ -277,8 +280,9 @@ class PersonStage(Stage):
         for shape, members in groups.items():
             for k in range(0, len(members), bs):
                 part = members[k:k + bs]
-                x = np.ascontiguousarray(np.stack([boxed[j] for j in part]).transpose(0, 3, 1, 2), np.float32)
-                np.divide(x, 255.0, out=x)  # as ultralytics: float, then / 255
+                x = self._input(len(part), shape)
+                for i, j in enumerate(part):  # as ultralytics: float, then / 255 (in float32), HWC -> CHW
+                    np.divide(boxed[j].transpose(2, 0, 1), np.float32(255.0), out=x[i], dtype=np.float32)
                 preds = self._forward(x)
                 dets = nms.non_max_suppression(
                     torch.from_numpy(preds),
@@ -390,8 +394,5 @@ class PersonStage(Stage):
 
 
 def _get(batch: dict, key: str, i: int):
-    col = batch.get(key)
-    if col is None:
-        return None
-    v = col[i]
+    v = batch[key][i] if batch.get(key) is not None else None
     return int(v) if v else None

@@ -43,7 +43,7 @@ import numpy as np
 
 import catalog
 from catalog import FRAMES, HDRIS, SCANS, ShardWriter, conform
-from catalog.storage import is_uri, run_root, storage_for
+from catalog.storage import is_uri, retry, run_root, storage_for
 from catalog.storage.lock import LEASE_S
 
 from render.run import output as outfmt
@@ -91,6 +91,8 @@ def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: Render
         old = store.read_json(MANIFEST)
         same = {k: old.get(k) for k in ("seed", "scans", "hdris", "config")}
         now = {k: spec.to_dict()[k] for k in ("seed", "scans", "hdris", "config")}
+        for d in (same, now):  # how the store is talked to is not part of what a run renders
+            d["config"] = {k: v for k, v in (d["config"] or {}).items() if k != "storage"}
         if same != now:
             changed = sorted(k for k in now if same[k] != now[k])
             raise ValueError(f"{out} was rendered with a different {', '.join(changed)}; resuming would mix "
@@ -146,6 +148,7 @@ class ShardRenderer:
     def __init__(self, spec: RunSpec | dict, threads: int | None = None):
         self.spec = spec if isinstance(spec, RunSpec) else RunSpec(**spec)
         self.cfg = self.spec.cfg
+        retry.configure(self.spec.config)  # its storage.retry_* in this worker
         if threads is not None and self.cfg.cycles.threads == 0:
             self.cfg.cycles.threads = threads  # a Ray actor renders with the CPUs it reserved, not the node's
         self.hdris = usable_hdris(self.spec)

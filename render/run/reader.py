@@ -41,8 +41,8 @@ class RunReader:
         if self.store is None:
             return open(os.path.join(self.out, rel), "rb")
         if stream:  # a whole shard read front to back: buffered 8 MiB GETs, not one request per header
-            try:
-                return self.store.fs.open_input_stream(self.store.fs_path(rel), buffer_size=8 << 20)
+            try:  # S3: one streamed GET, resumed where a fault cuts it
+                return self.store.open_stream(rel, buffer_size=8 << 20)
             except FileNotFoundError:
                 raise FileNotFoundError(f"{self.store.uri_of(rel)}: no such file") from None
         return self.store.open_input(rel)

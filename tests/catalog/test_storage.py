@@ -69,6 +69,17 @@ def test_a_stream_reads_a_file_front_to_back_a_buffer_a_request(store):
         assert fh.read(7) == lines[0][:7] and fh.read() == b"".join(lines)[7:]
     with pytest.raises(FileNotFoundError, match="no such file"):
         store.open_stream("missing.jsonl").read()
+    # a name ending in .gz holds the bytes as given: pyarrow's compression='detect' is never applied
+    blob = b"bytes that are not gzip, under a .gz name\n" * 50
+    store.write_bytes("raw/x.gz", blob)
+    with store.open_output("raw/y.tar.gz") as f:
+        f.write(blob)
+    for name in ("raw/x.gz", "raw/y.tar.gz"):
+        assert store.read_bytes(name) == blob and store.size(name) == len(blob)
+        with store.open_stream(name) as fh:
+            assert fh.read() == blob
+        with st.open_input(store.uri_of(name), buffer_size=1 << 16) as fh:
+            assert fh.read() == blob
 
 
 def test_a_tar_round_trips_bit_for_bit_and_ranged_reads_hit_its_members(store):

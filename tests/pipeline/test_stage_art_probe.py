@@ -1,13 +1,16 @@
 """The art stage's default method: the shipped probe on the person model's backbone, on real packaged images.
 
-Photos: scikit-image's and ultralytics' (some of them are in the probe's training pool, bench/art_pool.py:
-these check behaviour, not accuracy, which bench/quality.py measures on images it never saw). Non-photos:
+Photos: scikit-image's and ultralytics' (some of them are in the probe's training pool or the quality
+bench's tune split, bench/art_pool.py: these check behaviour, not accuracy, which bench/art_quality.py and
+bench/quality.py measure on the eval split the probe never saw). Non-photos:
 matplotlib's clip-art present and scikit-image's logo and horse silhouette (none in the pool), and a
 photo turned into a painting and a cartoon by the generators of training/filters/styles.py.
 """
 from __future__ import annotations
 
+import csv
 import io
+import json
 from importlib import resources
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from PIL import Image
 
 from catalog.rules import ART
 from pipeline.config import default_config
+from pipeline.inputs.images import load_rgb
 from pipeline.stages import art_probe
 from pipeline.stages.art import ArtStage
 from pipeline.stages.art_probe import PROBE_FILE, Probe, pooled, to_input
@@ -27,6 +31,8 @@ SKIMAGE = Path(str(resources.files("skimage") / "data"))
 ULTRALYTICS = Path(str(resources.files("ultralytics") / "assets"))
 MATPLOTLIB = Path(str(resources.files("matplotlib") / "mpl-data" / "sample_data"))
 CUT = ART.default
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = ROOT / "bench" / "quality" / "images.csv"
 
 PHOTOS = {"astronaut": SKIMAGE / "astronaut.png", "coffee": SKIMAGE / "coffee.png",
           "chelsea": SKIMAGE / "chelsea.png", "bus": ULTRALYTICS / "bus.jpg", "zidane": ULTRALYTICS / "zidane.jpg"}
@@ -61,6 +67,42 @@ def test_shipped_probe_matches_the_installed_person_model():
     assert p.classes[0] == "cartoon" and "photo" in p.classes and p.coef.shape == (len(p.classes), 1152)
     assert p.weights_sha256 == file_sha256(default_weights())
     assert np.all(p.scale > 0)
+
+
+def _provenance() -> tuple[dict, set[int]]:
+    with np.load(PROBE_FILE, allow_pickle=False) as z:
+        return json.loads(str(z["provenance"])), {int(v) for v in z["trained_sha256_64"]}
+
+
+def test_the_shipped_probe_never_saw_the_bench_eval_split():
+    """The probe's pool was checked against the bench's manifest; of the bench only tune images trained
+    it (their sha256s are recorded in the probe); no Battle for Wesnoth image anywhere; and the shipped
+    threshold is the one fitted on the tune split's out-of-fold scores."""
+    prov, trained = _provenance()
+    assert prov["pool_excludes"]["manifest"] == "bench/quality/images.csv"
+    assert prov["pool_excludes"]["pool_images_in_manifest"] == 0
+    with open(MANIFEST, newline="") as f:
+        bench = list(csv.DictReader(f))
+    in_probe = [r for r in bench if int(r["sha256"][:16], 16) in trained]
+    assert not [r["id"] for r in in_probe if r["split"] != "tune"]
+    assert len(in_probe) == prov["bench_tune_images"] > 0
+    assert not [p for p in prov["packages"] if "wesnoth" in p.lower()]
+    assert len(trained) > 1000  # the pool's images are recorded too, not only the bench's
+    assert prov["tune_out_of_fold"]["fitted_cut"] == CUT
+
+
+def test_file_format_does_not_decide(stage):
+    """The probe is trained on every image as a JPEG and as a PNG: photos saved as PNGs stay photos, and
+    clip art and a logo saved as poor JPEGs stay non-photos (decoded as the stage decodes them: alpha on
+    white)."""
+    def jpeg(path: Path) -> bytes:
+        buf = io.BytesIO()
+        Image.fromarray(load_rgb(path.read_bytes())[0]).save(buf, "JPEG", quality=40)
+        return buf.getvalue()
+
+    photos = [_png(load_rgb(PHOTOS[n].read_bytes())[0]) for n in ("bus", "zidane")]
+    out = stage.measure({"image": photos + [jpeg(NON_PHOTOS["clip art present"]), jpeg(NON_PHOTOS["logo"])]})
+    assert max(out["art_score"][:2]) <= CUT < min(out["art_score"][2:]), out["art_score"]
 
 
 def test_photos_kept_and_non_photos_rejected(stage):

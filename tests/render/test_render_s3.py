@@ -22,6 +22,7 @@ from catalog import storage as st  # noqa: E402
 from render.run import job as jobmod  # noqa: E402
 from render.config import load_config  # noqa: E402
 from render.run.output import load_npy, load_png  # noqa: E402
+from faultstore import through  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["sampling.camera.height=96", "sampling.camera.width=72", "cycles.samples=4", "cycles.device=cpu",
@@ -40,9 +41,10 @@ def _result(stdout: str) -> dict:
     return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
 
 
-def _render(out, cwd, scratch):
+def _render(out, cwd, scratch, *extra):
     sets = [a for s in TINY for a in ("--set", s)]
-    return _humanset(["render", "--frames", "2", "--output", out, "--seed", "3", "--no-progress", *sets], cwd, scratch)
+    return _humanset(["render", "--frames", "2", "--output", out, "--seed", "3", "--no-progress", *sets, *extra],
+                     cwd, scratch)
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +122,36 @@ def test_a_restarted_worker_finds_the_attempt_marker_on_s3(s3_server, tmp_path, 
     assert marker not in names and ".lock" not in names
     assert {"shards/render-00000.stats.json", "catalog/frames/render-00000.parquet"} <= names
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_render_and_its_export_through_a_faulty_store_equal_the_clean_ones(s3_render, s3_server, tmp_path):
+    """The same render with every request through tests/faultstore.py (503 SlowDown, cut bodies, resets,
+    lost acknowledgements): the same objects, the same frames, the same exported masks and depths."""
+    out, cwd, scratch, _ = s3_render
+    faulty = s3_server.prefix("render-faults")
+    quick = ["--set", "storage.retry_first_wait_s=0.02", "--set", "storage.retry_max_wait_s=0.5"]
+    with through(s3_server.endpoint, seed=21, slowdown=0.15, cut=0.1, lost_ack=0.1, reset=0.03) as fs:
+        p = _render(faulty, cwd, scratch, *quick)
+        assert p.returncode == 0, p.stderr[-3000:]
+        e = _humanset(["render", "export", faulty, "--format", "sapiens", "--to", str(tmp_path / "faulty"),
+                       "--normal-frame", "opencv", "--no-progress"], cwd, scratch)
+        assert e.returncode == 0, e.stderr[-3000:]
+    assert fs.counts["slowdown"] and fs.counts["lost_ack"] and fs.counts["cut"] + fs.counts["reset"], fs.counts
+    assert {x.path for x in st.open_storage(faulty).list()} == {x.path for x in st.open_storage(out).list()}
+    # what a frame is (its scan, light, camera, body: a pure function of seed and index) and what its
+    # shard holds; Cycles' pixels, and so the members' sizes, may differ from one render to the next
+    cols = "key, shard, frame_index, scan_id, hdri_id, height, width, params, K, cam_to_world, error, " \
+           "list_transform(members, lambda m: m.name) AS names"
+    frames = [catalog.connect(r).sql(f"SELECT {cols} FROM frames ORDER BY frame_index").fetchall() for r in (out, faulty)]
+    assert frames[0] == frames[1] and len(frames[0]) == 2
+    p = _humanset(["render", "export", out, "--format", "sapiens", "--to", str(tmp_path / "clean"),
+                   "--normal-frame", "opencv", "--no-progress"], cwd, scratch)
+    assert p.returncode == 0, p.stderr[-3000:]
+    clean = sorted(f.relative_to(tmp_path / "clean") for f in (tmp_path / "clean").rglob("*") if f.is_file())
+    assert sorted(f.relative_to(tmp_path / "faulty") for f in (tmp_path / "faulty").rglob("*") if f.is_file()) == clean
+    px = dict(catalog.connect(faulty).sql("SELECT frame_index, person_px FROM frames").fetchall())
+    for i, person_px in px.items():  # the exported files are the faulty run's own frames, whole
+        mask = load_png((tmp_path / "faulty" / "masks" / f"{i:08d}.png").read_bytes())
+        depth = load_npy((tmp_path / "faulty" / "depths" / f"{i:08d}.npy").read_bytes())
+        assert int((mask > 0).sum()) == person_px > 100 and np.array_equal(depth > 0, mask > 0)
+    assert list(cwd.iterdir()) == []

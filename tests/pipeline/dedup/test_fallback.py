@@ -56,6 +56,41 @@ def test_the_clean_copy_is_kept_when_the_captioned_canonical_fails(runs):
 
 
 @pytest.mark.e2e
+def test_every_pass_of_phase_3_runs_on_the_same_model_actors(runs):
+    """Phase 3 fits one pipeline: round 0, both fallback rounds and the write pass ran through it, so the
+    rows a fallback round scored were scored by the actor that scored round 0 (the same set-up span)."""
+    import pyarrow.parquet as pq
+
+    from pipeline.engine.columns import unit_meta
+    run, manifest = runs[2]
+    (unit,) = [p.stem for p in (run / "stats").glob("*.json")]
+    setup = {r: unit_meta(pq.read_table(run / "work/scored" / sub / f"{unit}.parquet"))["actor_setup"]["text"]
+             for r, sub in (("0", ""), ("1", "r1"), ("2", "r2"))}
+    assert setup["0"] == setup["1"] == setup["2"]
+    names = [name for name, *_ in manifest["timeline"]["spans"]]
+    assert names[names.index("score"):names.index("write") + 1] == [
+        "score", "exchange_m", "exchange_r1", "fallback_1", "exchange_r2", "fallback_2", "exchange_kept", "write"]
+
+
+@pytest.mark.e2e
+def test_a_unit_outside_every_cluster_is_written_in_round_0(crawl, ray_local, tmp_path):
+    """One file a unit: coffee's unit holds no duplicate, so round 0 writes it and no exchange or later
+    pass reads it; the verdicts are those of the one-unit run."""
+    cfg = fallback_config(2)
+    cfg["input"]["files_per_unit"] = 1
+    run = tmp_path / "run"
+    m = curate([str(crawl)], str(run), cfg, progress=False)
+    assert m["fallbacks"]["rounds"] == {"1": 2, "2": 1} and m["counts"] == {"inputs": 6, "kept": 3}
+    r = _rows(run)
+    assert {k for k, v in r.items() if v["keep"]} == {"astro_clean", "cat_clean", "coffee"}
+    units = {p.stem for p in (run / "stats").glob("*.json")}
+    scored = {p.stem for p in (run / "work/scored").glob("*.parquet")}  # round 0's rows, kept (keep_work)
+    assert len(units) == 6 and len(scored) == 5 and scored < units
+    (coffee_unit,) = units - scored
+    assert json.loads((run / "stats" / f"{coffee_unit}.json").read_text())["kept"] == 1
+
+
+@pytest.mark.e2e
 def test_one_fallback_loses_the_cluster_whose_first_two_fail(runs):
     r = _rows(runs[1][0])
     assert {k for k, v in r.items() if v["keep"]} == {"astro_clean", "coffee"}

@@ -117,3 +117,34 @@ def test_a_finished_run_reads_its_compacted_catalog_and_a_resume_makes_it_anew(t
     assert compact.is_compacted(run) and (run / compact.MARKER).stat().st_mtime_ns != stamp
     assert _catalog(run).equals(_catalog(two_runs / "single"))
     assert catalog.connect(run).execute("SELECT count(*) FROM samples").fetchone()[0] == 48
+
+
+@pytest.mark.e2e
+def test_compaction_in_groups_as_ray_tasks_equals_the_one_file_copy(two_runs, ray_local, tmp_path, monkeypatch):
+    """A run of at most catalog.compact.GROUP units is compacted in the driver (one file, no task); a
+    larger one in groups, a Ray task each, at most 4 per CPU in flight: the views read the same rows
+    either way (groups of 20: the last one short; groups of 1: more tasks than may be in flight)."""
+    import shutil
+
+    import catalog
+    from catalog import compact
+    from pipeline.engine import driver
+    run = tmp_path / "run"
+    shutil.copytree(two_runs / "single", run)
+    before = catalog.connect(run).execute("SELECT * FROM samples ORDER BY sample_id").fetchall()
+    assert compact.marker(run)["files"] == 1  # 48 units: one file, copied by the driver
+    compact.invalidate(run)
+    monkeypatch.setattr(compact, "GROUP", 20)
+    from pipeline.config import load_config
+    driver._compact(run, load_config(sets=["stages=[decode,size,dedup]"]), 48)
+    assert compact.marker(run)["files"] == 3 and compact.marker(run)["rows"] == 48
+    assert len(list((run / compact.FOLDER / "samples").glob("*.parquet"))) == 3
+    assert catalog.connect(run).execute("SELECT * FROM samples ORDER BY sample_id").fetchall() == before
+    compact.invalidate(run)
+    monkeypatch.setattr(compact, "GROUP", 1)
+    import ray
+    assert 48 > 4 * ray.cluster_resources()["CPU"]  # the driver waits for some before it submits the rest
+    driver._compact(run, load_config(sets=["stages=[decode,size,dedup]"]), 48)
+    assert compact.marker(run)["files"] == 48 and compact.marker(run)["rows"] == 48
+    assert len(list((run / compact.FOLDER / "samples").glob("*.parquet"))) == 48
+    assert catalog.connect(run).execute("SELECT * FROM samples ORDER BY sample_id").fetchall() == before

@@ -30,6 +30,40 @@ def test_task_poll_constant_exists_and_is_what_the_scheduling_loop_waits_on():
         setattr(state, name, old)
 
 
+def test_the_scheduling_loop_wakes_on_the_first_finished_task():
+    """wake_on_first_task reaches the loop's ray.wait (through the module's global `ray`): a wait on
+    several tasks returns once one is ready, with every task ready by then, not after the timeout."""
+    state = importlib.import_module(ray_compat.TASK_WAIT_MODULE)
+    source = inspect.getsource(getattr(state, ray_compat.TASK_WAIT_FUNCTION)).replace(" ", "").replace("\n", "")
+    assert "ray.wait(list(active_tasks.keys()),num_returns=len(active_tasks)" in source
+    old = state.ray
+    try:
+        ray_compat.wake_on_first_task()
+        ray_compat.wake_on_first_task()  # twice: still one wrapper
+        assert isinstance(state.ray, ray_compat._FirstReady) and state.ray._ray is old
+        assert state.ray.ObjectRef is ray.ObjectRef  # everything else is Ray's own
+
+        class FakeRay:
+            def __init__(self):
+                self.calls = []
+
+            def wait(self, refs, num_returns=1, timeout=None, fetch_local=True):
+                self.calls.append((num_returns, timeout))
+                ready = [r for r in refs if r.startswith("done")][:num_returns]
+                return ready, [r for r in refs if r not in ready]
+
+        fake = FakeRay()
+        first = ray_compat._FirstReady(fake)
+        ready, rest = first.wait(["a", "done1", "done2", "b"], num_returns=4, timeout=0.1, fetch_local=False)
+        assert ready == ["done1", "done2"] and rest == ["a", "b"]
+        assert fake.calls == [(1, 0.1), (4, 0)]  # one ready wakes it; then whatever else is ready, no wait
+        fake.calls.clear()
+        assert first.wait(["a", "b"], num_returns=2, timeout=0.1) == ([], ["a", "b"])
+        assert fake.calls == [(1, 0.1)]  # none ready within the timeout: as before
+    finally:
+        state.ray = old
+
+
 def test_loopback_variable_is_the_one_ray_reads_and_keeps_a_local_node_on_127_0_0_1():
     import ray._private.ray_constants as rc
     import ray._private.services as services

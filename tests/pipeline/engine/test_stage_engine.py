@@ -157,7 +157,7 @@ def test_task_poll_sets_how_soon_ray_data_sees_a_finished_unit():
     old = state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S
     try:
         task_poll(float(load_config()["engine"]["task_poll_s"]))
-        assert state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S == 0.01
+        assert state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S == 0.1
         task_poll(0.05)
         assert state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S == 0.05
     finally:
@@ -178,3 +178,33 @@ def test_actors_start_early_on_large_runs_only_by_default():
     on = load_config(sets=["stages=[decode,size,dedup,text]", "engine.start_actors_early=true"])
     off = load_config(sets=["stages=[decode,size,dedup,text]", "engine.start_actors_early=false"])
     assert start_actors_early(on, models, 1) and not start_actors_early(off, models, 10 * n)
+
+
+def test_stage_workers_take_the_runs_retry_policy(monkeypatch):
+    """A stage's config is its own section: the run's storage.retry_* reach its tasks and actors apart."""
+    from catalog.storage import retry
+    from pipeline.engine import adapter
+    from pipeline.stages import build_stages
+    monkeypatch.delenv(retry.ENV, raising=False)
+    from pipeline.config import load_config
+    cfg = load_config(sets=["storage.retry_attempts=3", "person.concurrency=1"])  # a fixed pool: no Ray needed
+    calls = []
+
+    class Recorder:
+        def map_batches(self, fn, **kw):
+            calls.append((fn, kw.get("fn_kwargs") or kw.get("fn_constructor_kwargs")))
+            return self
+
+    stages = [s for s in build_stages(cfg) if s.name in ("size", "person")]
+    for s in stages:
+        adapter.apply_stage(Recorder(), s, False, storage=cfg["storage"])
+    assert {fn for fn, _ in calls} == {adapter._task_fn, adapter._ActorFn}
+    assert all(kw["storage"]["retry_attempts"] == 3 for _, kw in calls)
+    before = retry.policy()
+    monkeypatch.setattr(adapter, "stage_instance", lambda name, c: name)
+    monkeypatch.setattr(adapter, "run_on_unit", lambda stage, batch, score_all: batch)
+    try:
+        adapter._task_fn(pa.table({"x": [1]}), "size", {}, False, storage=cfg["storage"])
+        assert retry.policy().attempts == 3
+    finally:
+        retry.configure(before.settings())

@@ -112,14 +112,14 @@ def test_phase_3_reads_a_remote_shard_by_ranges_at_the_measured_offsets(s3_serve
     table = pa.Table.from_pylist([{k: r[k] for k in ("sample_id", "source_uri", "key", "_offset", "_size")}
                                   | {"sha256": hashlib.sha256(r["image"]).hexdigest()} for r in rows])
     got = []
-    real = st.Storage.open_input
+    real = type(store).open_input  # S3Storage's own (resumed ranged reads)
 
     def counting(self, path):
         f = real(self, path)
         orig = f.read_at
         return _Spy(f, lambda n, off: got.append((off, n)) or orig(n, off))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(st.Storage, "open_input", counting)
+        mp.setattr(type(store), "open_input", counting)
         with ByteSource(unit, DEFAULT_LIMITS) as src:
             data, why = src.fetch(table)
     assert why == [None] * 4 and data == [images[r["key"]] for r in rows]
