@@ -90,6 +90,19 @@ INPUT_STAGE = "input"
 BOX_RULES = ("longer_side", "shorter_side", "both")
 
 
+# which score person.min_score cuts (person.score): the stage's calibrated score (pipeline/stages/
+# person_calibration.py, column person_score_calibrated) or the detector's raw score (person_score_max)
+PERSON_SCORE_KINDS = ("calibrated", "raw")
+PERSON_SCORE_COLUMNS = {"calibrated": "person_score_calibrated", "raw": "person_score_max"}
+
+
+def checked_score_kind(kind) -> str:
+    """person.score, checked: one of PERSON_SCORE_KINDS, else ValueError naming the key and the choices."""
+    if kind not in PERSON_SCORE_KINDS:
+        raise ValueError(f"person.score={kind!r}: expected one of {', '.join(PERSON_SCORE_KINDS)}")
+    return kind
+
+
 def checked_box_rule(box_rule) -> str:
     """person.box_rule, checked: one of BOX_RULES, else ValueError naming the key and the choices."""
     if box_rule not in BOX_RULES:

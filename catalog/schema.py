@@ -76,6 +76,8 @@ SAMPLE_PERSON = [
     f("person_keypoints", pa.list_(KEYPOINTS17), "COCO-17 (x, y, conf) per box, pose models only"),
     f("n_persons", pa.int32(), "detected person boxes"),
     f("person_score_max", pa.float32(), "highest person score"),
+    f("person_score_calibrated", pa.float32(), "highest calibrated person score of any box: P(a clearly visible "
+      "person) from the raw score, box size and head keypoints (person.calibration); recomputed by derive"),
     f("person_box_max_px", pa.float32(), "largest box side (longer side of the largest box), px "
       "judged by the box rule (stored px times resolution_scale)"),
     f("person_n_pass", pa.int32(), "persons passing the score and box-size rule of the config"),

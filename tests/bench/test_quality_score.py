@@ -60,7 +60,15 @@ def test_score_of_a_synthetic_catalog(tmp_path):
     assert conf["reasons"]["size:short_side"] == {"non_photo": 1}
     # every clean photo was scored by the watermark stage; two of six rejected
     assert out["watermark"] == {"clean_photos": 6, "scored": 6, "rejected": 2, "ids": ["np-1", "pc-lost"],
-                                "false_positive_rate": 0.3333}
+                                "false_positive_rate": 0.3333, "must_pass": {}}
+    # the official portrait of issue 38, by name: passed when the watermark stage did not fail it
+    named = quality.score([{"id": "face-recognition-obama", "keep": True, "scored_stages": ALL, "person_n_pass": 1}],
+                          {"face-recognition-obama": "person_clear"})
+    assert named["watermark"]["must_pass"] == {"face-recognition-obama": True}
+    named = quality.score([{"id": "face-recognition-obama", "keep": False, "scored_stages": ALL, "person_n_pass": 1,
+                            "reject_reason": "watermark:watermark>0.8", "reject_reasons": ["watermark:watermark>0.8"]}],
+                          {"face-recognition-obama": "person_clear"})
+    assert named["watermark"]["must_pass"] == {"face-recognition-obama": False}
     assert out["ids"] == {"person_clear_rejected": ["pc-lost"],
                           "kept_not_person_clear": {"painted_person": ["pp-1"], "person_small": ["ps-kept"]}}
     t = out["targets"]
@@ -86,7 +94,7 @@ def test_stage_labels_mapping():
     assert quality.stage_labels("no_person") == {"person": 0, "art": 0, "text": 0, "watermark": 0}
     assert quality.stage_labels("text_or_mark") == {"text": 1}
     assert quality.stage_labels("non_photo") == {"person": 0, "art": 1}
-    assert quality.stage_labels("painted_person") == {"person": 0, "art": 1}
+    assert quality.stage_labels("painted_person") == {"art": 1}  # person: the art stage's call
     with pytest.raises(ValueError, match="unknown category"):
         quality.stage_labels("cat")
 

@@ -78,7 +78,8 @@ def test_reject_stats_and_report_agree_at_and_around_each_threshold(rule):
     # a threshold float32 holds exactly: scores are stored as float32, so a value "at" 0.8 is 0.8000000119
     t = float(np.float32(rule.default))
     values = _around(t)
-    stage = stage_class(rule.stage)({rule.key: t})
+    # person: the raw score, whose column the stats' SQL cuts (the calibrated one: tests/pipeline/test_person_calibration.py)
+    stage = stage_class(rule.stage)({rule.key: t} | ({"score": "raw"} if rule.stage == "person" else {}))
     # the stage
     if rule.stage == "person":
         other = PERSON_BOX.default * 2 if rule is PERSON_SCORE else 0.99

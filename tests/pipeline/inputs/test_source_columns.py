@@ -46,7 +46,7 @@ def test_person_box_rule_judges_the_original_resolution():
     box = [[0.0, 0.0, 200.0, 500.0]]  # 500 px tall in the stored (upscaled 2x) image, 250 in the original
     t = _table(sample_id=["a", "b"], person_boxes=[box, box], person_scores=[[0.95], [0.95]],
                person_box_max_px=[500.0, 500.0], resolution_scale=[0.5, 1.0])
-    stage = PersonStage({"min_score": 0.9, "min_box_px": 300})
+    stage = PersonStage({"min_score": 0.9, "min_box_px": 300, "score": "raw"})
     assert stage.reject(t) == ["box<=300px", None]
     derived = stage.derive(t)
     assert derived["person_n_pass"] == [0, 1] and derived["person_box_max_px"] == [250.0, 500.0]

@@ -1,13 +1,16 @@
 """humanset calibrate: the precision/recall math on known inputs, and the command on a small run."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
 import catalog
 from humanset.cli import main
+from pipeline.config import default_config
 from pipeline.select.calibrate import at_threshold, pr_curve, read_labels, threshold_for_precision
+from pipeline.stages.person_calibration import load_calibration
 
 
 def test_pr_curve_on_known_scores():
@@ -64,6 +67,9 @@ def _run_dir(tmp_path):
                              for s, b, sc, t in rows], catalog.SAMPLES)
     run = tmp_path / "run"
     catalog.write_parquet(run / "catalog" / "samples" / "part-0.parquet", table)
+    cfg = default_config()
+    cfg["person"]["score"] = "raw"  # no keypoints here: the raw score is swept
+    (run / "manifest.json").write_text(json.dumps({"config": cfg}))
     labels = tmp_path / "labels.csv"
     labels.write_text("sample_id,label\n" + "".join(
         f"{s},person={int(s.startswith('p'))}\n" for s, *_ in rows) + "n1,text=1\nn2,text=1\nn3,text=0\np1,text=0\n"
@@ -93,3 +99,38 @@ def test_calibrate_command_reports_bad_input(tmp_path, capsys):
     run, _ = _run_dir(tmp_path)
     assert main(["calibrate", str(run), "--labels", str(tmp_path / "none.csv")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def _kpts(head: float) -> list[float]:
+    return [v for k in range(17) for v in (float(k), float(k), head if k < 5 else 0.5)]
+
+
+def test_fit_person_writes_a_calibration_the_config_reads(tmp_path, capsys):
+    """Raw score and head keypoints each overlap between the classes, together they separate them; the
+    report after the fit sweeps the calibrated score."""
+    big = [0.0, 0.0, 300.0, 480.0]
+    pos = [(0.80, 0.55), (0.92, 0.45), (0.78, 0.95), (0.88, 0.80), (0.84, 0.65), (0.90, 0.90), (0.79, 0.85),
+           (0.86, 0.60)]
+    neg = [(0.82, 0.10), (0.62, 0.60), (0.76, 0.35), (0.70, 0.20), (0.86, 0.05), (0.66, 0.50), (0.74, 0.15),
+           (0.80, 0.40)]
+    rows = [(f"p{i}", s, h, 1) for i, (s, h) in enumerate(pos)] + [(f"n{i}", s, h, 0) for i, (s, h) in enumerate(neg)] \
+        + [("s0", 0.95, 0.9, 0)]
+    table = catalog.conform([{"sample_id": s, "person_boxes": [big if s != "s0" else [0, 0, 50, 90]],
+                              "person_scores": [sc], "person_keypoints": [_kpts(h)]}
+                             for s, sc, h, _ in rows], catalog.SAMPLES)
+    run = tmp_path / "run"
+    catalog.write_parquet(run / "catalog" / "samples" / "part-0.parquet", table)
+    labels = tmp_path / "labels.csv"
+    labels.write_text("sample_id,label\n" + "".join(f"{s},person={y}\n" for s, _, _, y in rows))
+    out = tmp_path / "cal" / "person.json"
+    assert main(["calibrate", str(run), "--labels", str(labels), "--fit-person", str(out),
+                 "--out", str(tmp_path / "c.png")]) == 0
+    text = capsys.readouterr().out
+    assert "person calibration (16 samples, 8 positive" in text  # s0's box is under 300 px: left out
+    assert f"--set person.calibration={out}" in text
+    cal = load_calibration(out)
+    assert cal.fitted_on["n"] == 16 and cal.coef[0] > 0 and cal.coef[2] > 0
+    pos = cal.box_scores([big], [0.85], [_kpts(0.90)])[0]
+    neg = cal.box_scores([big], [0.60], [_kpts(0.10)])[0]
+    assert pos > 0.9 > neg
+    assert "config person.min_score=0.9: precision 1.000, recall 0.875" in text  # p0 (0.80, head 0.55): 0.86

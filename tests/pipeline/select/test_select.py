@@ -95,10 +95,30 @@ def test_looser_dedup_recomputes_clusters_and_reads_sources(score_all_run, tmp_p
 @pytest.mark.e2e
 def test_stricter_person_threshold(score_all_run, tmp_path):
     out = tmp_path / "strict"
-    select(str(score_all_run), str(out), ["person.min_score=0.99"], progress=False)
+    # the raw score: the nano model gives no one 0.99 (the calibrated score gives clear faces 0.999+)
+    select(str(score_all_run), str(out), ["person.score=raw", "person.min_score=0.99"], progress=False)
     after = _rows(out)
     assert not any(r["keep"] for r in after.values())
     assert any(r["reject_reason"] == "person:score<=0.99" for r in after.values())
+
+
+def test_select_recuts_with_a_calibration_file_and_with_the_raw_score(score_all_run, tmp_path):
+    """A file in the form `humanset calibrate --fit-person` writes is read by select, which recomputes
+    person_score_calibrated from the stored boxes and keypoints; person.score=raw cuts the raw scores."""
+    from pipeline.stages.person_calibration import load_calibration
+
+    before = _rows(score_all_run)
+    shipped = load_calibration(None)
+    strict = shipped.__class__(**{**shipped.__dict__, "intercept": shipped.intercept - 40.0})
+    path = strict.save(tmp_path / "strict.json")
+    out = tmp_path / "cal"
+    select(str(score_all_run), str(out), [f"person.calibration={path}"], progress=False)
+    after = _rows(out)
+    scored = [s for s, r in before.items() if r["n_persons"]]
+    assert scored and all(after[s]["person_score_calibrated"] < 1e-6 for s in scored)
+    assert any(before[s]["person_score_calibrated"] > 0.9 for s in scored)
+    assert not any(r["keep"] for r in after.values())
+    assert any(r["reject_reason"] == "person:calibrated_score<=0.9" for r in after.values())
 
 
 def test_refuses_thresholds_of_stages_that_did_not_run(demo_run, tmp_path):
