@@ -27,6 +27,9 @@ FIXTURE_TIERS = {
     "s3_server": "s3",
     "demo_run": "e2e",
     "sshd": "cluster",
+    # module fixtures that curate with the model stages or in child processes
+    "score_all_run": "e2e",  # tests/pipeline/select/test_select.py: a crawl curated with --score-all
+    "two_runs": "e2e",  # tests/pipeline/engine/test_bundles.py: two `humanset curate` child runs
 }
 
 
