@@ -122,7 +122,8 @@ def safe_load(text: str):
 def read_yaml(path, what: str = "--config") -> dict:
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"{what} {p}: no such file")
+        raise FileNotFoundError(f"{what} {p}: no such file; pass a YAML file of settings (the command's `config` "
+                                f"subcommand or its *.yaml of defaults shows every key)")
     try:
         data = safe_load(p.read_text())
     except yaml.YAMLError as e:

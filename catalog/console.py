@@ -77,12 +77,25 @@ class OursOrWarnings(logging.Filter):
         return record.levelno >= logging.WARNING or record.name.split(".")[0] in OURS
 
 
+class AfterStdout(logging.StreamHandler):
+    """A stderr handler that flushes stdout first: with both sent to one file (`> log 2>&1`) a log line
+    lands after what the command printed before it, never inside a table still in stdout's buffer."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):  # closed, or a pipe whose reader has gone
+            pass
+        super().emit(record)
+
+
 def setup_logging(verbose: bool = False) -> None:
     if verbose:
-        logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                            datefmt="%H:%M:%S")
+        handler = AfterStdout()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        logging.basicConfig(level=logging.DEBUG, handlers=[handler])
         return
-    handler = logging.StreamHandler()
+    handler = AfterStdout()
     handler.setFormatter(Compact())
     handler.addFilter(OursOrWarnings())
     logging.basicConfig(level=logging.INFO, handlers=[handler])

@@ -252,7 +252,7 @@ def connect(run_dir, database: str = ":memory:", prefix: str = "",
     """
     run = run_location(run_dir)
     if not run_exists(run):
-        raise FileNotFoundError(f"{run}: no such run directory")
+        raise FileNotFoundError(f"{run}: no such run directory; pass a run's folder (humanset curate --output RUN)")
     con = duckdb.connect(database)
     try:
         register(con, run, prefix, by_generation)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import logging
 import os
 import re
 import shutil
+import socket
 import threading
 import uuid
 from contextlib import contextmanager
@@ -19,6 +21,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+log = logging.getLogger(__name__)
 
 
 def tmp_name(path: str | os.PathLike) -> Path:
@@ -181,31 +185,69 @@ class RunLocked(Exception):
     """Another process holds the folder's lock."""
 
 
-def lock_message(folder, lock) -> str:
-    """The one refusal a second run gets, for a local folder and an object-store RUN alike."""
+def lock_message(folder, lock, holder: dict | None = None) -> str:
+    """The one refusal a second run gets, for a local folder and an object-store RUN alike; `holder`
+    (what the lock says of its owner: pid, host) is named when known."""
+    who = f" (held by pid {holder.get('pid', '?')} on host {holder.get('host', '?')})" if holder else ""
     return (f"{folder}: another run is using this directory (it holds {lock}); "
-            "wait for it to finish or choose another output directory")
+            f"wait for it to finish or choose another output directory{who}")
+
+
+def lock_holder(text: str) -> dict:
+    """What a local .lock file says of its owner: {"pid", "host"} (older locks hold a pid only)."""
+    try:
+        data = json.loads(text)
+        return data if isinstance(data, dict) else {}
+    except ValueError:
+        pid = text.strip()  # older humansets wrote the pid alone and left the file behind on every exit
+        return {"pid": int(pid), "legacy": True} if pid.isdigit() else {}
 
 
 @contextmanager
 def run_lock(folder: str | os.PathLike):
-    """Exclusive lock on a run folder (fcntl.flock on FOLDER/.lock) for the life of the block.
+    """Exclusive lock on a run folder (fcntl.flock on FOLDER/.lock) for the life of the block; the
+    file is removed when the block ends.
 
-    A second holder fails at once with RunLocked; nothing is touched. The lock dies with its
-    process (even kill -9), so a crashed run never leaves a stale lock. On a multi-node cluster
-    the folder must be on a file system with working flock (local, NFSv4, Lustre, ...)."""
+    A second holder fails at once with RunLocked naming the holder's pid and host; nothing is touched.
+    The lock dies with its process (even kill -9), so a crashed run never blocks the next one: its
+    .lock file, left behind, is taken over and reported with the dead holder's pid and host. On a
+    multi-node cluster the folder must be on a file system with working flock (local, NFSv4, Lustre)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    path = folder / ".lock"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
+            os.close(fd)
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise RunLocked(lock_message(folder, folder / ".lock")) from None
+                try:
+                    holder = lock_holder(path.read_text())
+                except OSError:
+                    holder = {}
+                raise RunLocked(lock_message(folder, path, holder)) from None
             raise
+        # the file locked may have been removed by its last holder between our open and our flock:
+        # then it is not the lock any more, and the next try opens (or creates) the one that is
+        try:
+            current = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        os.close(fd)
+    try:
+        left = lock_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+        if left and not left.get("legacy"):
+            log.warning("%s: taking over the lock left by pid %s on host %s, which ended without releasing "
+                        "it (killed?)", folder, left.get("pid", "?"), left.get("host", "?"))
         os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        os.pwrite(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n").encode(), 0)
         yield folder
     finally:
+        try:
+            path.unlink()  # while still holding it: a process that opened it since retries (above)
+        except FileNotFoundError:
+            pass
         os.close(fd)  # closing the descriptor releases the lock

@@ -58,10 +58,10 @@ def cmd_stats(args) -> int:
     try:
         result = run_stats(*args.runs)
     except FileNotFoundError as e:
-        print(f"humanset stats: {e}", file=sys.stderr)
+        print(f"humanset stats: error: {e}", file=sys.stderr)
         return 2
     except duckdb.Error as e:  # e.g. a damaged Parquet file in the catalog
-        print(f"humanset stats: {e}", file=sys.stderr)
+        print(f"humanset stats: error: {e}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(result, indent=2, default=str))
@@ -316,16 +316,20 @@ def cmd_query(args, by_generation: bool = False) -> int:
     from catalog.io import atomic_path
 
     out = Path(args.out) if args.out else None
+    if not args.sql.strip():
+        print('humanset query: error: SQL is empty; pass a query, e.g. "SELECT count(*) FROM samples"',
+              file=sys.stderr)
+        return 2
     if out and out.suffix.lower() not in (".parquet", ".csv"):
         print(f"humanset query: --out {out}: the file must end in .parquet or .csv", file=sys.stderr)
         return 2
     try:
         con = connect(args.run, by_generation=by_generation)
     except FileNotFoundError as e:
-        print(f"humanset query: {e}", file=sys.stderr)
+        print(f"humanset query: error: {e}", file=sys.stderr)
         return 2
     except duckdb.Error as e:  # e.g. a Parquet file that is not one
-        print(f"humanset query: {args.run}: {e}", file=sys.stderr)
+        print(f"humanset query: error: {args.run}: {e}", file=sys.stderr)
         return 1
     try:
         rel = con.sql(args.sql)
@@ -351,7 +355,7 @@ def cmd_query(args, by_generation: bool = False) -> int:
         views = ", ".join(r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal "
                                                     "ORDER BY 1").fetchall())
         print(f"humanset query: {e}\n(views of this run: {views})", file=sys.stderr)
-        return 1
+        return 2  # the query is the user's to fix
     finally:
         con.close()
 
@@ -374,10 +378,10 @@ def cmd_report(args) -> int:
     try:
         path = write_report(args.run, out, thumbs=args.thumbs, seed=args.seed)
     except FileNotFoundError as e:
-        print(f"humanset report: {e}", file=sys.stderr)
+        print(f"humanset report: error: {e}", file=sys.stderr)
         return 2
     except duckdb.Error as e:
-        print(f"humanset report: {e}", file=sys.stderr)
+        print(f"humanset report: error: {e}", file=sys.stderr)
         return 1
     print(f"report: {path if isinstance(path, str) else path.resolve()}")
     return 0

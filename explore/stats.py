@@ -15,6 +15,7 @@ import math
 import re
 from pathlib import Path
 
+from catalog import run_kind
 from catalog.duck import register, retry_by_generation, run_exists, run_location, worth_loading
 from catalog.rules import INPUT_STAGE, PERSON_BOX, PERSON_SCORE, RULES, Rule
 from catalog.unit_stats import unit_outcomes
@@ -417,7 +418,12 @@ def open_runs(*run_dirs, by_generation: bool = False, load: bool = False):
     try:
         for i, run in enumerate(run_dirs):
             if not run_exists(run_location(run)):
-                raise FileNotFoundError(f"{run}: no such run directory")
+                raise FileNotFoundError(f"{run}: no such run directory; pass a curation run's folder (humanset curate "
+                                        "--output RUN)")
+            kind = run_kind.kind_of(run)
+            if kind not in (None, "curate", "select"):
+                raise FileNotFoundError(f"{run}: holds {run_kind.describe(kind)}; pass a curation run's folder "
+                                        "(humanset curate --output RUN)")
             prefix = "" if len(run_dirs) == 1 else f"r{i}_"
             # load: a dozen scans follow, so the parts are read once, a chunk at a time (catalog.duck)
             loaded = ("samples",) if load and worth_loading(run) else ()

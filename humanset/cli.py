@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-from humanset.argparse_compat import command_actions, hide_command_list
+from humanset.argparse_compat import command_actions, empty_arguments, hide_command_list
 
 # rooms and their modules exposing register(subparsers); each adds its commands with
 # set_defaults(func=...). `humanset --help` lists the commands under these headings.
@@ -46,7 +47,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_USER, EXIT_ENVIRONMENT, EXIT_PIPE_CLOSED = 2, 3, 141  # 141: what a shell shows for a process SIGPIPE ended
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except BrokenPipeError:
+        return pipe_closed()
+    except SystemExit:  # --help, or argparse's usage error: printed, maybe into a pipe already closed
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise SystemExit(pipe_closed()) from None
+        raise
+
+
+def run(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from catalog.console import native_noise_filtered, setup_logging
@@ -55,16 +72,53 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    with native_noise_filtered():
-        try:
-            return int(args.func(args) or 0)
-        except Exception as e:  # the store refused for good, or kept failing: one line, exit 3
-            from catalog.storage.answers import store_fault
-            fault = store_fault(e)
-            if fault is None:
-                raise
-            print(f"humanset {args.command}: error: {fault}", file=sys.stderr)
-            return 3
+    empty = empty_arguments(parser, args)
+    if empty:  # `--input ""` would otherwise mean the current folder, `query RUN ""` a statement that does nothing
+        print(f"humanset {args.command}: error: {', '.join(empty)} is an empty string; pass a value "
+              f"(humanset {args.command} --help)", file=sys.stderr)
+        return EXIT_USER
+    try:
+        with native_noise_filtered():
+            status = int(args.func(args) or 0)
+            sys.stdout.flush()  # here, where a closed pipe can still be told apart from a failure
+            return status
+    except BrokenPipeError:
+        raise
+    except Exception as e:  # the rooms print their own errors; what reaches here is named in one line
+        from catalog.storage.answers import store_fault
+        fault = store_fault(e)  # the store refused for good, or kept failing: the machine's, exit 3
+        status = EXIT_ENVIRONMENT if fault is not None else user_error(e)
+        if status is None or args.verbose:
+            raise
+        command = " ".join([args.command] + [v for k, v in vars(args).items() if k.endswith("_command") and v])
+        print(f"humanset {command}: error: {e if fault is None else fault}", file=sys.stderr)
+        return status
+
+
+def user_error(e: Exception) -> int | None:
+    """The exit status of an exception that is the user's to fix (a path that is missing or of the wrong
+    kind, a folder in use, a file where a folder belongs) or the machine's (a permission); None for
+    anything else, which keeps its traceback: that is a bug to report."""
+    from catalog.io import RunLocked
+    from catalog.run_kind import RunKindError
+
+    if isinstance(e, PermissionError):
+        return EXIT_ENVIRONMENT
+    if isinstance(e, (FileNotFoundError, NotADirectoryError, IsADirectoryError, RunKindError, RunLocked)):
+        return EXIT_USER
+    return None
+
+
+def pipe_closed() -> int:
+    """`humanset stats RUN | head`: the reader has gone. Stop quietly, as a Unix tool does; what is still
+    buffered goes nowhere (Python would otherwise report the pipe again while it exits)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return EXIT_PIPE_CLOSED
 
 
 if __name__ == "__main__":

@@ -27,11 +27,13 @@ log = logging.getLogger("humanset.demo")
 
 def run(output: str = "runs/demo", progress: bool = True, pretrain_steps: int = 40, frames: int = 4,
         finetune_steps: int = 30, filter_steps: int = 300) -> int:
+    from catalog import run_kind
     from pipeline.demo.crawl import run as curate_demo
     from render.demo_renders import run as render_demo
     out = Path(output)
     from explore.report import write_report
 
+    run_kind.claim(out, "demo", flag="--output")  # a folder of runs: curate or render into it is refused
     curate_demo(str(out), progress=progress)
     run_dir = out / "run"
     report = write_report(run_dir, out / "report.html")
@@ -85,7 +87,8 @@ def pretrain_demo_config(data, output, steps: int = 40):
 
     return PretrainConfig(data=str(data), output=str(output), model="tiny", image_size=64, batch_size=16,
                           steps=steps, warmup_steps=max(1, steps // 10), base_lr=0.02, loader_workers=1,
-                          cpu_threads=1, checkpoint_every=steps, log_every=5)
+                          cpu_threads=1, checkpoint_every=steps, log_every=5,
+                          resume="auto")  # a rerun continues an interrupted demo
 
 
 def pretrain_demo(data, output, steps: int = 40) -> dict:
@@ -116,7 +119,7 @@ def finetune_demo_config(task: str, data, output, steps: int = 30, encoder: str 
     return FinetuneConfig(task=task, data=str(data), output=str(output), encoder=encoder, model="tiny",
                           image_size=(128, 96), head_width=32, batch_size=4, steps=steps,
                           warmup_steps=max(1, steps // 10), lr=2e-3, loader_workers=0, cpu_threads=1,
-                          checkpoint_every=steps, log_every=5)
+                          checkpoint_every=steps, log_every=5, resume="auto")
 
 
 def finetune_demo(render_dir, out_dir, steps: int = 30, encoder: str = "") -> dict:

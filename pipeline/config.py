@@ -4,11 +4,13 @@ generated from them (the file a newcomer reads; tests/test_config_files.py keeps
 """
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
 
 from catalog import config as loader
 from catalog.config import Check
+from catalog.storage.paths import absolute, is_uri
 
 from pipeline.settings import CurateSettings
 
@@ -39,6 +41,17 @@ def with_defaults(cfg):
     return _fill(cfg, default_config()) if isinstance(cfg, dict) else cfg
 
 
+def with_local_weights(cfg: dict) -> dict:
+    """cfg with each stage's `weights` that names a local file or folder made absolute: the manifest records
+    it resolved and every worker, whatever its working directory, opens the same file."""
+    out = dict(cfg)
+    for name, sec in cfg.items():
+        w = sec.get("weights") if isinstance(sec, dict) else None
+        if isinstance(w, str) and w and not is_uri(w) and not os.path.isabs(w) and os.path.exists(w):
+            out[name] = {**sec, "weights": absolute(w)}
+    return out
+
+
 def section(cfg: dict | None, name: str) -> dict:
     """Section `name` of a whole config, completed with its defaults: code given a partial config (tests,
     an old manifest) reads every key, the missing ones from the dataclass, never from a fallback in code."""
@@ -58,4 +71,5 @@ def load_config(path: str | Path | None = None, sets: list[str] | None = None) -
     return loader.load(default_config(), path, sets, CHECKS)
 
 
-__all__ = ["CHECKS", "apply_sets", "default_config", "load_config", "section", "validate", "with_defaults"]
+__all__ = ["CHECKS", "apply_sets", "default_config", "load_config", "section", "validate", "with_defaults",
+           "with_local_weights"]

@@ -59,7 +59,7 @@ def run_render(args) -> int:
     from catalog.storage import retry
     from catalog.storage.answers import store_fault
     from render.config import load_config
-    from render.run.job import prepare_run, run_local, summary
+    from render.run.job import prepare_run, release_run, run_local, summary
     if args.frames is None or args.output is None:
         print("humanset render: error: --frames and --output are required (see humanset render --help)",
               file=sys.stderr)
@@ -74,13 +74,16 @@ def run_render(args) -> int:
             raise  # the store refused or kept failing: humanset's one line, exit 3
         print(f"humanset render: error: {e}", file=sys.stderr)
         return 2
-    if args.ray:
-        from render.run.distributed import run_ray
-        run_ray(spec, args.workers, args.cpus_per_worker, args.gpus_per_worker, args.address,
-                progress=not args.no_progress)
-    else:
-        run_local(spec, progress=not args.no_progress)
-    s = summary(spec)
+    try:
+        if args.ray:
+            from render.run.distributed import run_ray
+            run_ray(spec, args.workers, args.cpus_per_worker, args.gpus_per_worker, args.address,
+                    progress=not args.no_progress)
+        else:
+            run_local(spec, progress=not args.no_progress)
+        s = summary(spec)
+    finally:
+        release_run(spec.out)  # OUT/.lock removed: a finished run leaves no lock behind
     print(json.dumps(s))
     return 0 if s["rendered"] > 0 or s["frames"] == 0 else 1
 
@@ -197,3 +200,5 @@ def register(sub) -> None:
     q.add_argument("--frames", type=int, default=4)
     q.add_argument("--no-progress", action="store_true")
     q.set_defaults(func=run_demo)
+    # the subcommand is optional (`humanset render --frames ...` renders): say so in the usage line
+    p.usage = p.format_usage().removeprefix("usage: ").replace(" SUBCOMMAND ...", " [SUBCOMMAND ...]")

@@ -14,7 +14,10 @@ DEMO_SETTINGS = [
 
 def run(out_dir="runs/render-demo", frames: int = 4, seed: int = 0, progress: bool = True) -> dict:
     from render.config import load_config
-    from render.run.job import prepare_run, run_local, summary
+    from render.run.job import prepare_run, release_run, run_local, summary
     spec = prepare_run(out_dir, "anny", "builtin", frames, seed, load_config(sets=DEMO_SETTINGS))
-    run_local(spec, progress=progress)
-    return {**summary(spec), "output": spec.out}
+    try:
+        run_local(spec, progress=progress)
+        return {**summary(spec), "output": spec.out}
+    finally:
+        release_run(spec.out)  # the demo goes on to train: OUT's lock is not held until the process ends

@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 
 import catalog
+from catalog import run_kind
+from catalog.storage import is_uri
 
 from render.run import output as outfmt
 from render.run.reader import (FRAME_KEY, ExportError, RunReader, frame_arrays, frame_records, run_fingerprint)
@@ -116,8 +118,11 @@ def export_sapiens(out, to, normal_frame: str = DEFAULT_NORMAL_FRAME, progress: 
         raise ExportError(f"--normal-frame {normal_frame!r}: choose one of {sorted(NORMAL_FRAMES)}")
     reader, to = RunReader(out), Path(to)
     settings = sapiens_settings(reader, normal_frame)
+    identity = {k: settings[k] for k in ("format", "normal_frame", "source_run")}
+    run_kind.check(to, "export", identity, flag="--to")  # before anything is written
     try:
         with catalog.run_lock(to):  # one export writes a folder at a time
+            run_kind.claim(to, "export", identity, flag="--to")
             manifest = write_sapiens(reader, to, settings, progress)
     except catalog.RunLocked as e:
         raise ExportError(str(e)) from None
@@ -163,8 +168,17 @@ FOLDER_DOCS = {
 }
 
 
+def check_source(out) -> None:
+    """OUT must be a render run (or a folder of render shards); named with the fix otherwise."""
+    text = str(out)
+    if not is_uri(text) and not Path(text).is_dir():
+        raise ExportError(f"OUT {text}: no such folder; pass a render run (humanset render --output OUT)")
+    run_kind.require(text, ("render",), "OUT", "pass a render run (humanset render --output OUT)")
+
+
 def export(out, fmt: str, to, normal_frame: str | None = None, progress: bool = True) -> dict:
     """`humanset render export`: dispatch on --format."""
+    check_source(out)
     if fmt == "sapiens":
         return export_sapiens(out, to, normal_frame or DEFAULT_NORMAL_FRAME, progress)
     if fmt == "coco":

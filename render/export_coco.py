@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 import catalog
+from catalog import run_kind
 
 from render.bodies import COCO17  # the order render writes keypoints_coco17 in (COCO's own)
 from render.run.reader import ExportError, RunReader, frame_arrays, frame_records, run_fingerprint
@@ -98,7 +99,18 @@ def export_coco(out, to, progress: bool = True) -> dict:
         raise ExportError(f"--to {to}: a COCO export is one .json file (its images go to {to.stem}_images/)")
     run = reader.manifest()
     folder = images_dir(to)
-    folder.mkdir(parents=True, exist_ok=True)
+    # the marker lives in FILE_images/ (the export's folder): its images must come from one run
+    identity = {"format": "coco", "source_run": run_fingerprint(run), "file": to.name}
+    run_kind.check(folder, "export", identity, flag="--to")
+    try:
+        with catalog.run_lock(folder):  # one export writes a folder at a time
+            run_kind.claim(folder, "export", identity, flag="--to")
+            return write_coco(reader, to, folder, run, progress)
+    except catalog.RunLocked as e:
+        raise ExportError(str(e)) from None
+
+
+def write_coco(reader: RunReader, to: Path, folder: Path, run: dict, progress: bool) -> dict:
     catalog.clean_tmp(folder)
     images, annotations, skipped = [], [], {}
     # every frame is read (its box and keypoints go into the JSON); an image already written is kept

@@ -139,7 +139,8 @@ def index_scans(scans_dir) -> list[dict]:
     """One SCANS row per mesh file under `scans_dir` (recursively), rejected ones included."""
     root = Path(scans_dir)
     if not root.is_dir():
-        raise FileNotFoundError(f"scan library {root}: no such directory")
+        raise FileNotFoundError(f"scan library {root}: {'a file' if root.is_file() else 'no such folder'}; pass a "
+                                "folder of scans (OBJ+MTL, FBX, glTF/GLB, PLY)")
     files = sorted(p for p in root.rglob("*") if p.suffix.lower() in MESH_EXTS and p.is_file())
     if not files:
         raise FileNotFoundError(f"scan library {root} holds no mesh files ({', '.join(MESH_EXTS)}); "

@@ -125,3 +125,27 @@ def test_matplotlib_building_its_font_cache_prints_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert list(tmp_path.glob("fontlist-*.json")), "matplotlib built no font cache: the test tests nothing"
     assert [line.split(" ", 1)[1] for line in proc.stderr.splitlines()] == ["ours"], proc.stderr
+
+
+def test_a_log_line_lands_after_what_the_command_printed_before_it(tmp_path):
+    """stdout and stderr into one file (`> log 2>&1`): stdout is buffered there, so without a flush the log
+    line would land inside the table printed before it."""
+    code = ("import logging\nfrom catalog.console import setup_logging\nsetup_logging()\n"
+            "print('reject reasons')\nprint('  3  person:no_person')\n"
+            "logging.getLogger('humanset.curate').info('removed 21 work files')\nprint('done')\n")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    with open(tmp_path / "log", "w") as out:
+        subprocess.run([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT, env=env, timeout=120,
+                       check=True)
+    lines = [line.split(" ", 1)[1] if line[:2].isdigit() else line for line in (tmp_path / "log").read_text().splitlines()]
+    assert lines == ["reject reasons", "  3  person:no_person", "removed 21 work files", "done"]
+
+
+def test_an_optional_subcommand_is_shown_optional_in_the_usage_line():
+    from humanset.cli import build_parser
+
+    parser = build_parser()
+    for cmd in ("pretrain", "render"):
+        usage = parser._subparsers._group_actions[0].choices[cmd].format_usage()
+        assert "[SUBCOMMAND ...]" in usage and " SUBCOMMAND ...\n" not in usage.replace("[SUBCOMMAND ...]", ""), usage

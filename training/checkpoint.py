@@ -18,6 +18,7 @@ import logging
 import pickle
 import random
 import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -110,16 +111,22 @@ class UnsafeCheckpointError(ValueError):
     """A .pt file whose pickle names code to run or classes to build: refused, never executed."""
 
 
-def safe_load(path, what: str = "checkpoint"):
+def safe_load(path, what: str = "checkpoint", mmap: bool = False):
     """`torch.load(path, weights_only=True)`: tensors, containers and plain values only.
 
     A file that needs any other global (a pickled object, a function call) is refused with an error that
-    names it; its payload never runs.
+    names it; its payload never runs. `mmap`: tensors stay on disk until read (a look at a large
+    checkpoint's config costs no memory).
     """
     path = Path(path)
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if not zipfile.is_zipfile(path) and head[:1] != b"\x80":  # torch.save writes a zip; before 1.6 a pickle
+        raise ValueError(f"{what} {path}: not a PyTorch file (torch.save writes a zip archive); pass a checkpoint "
+                         "OUT/checkpoints/step-N.pt, an encoder export OUT/encoder.pth or a timm state dict")
     try:
         with torch.serialization.safe_globals(LEGACY_GLOBALS):
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and zipfile.is_zipfile(path))
     except pickle.UnpicklingError as exc:
         named = re.search(r"GLOBAL ([\w.]+)", str(exc))
         detail = f"its pickle calls {named.group(1)}" if named else str(exc).strip().splitlines()[-1]
@@ -129,11 +136,39 @@ def safe_load(path, what: str = "checkpoint"):
             f"state dict (torch.save(model.state_dict(), PATH)) where you trust the file") from None
 
 
-def load_checkpoint(path) -> dict:
+def checkpoint_of(path, what: str = "--checkpoint") -> Path:
+    """A checkpoint file, or the newest checkpoint of a training run's folder OUT."""
     path = Path(path)
+    if path.is_dir():
+        found = latest_checkpoint(path)
+        if found is None:
+            raise FileNotFoundError(f"{what} {path}: a folder without checkpoints (OUT/checkpoints/step-N.pt); pass "
+                                    "a training run's folder or one of its checkpoints")
+        return found
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path}: no such file (checkpoints live in OUT/checkpoints/)")
-    return safe_load(path)
+        raise FileNotFoundError(f"{what} {path}: no such file; pass a checkpoint OUT/checkpoints/step-N.pt or the run "
+                                "folder OUT (its newest checkpoint)")
+    return path
+
+
+def load_checkpoint(path) -> dict:
+    """A training checkpoint (a file, or a run folder's newest) as the dict `save_checkpoint` wrote."""
+    path = checkpoint_of(path, "checkpoint")
+    state = safe_load(path)
+    if not isinstance(state, dict) or all(torch.is_tensor(v) for v in state.values()):
+        raise ValueError(f"checkpoint {path}: weights only (an exported encoder or a plain state dict), not a "
+                         "humanset training checkpoint; pass a run's OUT/checkpoints/step-N.pt, or its folder OUT")
+    return state
+
+
+def kind_of(state: dict) -> str:
+    """Which training wrote a checkpoint: 'pretrain', 'finetune' (with its task) or 'filter'."""
+    cfg = state.get("config") or {}
+    if "task" in state:
+        return f"finetune {state['task']}"
+    if "filter" in cfg:
+        return f"filter {cfg['filter']}"
+    return "pretrain" if "mask_ratio" in cfg else "unknown"
 
 
 def resolve_resume(resume, output) -> Path | None:
@@ -161,6 +196,9 @@ def export_encoder(checkpoint, out_path) -> Path:
     and `load_state_dict(torch.load(OUT), strict=True)`.
     """
     ckpt = load_checkpoint(checkpoint) if not isinstance(checkpoint, dict) else checkpoint
+    if "timm_kwargs" not in ckpt or "model" not in ckpt:
+        raise ValueError(f"checkpoint {checkpoint}: holds no model with its timm arguments (a {kind_of(ckpt)} "
+                         "checkpoint of an older humanset?); export from a checkpoint humanset pretrain wrote")
     state = {k: v.detach().cpu().contiguous() for k, v in encoder_state_dict(ckpt["model"]).items()}
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,8 @@ PRETRAIN_FLAGS = ("data", "output", "model", "image_size", "batch_size", "steps"
 
 
 def add_pretrain_args(p: argparse.ArgumentParser, required: bool = True) -> argparse.ArgumentParser:
-    p.add_argument("--data", required=required, help="folder of curated shards (a curation run's RUN/shards)")
+    p.add_argument("--data", required=required, help="a curation run (RUN, as finetune and train-filter take theirs) "
+                                                      "or its shards folder RUN/shards; local or s3://")
     p.add_argument("--output", required=required, help="run folder: checkpoints/, log.jsonl, encoder.pth")
     add_setting_flags(p, "pretrain", {"model": f"encoder preset: {PRESET_HELP}",
                                       "image_size": ("square input side in px, multiple of 16", int),
@@ -128,9 +129,10 @@ def register(sub) -> None:
         description="Masked-autoencoder pretraining as in Sapiens: 75 % masking, per-patch normalised "
                     "pixel loss, AdamW (0.9, 0.95), lr = base_lr x batch / 256, warmup + cosine. "
                     "Writes OUT/log.jsonl, OUT/checkpoints/step-N.pt and OUT/encoder.pth (loads into "
-                    "timm's VisionTransformer). Examples:\n  humanset pretrain --data RUN/shards "
+                    "timm's VisionTransformer). On a CPU, --model tiny --image-size 64 --steps 40 --batch-size 16 "
+                    "makes it a minute. Examples:\n  humanset pretrain --data RUN "
                     "--model tiny --image-size 64 --steps 40 --batch-size 16 --output RUN/pretrain\n"
-                    "  humanset pretrain vis --checkpoint RUN/pretrain/checkpoints/step-00000040.pt photo.jpg\n"
+                    "  humanset pretrain vis --checkpoint RUN/pretrain photo.jpg\n"
                     "  humanset pretrain export --checkpoint RUN/pretrain/checkpoints/step-00000040.pt "
                     "--out encoder.pth",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -138,7 +140,8 @@ def register(sub) -> None:
     psub = p.add_subparsers(dest="pretrain_command", metavar="SUBCOMMAND")
 
     v = psub.add_parser("vis", help="original | masked | reconstruction figure of a checkpoint")
-    v.add_argument("--checkpoint", required=True, help="OUT/checkpoints/step-N.pt")
+    v.add_argument("--checkpoint", required=True, help="a pretraining checkpoint OUT/checkpoints/step-N.pt, or the run "
+                                                       "folder OUT (its newest checkpoint)")
     v.add_argument("image", help="any image file")
     v.add_argument("--out", default="vis.png", help="PNG to write (default %(default)s)")
     v.add_argument("--mask-ratio", type=float, default=None,
@@ -147,6 +150,8 @@ def register(sub) -> None:
     v.set_defaults(func=cmd_pretrain_vis)
 
     e = psub.add_parser("export", help="write a checkpoint's encoder as a timm state dict")
-    e.add_argument("--checkpoint", required=True, help="OUT/checkpoints/step-N.pt")
+    e.add_argument("--checkpoint", required=True, help="OUT/checkpoints/step-N.pt, or the run folder OUT (its newest)")
     e.add_argument("--out", required=True, help="encoder .pth (its timm arguments go next to it as .json)")
     e.set_defaults(func=cmd_pretrain_export)
+    # the subcommand is optional (`humanset pretrain --data ...` trains): say so in the usage line
+    p.usage = p.format_usage().removeprefix("usage: ").replace(" SUBCOMMAND ...", " [SUBCOMMAND ...]")

@@ -14,6 +14,7 @@ keeps inter-process traffic 4x smaller than float tensors.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
@@ -37,6 +38,60 @@ def normalize(images_uint8: torch.Tensor, device=None) -> torch.Tensor:
     mean = torch.tensor(IMAGENET_MEAN, device=x.device).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD, device=x.device).view(1, 3, 1, 1)
     return (x - mean) / std
+
+
+# --- what --data names, and how many loader workers it can feed ------------------------------
+def shards_folder(data) -> str | None:
+    """The shards folder `data` names: itself if it holds shards, else its shards/ (a curation or render
+    run), as a string (a URI stays one); None if neither holds any."""
+    text = str(data)
+    for folder in (text, catalog.storage.join(text, "shards")):
+        try:
+            if catalog.list_shard_names(folder):
+                return folder
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return None
+
+
+def count_samples(folder, enough: int) -> int:
+    """The rows of the shards' indexes, counted until `enough` (a large run's shards are not all read)."""
+    n = 0
+    for name in catalog.list_shard_names(folder):
+        with catalog.open_shard_file(folder, name[:-4] + ".parquet") as f:
+            n += pq.ParquetFile(f).metadata.num_rows
+        if n >= enough:
+            break
+    return n
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def loader_workers(stream: "ShardStream", asked: int, batch_size: int, world: int = 1, say: bool = True) -> int:
+    """DataLoader processes for a ShardStream (capped_workers, its samples counted from the indexes)."""
+    rows = count_samples(stream.folder, max(world * max(asked, 1), batch_size))
+    return capped_workers(asked, rows, batch_size, stream.folder, world, say)
+
+
+def capped_workers(asked: int, samples: int, batch_size: int, where, world: int = 1, say: bool = True) -> int:
+    """DataLoader processes: never more than there are samples for each to read (a worker with none
+    would have nothing to stream) nor CPUs to run them; said in one line when fewer than `asked`, and
+    when the data holds fewer samples than a batch (the batch repeats them, each in a crop of its own)."""
+    cap = max(0, min(asked, samples // max(world, 1), usable_cpus()))
+    plural = "s" if samples != 1 else ""
+    if say and cap < asked:
+        why = f"the data holds {samples} sample{plural}" if samples // max(world, 1) < asked else \
+            f"this process may use {usable_cpus()} CPUs"
+        log.info("loader workers: %d of the %d asked (%s)", cap, asked, why)
+    if say and samples < batch_size:
+        log.warning("%s: %d sample%s, fewer than a batch of %d: each batch repeats them in other crops",
+                    where, samples, plural, batch_size)
+    return cap
 
 
 # --- shard order -----------------------------------------------------------------------------
@@ -128,13 +183,14 @@ class ShardStream(torch.utils.data.IterableDataset):
         """Decoded, augmented samples from `pos` on; advances `pos` in place after each one."""
         while True:
             plan = epoch_plan(self.shards, pos.epoch, self.seed, consumer, n_consumers)
-            fresh_epoch, samples_before = pos.shard == 0 and pos.row == 0, pos.samples
+            fresh_epoch, samples_before, rows_seen = pos.shard == 0 and pos.row == 0, pos.samples, 0
             while pos.shard < len(plan):
                 name, offset, stride = plan[pos.shard]
                 with catalog.open_shard_file(self.folder, name[:-4] + ".parquet") as f:
                     index = pq.read_table(f, columns=["key", "members"])
                 keys, members = index.column("key").to_pylist(), index.column("members").to_pylist()
                 order = row_order(len(keys), self.seed, pos.epoch, self.shard_ids[name])[offset::stride]
+                rows_seen += len(order)
                 with catalog.open_shard_file(self.folder, name) as fh:
                     while pos.row < len(order):
                         row = int(order[pos.row])
@@ -152,6 +208,10 @@ class ShardStream(torch.utils.data.IterableDataset):
                         yield augment(img, self.image_size, sample_rng(self.seed, pos.epoch, name, row),
                                       self.crop_scale)
                 pos.shard, pos.row = pos.shard + 1, 0
+            if fresh_epoch and not rows_seen:  # more streams than samples (loader_workers caps them)
+                raise RuntimeError(f"{self.folder}: data stream {consumer} of {n_consumers} has no sample to read: "
+                                   f"the shards hold fewer samples than ranks x loader workers; lower --workers "
+                                   f"or --set loader_workers")
             if fresh_epoch and pos.samples == samples_before:  # a whole epoch without one usable sample
                 raise RuntimeError(f"{self.folder}: data stream {consumer} of {n_consumers} read a whole epoch "
                                    f"of its shards ({len(plan)}) without one decodable image")

@@ -129,3 +129,17 @@ def decode_augment_batch(batch: dict, folder: str, image_size: int, crop_scale=(
         images[i] = augment(img, image_size, rng, crop_scale)
         ok[i] = True
     return {"image": images, "ok": ok}
+
+
+def read_image_file(path, what: str = "IMAGE") -> Image.Image:
+    """decode_image of a file a user named, refused in one line naming it when it is missing or not an image."""
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {path}: no such file; pass a photo (JPEG, PNG, WebP, ...)")
+    try:
+        return decode_image(path.read_bytes())
+    except (OSError, ValueError, Image.DecompressionBombError) as e:  # PIL.UnidentifiedImageError is an OSError
+        raise ValueError(f"{what} {path}: not an image PIL can read ({type(e).__name__}); pass a photo "
+                         "(JPEG, PNG, WebP, ...)") from None

@@ -14,12 +14,12 @@ from typing import Iterator
 
 import torch
 
-import catalog
 from catalog.config import setting
 
 from training import checkpoint as ckpt
-from training import run_config, trainer
-from training.data import ShardStream, normalize, ray_dataset
+from training import run_config, run_folder, trainer
+from training.data import (ShardStream, count_samples, loader_workers, normalize, ray_dataset,
+                           shards_folder)
 from training.trainer import Context
 from training.run_config import RunConfig
 from training.lr import adamw, param_groups, scaled_lr, warmup_cosine
@@ -71,9 +71,10 @@ def build_model(cfg: PretrainConfig) -> MaskedAutoencoder:
 def torch_batches(cfg: PretrainConfig, ctx: Context, positions: dict, start_batch: int) -> Iterator[dict]:
     stream = ShardStream(cfg.data, cfg.image_size, cfg.batch_size, cfg.seed, ctx.rank, ctx.world,
                          positions=positions, start_batch=start_batch, crop_scale=cfg.crop_scale)
+    workers = loader_workers(stream, cfg.loader_workers, cfg.batch_size, ctx.world, say=ctx.main)
     loader = torch.utils.data.DataLoader(
-        stream, batch_size=None, num_workers=cfg.loader_workers, pin_memory=ctx.device.type == "cuda",
-        persistent_workers=False, prefetch_factor=2 if cfg.loader_workers else None)
+        stream, batch_size=None, num_workers=workers, pin_memory=ctx.device.type == "cuda",
+        persistent_workers=False, prefetch_factor=2 if workers else None)
     yield from loader
 
 
@@ -178,29 +179,41 @@ def train_loop(config: dict) -> dict:
 
 
 # --- entry points -------------------------------------------------------------------------------
-def check_inputs(cfg: PretrainConfig):
-    if not cfg.data or not catalog.list_shard_names(cfg.data):
-        raise FileNotFoundError(f"--data {cfg.data!r}: no curated shards (NAME.tar + NAME.parquet) there; "
-                                f"pass a curation run's shards folder, e.g. RUN/shards")
+def check_inputs(cfg: PretrainConfig) -> PretrainConfig:
+    """cfg with its paths resolved and --data as the shards folder (a curation run names its shards/);
+    refused, naming the fix, when there are no shards or too few samples for the loader."""
     if not cfg.output:
         raise ValueError("--output is required: the run folder for checkpoints and logs")
+    cfg = run_folder.resolved(cfg)
+    folder = shards_folder(cfg.data) if cfg.data else None
+    if not folder:
+        raise FileNotFoundError(f"--data {cfg.data!r}: no curated shards (NAME.tar + NAME.parquet) there or in its "
+                                f"shards/ folder; pass a curation run (humanset curate --output RUN) or its shards")
+    cfg = dataclasses.replace(cfg, data=folder)
+    if cfg.workers and cfg.loader in ("auto", "ray"):  # Ray Data drops a partial batch: a smaller stream never yields
+        rows = count_samples(cfg.data, cfg.batch_size * cfg.workers)
+        if rows < cfg.batch_size * cfg.workers:
+            raise ValueError(f"--data {cfg.data}: {rows} samples, fewer than one global batch ({cfg.batch_size} x "
+                             f"{cfg.workers} workers) the Ray loader needs; lower --batch-size, or --set loader=torch")
+    return cfg
 
 
 def pretrain(cfg: PretrainConfig) -> dict:
     """Run in this process (CPU, or the first GPU), or on Ray Train when cfg.workers > 0."""
-    check_inputs(cfg)
     if cfg.workers:
         return pretrain_ray(cfg)
-    return train_loop(cfg.to_dict())
+    cfg = check_inputs(cfg)
+    with run_folder.owned(cfg, "pretrain"):
+        return train_loop(cfg.to_dict())
 
 
 def pretrain_ray(cfg: PretrainConfig, ray_address: str | None = None) -> dict:
-    """The same loop on `cfg.workers` Ray Train workers (DDP or FSDP2; NCCL on GPUs, gloo on CPUs)."""
-    check_inputs(cfg)
-    data = cfg.data if catalog.storage.is_uri(cfg.data) else str(Path(cfg.data).resolve())
-    cfg = dataclasses.replace(cfg, data=data, output=str(Path(cfg.output).resolve()))
-    datasets = {"train": ray_dataset(cfg.data, cfg.image_size, cfg.crop_scale)} \
-        if cfg.loader in ("auto", "ray") else None
-    trainer.launch_ray(train_loop, cfg, "pretrain", datasets, ray_address)
+    """The same loop on `cfg.workers` Ray Train workers (DDP or FSDP2; NCCL on GPUs, gloo on CPUs).
+    Paths are absolute (check_inputs): every worker opens them, on any node."""
+    cfg = check_inputs(cfg)
+    with run_folder.owned(cfg, "pretrain"):
+        datasets = {"train": ray_dataset(cfg.data, cfg.image_size, cfg.crop_scale)} \
+            if cfg.loader in ("auto", "ray") else None
+        trainer.launch_ray(train_loop, cfg, "pretrain", datasets, ray_address)
     return {"steps": cfg.steps, "output": cfg.output, "checkpoint": str(ckpt.latest_checkpoint(cfg.output)),
             "encoder": str(Path(cfg.output) / "encoder.pth")}

@@ -7,15 +7,16 @@ the true patch's mean and variance, as the MAE authors do for their figures.
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from training.checkpoint import load_checkpoint
+from training.checkpoint import kind_of, load_checkpoint
 from training.data import normalize
-from training.image_decode import IMAGENET_MEAN, IMAGENET_STD, center_resize, decode_image
+from training.image_decode import IMAGENET_MEAN, IMAGENET_STD, center_resize, read_image_file
 from training.mae import MaskedAutoencoder
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,10 @@ log = logging.getLogger(__name__)
 
 def model_from_checkpoint(checkpoint) -> MaskedAutoencoder:
     state = load_checkpoint(checkpoint) if not isinstance(checkpoint, dict) else checkpoint
+    kind = kind_of(state)
+    if kind != "pretrain":
+        raise ValueError(f"--checkpoint {checkpoint}: a {kind} checkpoint; vis draws an MAE's reconstructions: pass "
+                         "a checkpoint of humanset pretrain (OUT/checkpoints/step-N.pt, or its run folder OUT)")
     cfg = state["config"]
     model = MaskedAutoencoder.from_preset(cfg["model"], cfg["image_size"], cfg["mask_ratio"], cfg["norm_pix_loss"])
     model.load_state_dict(state["model"])
@@ -59,20 +64,26 @@ def to_uint8(x: torch.Tensor, fill: torch.Tensor | None = None) -> np.ndarray:
 
 
 def figure(panels: list[np.ndarray], titles: list[str], gap: int = 6) -> Image.Image:
+    """The panels side by side under their titles; small panels are enlarged (whole pixels, nearest) until
+    each title fits over its panel."""
+    draw = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    widest = max(draw.textlength(t) for t in titles) + 4
     h, w = panels[0].shape[:2]
+    scale = max(1, math.ceil(widest / w))
+    h, w = h * scale, w * scale
     title_h = 14
     out = Image.new("RGB", (len(panels) * w + (len(panels) - 1) * gap, h + title_h), "white")
     draw = ImageDraw.Draw(out)
     for i, (panel, title) in enumerate(zip(panels, titles)):
-        out.paste(Image.fromarray(panel), (i * (w + gap), title_h))
+        out.paste(Image.fromarray(panel).resize((w, h), Image.NEAREST), (i * (w + gap), title_h))
         draw.text((i * (w + gap) + 2, 1), title, fill="black")
     return out
 
 
 def pretrain_vis(checkpoint, image_path, out_path, mask_ratio: float | None = None, seed: int = 0) -> Path:
+    image = read_image_file(image_path)  # before the model is built: a wrong file costs nothing
     model = model_from_checkpoint(checkpoint)
     mask_ratio = model.mask_ratio if mask_ratio is None else mask_ratio
-    image = decode_image(Path(image_path).read_bytes())
     panels = reconstruct(model, image, mask_ratio, seed)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from training import checkpoint as ckpt
-from training.vit import VisionTransformer
+from training.vit import PRESETS, VisionTransformer
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,33 @@ def encoder_weights(path) -> tuple[dict, tuple | None]:
     if "pos_embed" not in state or "patch_embed.proj.weight" not in state:
         raise KeyError(f"{path}: no ViT encoder weights found (need pos_embed and patch_embed.proj.weight)")
     return state, src_hw
+
+
+def encoder_preset(path) -> str | None:
+    """The preset an encoder file was trained with: from the timm arguments beside it (OUT/encoder.json,
+    what `humanset pretrain` exports and train-filter reads) or inside a humanset checkpoint; None when
+    the file does not say (a bare timm or Sapiens state dict). A shape no preset has is refused."""
+    path = Path(path)
+    side = path.with_suffix(".json")
+    state = ckpt.safe_load(path, "--encoder", mmap=True)  # a file that is no checkpoint is refused here, early
+    kw = None
+    if side.is_file():
+        try:
+            kw = json.loads(side.read_text())
+        except ValueError as e:
+            raise ValueError(f"{side}: not the encoder's timm arguments ({e})") from None
+    elif isinstance(state, dict) and "model" in state:  # a humanset checkpoint names its preset in its config
+        if isinstance(state.get("config"), dict) and state["config"].get("model"):
+            return state["config"]["model"]
+        kw = state.get("timm_kwargs")
+    if not isinstance(kw, dict) or not {"embed_dim", "depth", "num_heads"} <= set(kw):
+        return None
+    shape = (kw["embed_dim"], kw["depth"], kw["num_heads"])
+    for name, p in PRESETS.items():
+        if (p.width, p.depth, p.heads) == shape:
+            return name
+    raise ValueError(f"--encoder {path}: a ViT of width {shape[0]}, depth {shape[1]}, {shape[2]} heads, which no "
+                     f"preset has ({', '.join(PRESETS)})")
 
 
 def _grid_from_kwargs(kw) -> tuple | None:

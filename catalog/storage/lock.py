@@ -100,13 +100,14 @@ def object_run_lock(store, force: bool = False, lease_s: float = LEASE_S, heartb
         if seen is None:  # released between our create and our look: one more try
             tag = store._create(LOCK, _body(owner, lease_s))
         elif seen[1] <= lease:
-            raise RunLocked(lock_message(where, lock_uri))
+            raise RunLocked(lock_message(where, lock_uri, info))
         elif not force:
-            raise RunLocked(lock_message(where, lock_uri) +
+            raise RunLocked(lock_message(where, lock_uri, info) +
                             f" (its heartbeat is {seen[1]:.0f} s old, older than the {lease:.0f} s lease: if that "
                             f"run is dead, pass --force-unlock to take the lock over)")
         else:
-            _loud(f"{where}: TAKING OVER a stale run lock (--force-unlock): held by {info.get('owner', '?')}, "
+            _loud(f"{where}: TAKING OVER a stale run lock (--force-unlock): held by {info.get('owner', '?')} (pid "
+                  f"{info.get('pid', '?')} on host {info.get('host', '?')}), "
                   f"last heartbeat {seen[1]:.0f} s ago (lease {lease:.0f} s)")
             tag = store._replace_if(LOCK, _body(owner, lease_s), seen[0])
         if tag is None:

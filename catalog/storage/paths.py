@@ -3,7 +3,7 @@
 `storage_for(uri)` keeps one Storage per URI per process (a worker opens each bucket's client once);
 `locate(uri)` splits a file's URI into its folder's Storage and its name; the `*_at` helpers read and
 write one file so named (local: the atomic writers; object stores: whole objects); `join` builds
-`root/part` for either (a pathlib.Path would fold `s3://`); `run_root` is a RUN's canonical name.
+`root/part` for either (a pathlib.Path would fold `s3://`); `run_root` is a RUN's canonical name, `absolute` what a run records of a path the user gave.
 `is_uri` and `local_path` are the one test of "local or not" and the one way from `file://` to a
 path; `open_input` is the one way to open a file named by either for reading.
 """
@@ -136,3 +136,13 @@ def run_root(output: str | os.PathLike) -> str:
     if is_uri(text):
         return open_storage(text).uri
     return os.path.abspath(os.path.expanduser(local_path(text)))
+
+
+def absolute(path_or_uri: str | os.PathLike) -> str:
+    """What a run records of a path the user gave: a URI as it is (a trailing `/` kept: it means a
+    prefix), a local path made absolute and normal (`~` expanded, `crawl/` and `crawl` alike), so the
+    record works from any directory. Special words (`anny`, `builtin`) are the caller's to keep."""
+    text = os.fspath(path_or_uri)
+    if not text or is_uri(text) or text.startswith("file://"):
+        return text
+    return os.path.abspath(os.path.expanduser(text))

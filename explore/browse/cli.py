@@ -59,23 +59,30 @@ def cmd_browse(args) -> int:
     from explore.browse.labels import LabelError
     from explore.browse.server import BrowseApp, make_server, url_of
 
+    from catalog.run_kind import RunKindError, require
+
+    try:  # a render or training folder is named as what it is, not as a run without a catalog
+        require(args.run, ("curate", "select"), "RUN", "pass a curation run's folder (humanset curate --output RUN)")
+    except RunKindError as e:
+        print(f"humanset browse: error: {e}", file=sys.stderr)
+        return 2
     problem = labels_path_problem(args.run, args.labels)
     if problem:
-        print(f"humanset browse: {problem}", file=sys.stderr)
+        print(f"humanset browse: error: {problem}", file=sys.stderr)
         return 2
     try:
         app = BrowseApp(args.run, args.labels)
     except FileNotFoundError as e:
-        print(f"humanset browse: {e}", file=sys.stderr)
+        print(f"humanset browse: error: {e}", file=sys.stderr)
         return 2
     except (LabelError, duckdb.Error, OSError) as e:
-        print(f"humanset browse: {e}", file=sys.stderr)
+        print(f"humanset browse: error: {e}", file=sys.stderr)
         return 1
     try:
         server = make_server(app, args.host, args.port)
     except OSError as e:
         app.close()
-        print(f"humanset browse: cannot listen on {args.host}:{args.port} ({e.strerror or e}); "
+        print(f"humanset browse: error: cannot listen on {args.host}:{args.port} ({e.strerror or e}); "
               "pick another with --port (0: any free port)", file=sys.stderr)
         return 1
     labels = f"labels: {os.fspath(args.labels)}" if args.labels else "read-only (no --labels FILE)"

@@ -45,9 +45,15 @@ def scatter(values: pa.Array, idx: np.ndarray, n: int) -> pa.Array:
 
 
 def append_name(lists: pa.Array, todo: np.ndarray, name: str) -> pa.Array:
-    """list<string> column with `name` appended on rows where todo (a null list becomes [name])."""
+    """list<string> column with `name` appended on rows where todo (a null list becomes [name]), once: a row
+    scored again by the stage (a fallback round of a --score-all run) does not list it twice."""
     lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
     n = len(lists)
+    listed = pc.fill_null(pc.equal(pc.list_flatten(lists), name), False).to_numpy(zero_copy_only=False)
+    if listed.any():
+        has = np.zeros(n, bool)
+        has[pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)[listed]] = True
+        todo = todo & ~has
     old_len = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     new_len = old_len + todo
     offsets = np.zeros(n + 1, np.int64)

@@ -43,11 +43,12 @@ import catalog
 from catalog import compact as compact_mod
 from catalog.storage import is_uri, retry, run_root
 from catalog.storage.lock import LEASE_S
+from catalog.storage.paths import absolute
 
-from catalog import console
+from catalog import console, run_kind
 from pipeline.dedup import clusters as dedup_mod, partitioned as dedup_dist, fallback, fallback_rounds
 from pipeline.engine import cleanup as run_cleanup
-from pipeline.config import load_config, section, with_defaults
+from pipeline.config import load_config, section, with_local_weights
 from pipeline.settings import DEFAULTS
 from pipeline.engine.funnel import funnel_from_counts
 from pipeline.engine.errors import EnvironmentFault, RunError, environment_fault
@@ -55,7 +56,7 @@ from pipeline.engine.blocks import measure_block, retries_of, score_ds, unit_blo
 from pipeline.engine.early import EarlyScore, start_actors_early
 from pipeline.engine.ray_compat import set_task_poll as task_poll, wake_on_first_task
 from pipeline.engine.ray_setup import init_ray
-from pipeline.engine.run_state import NameSet, Spans, drain_batches, failed_units, unit_windows, reason_counts
+from pipeline.engine.run_state import NameSet, Spans, drain_batches, failed_units, unit_windows, reason_counts, resumed_manifest
 from pipeline.inputs.kinds import check_inputs
 from pipeline.inputs.units import Unit
 from pipeline.inputs.listing import count_new, iter_listing, write_listing
@@ -192,13 +193,15 @@ def _run_root(output):
 def curate(inputs: list[str], output: str, config: dict | None = None, score_all: bool = False,
            progress: bool = True, force_unlock: bool = False, lock_lease_s: float = LEASE_S) -> dict:
     """Run (or finish) a curation run. Returns the manifest."""
-    cfg = config or load_config()
+    cfg = with_local_weights(config or load_config())
     retry.configure(cfg)  # storage.retry_*: this driver's requests, and the processes it starts
     run = _run_root(output)  # workers write into it, from their own working directories
-    # unusable inputs are refused, naming the input, before anything is written; the listing itself
-    # is streamed into RUN/units.jsonl under the lock
+    inputs = [absolute(i) for i in inputs]  # the manifest and the listing name them from anywhere
+    # unusable inputs and a RUN of another kind are refused, naming them, before anything is written;
+    # the listing itself is streamed into RUN/units.jsonl under the lock
     check_inputs(inputs, cfg["input"]["extensions"])
     check_stages(cfg)
+    run_kind.check(run, "curate")
     try:
         lock = run_store(run).run_lock(force=force_unlock, lease_s=float(lock_lease_s))
         with lock as held:
@@ -224,26 +227,20 @@ def check_stages(cfg: dict) -> None:
                        "or [decode,size,dedup,person])")
 
 
-def _identity(cfg) -> dict:
-    """What makes a run the same run: its config without `storage` (how the store is talked to)."""
-    return {k: v for k, v in c.items() if k != "storage"} if isinstance(c := with_defaults(cfg), dict) else c
-
-
 def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress: bool, held=None) -> dict:
     store = run_store(run)
     before, store_parts = retry.snapshot(), []  # this driver's retries, then dedup's task's
     manifest = {"config": cfg, "inputs": [str(i) for i in inputs], "score_all": score_all}
     if store.exists("manifest.json"):
         old = store.read_json("manifest.json")
-        if _identity(old.get("config")) != _identity(cfg) or old.get("inputs") != manifest["inputs"] or old.get("score_all") != score_all:
-            raise RunError(f"{run}: holds a run with other inputs or config; resume it with the same "
-                           "command, or pass a new --output")
-        manifest["started"] = old.get("started")
+        manifest = resumed_manifest(run, old, manifest)  # refused when the inputs, config or --score-all differ
+        inputs = manifest["inputs"]  # as its listing names them (older runs: relative)
         repeated = int(old.get("repeated_inputs") or 0)
         log.info("resuming %s", run)
     else:
         manifest["started"] = _now()
         repeated = 0
+    run_kind.claim(store, "curate")
     removed = catalog.clean_tmp(run, RUN_WRITERS) if store.posix else 0  # object stores: no temp objects
     if removed:
         log.info("removed %d temporary files left by an interrupted run", removed)
@@ -311,6 +308,7 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
                 seconds["dedup"] = round(time.perf_counter() - t0, 2)
                 log.info("dedup: %d of %d candidates are duplicates (%.2f s)", st["duplicates"], st["candidates"],
                          seconds["dedup"])
+                manifest["dedup"] = {k: st.get(k) for k in ("candidates", "duplicates")}  # the funnel explains it
             timeline["deduped"] = round(time.time(), 3)
             t0 = time.perf_counter()
             if n_fallbacks:

@@ -12,11 +12,27 @@ def funnel_table(manifest: dict) -> str:
         lines.append(f"{r['stage']:<12}{r['in']:>10}{r['out']:>10}{r['in'] - r['out']:>10}{pct:>8.1f}%")
     kept = manifest.get("counts", {}).get("kept", 0)
     lines.append(f"{'kept':<12}{'':>10}{kept:>10}{'':>10}{(100.0 * kept / total if total else 0):>8.1f}%")
+    standins = dedup_standins(manifest)
+    if standins:
+        found, n, kept = standins
+        lines.append(f"dedup: {found} duplicates found, {n} of them scored in place of their cluster's rejected best "
+                     f"member (dedup.max_fallbacks): later stages decided them, {kept} kept")
     for name, why in (manifest.get("skipped_stages") or {}).items():
         lines.append(f"skipped: {name}: {why}")
     for name, info in (manifest.get("stage_info") or {}).items():
         lines.append(f"{name}: " + ", ".join(f"{k} {v}" for k, v in info.items()))
     return "\n".join(lines)
+
+
+def dedup_standins(manifest: dict) -> tuple[int, int, int] | None:
+    """(duplicates found, how many of them stood in for a rejected cluster member, how many of those were
+    kept) when fallbacks made the funnel's dedup row drop fewer than were found; else None."""
+    found = (manifest.get("dedup") or {}).get("duplicates")
+    row = next((r for r in manifest.get("funnel", []) if r["stage"] == "dedup"), None)
+    if not found or row is None:
+        return None
+    n = found - (row["in"] - row["out"])
+    return (found, n, int((manifest.get("fallbacks") or {}).get("kept_fallbacks") or 0)) if n > 0 else None
 
 
 def print_funnel(manifest: dict, con=None) -> None:

@@ -15,7 +15,9 @@ import numpy as np
 
 from catalog import console
 from catalog.storage import retry
-from pipeline.engine.errors import EnvironmentFault
+from catalog.storage.paths import absolute
+from pipeline.config import with_defaults, with_local_weights
+from pipeline.engine.errors import EnvironmentFault, RunError
 from pipeline.inputs.units import Unit
 from pipeline.inputs.listing import iter_listing
 from pipeline.engine.unit_io import listing_path, run_store
@@ -155,3 +157,25 @@ def reason_counts(run: str, readers: int = MARKER_READERS) -> tuple[dict[str, in
         while window:
             add(window.popleft().result())
     return by_stage, n_inputs, n_kept, dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))), retried
+
+
+def run_identity(cfg) -> dict:
+    """What makes a run the same run: its config without `storage` (how the store is talked to), its
+    weights resolved (older runs recorded them as given)."""
+    c = with_defaults(cfg)
+    return {k: v for k, v in with_local_weights(c).items() if k != "storage"} if isinstance(c, dict) else c
+
+
+def resumed_manifest(run, old: dict, manifest: dict) -> dict:
+    """This invocation's `manifest` continuing `old` (RUN's manifest.json). Refused, naming what changed, when
+    its inputs, config or --score-all differ (older runs recorded inputs relative: they are compared
+    resolved). The inputs stay as the run's listing names them; `started` and `dedup` are kept."""
+    changed = [what for what, differs in (
+        ("inputs", [absolute(i) for i in old.get("inputs") or []] != manifest["inputs"]),
+        ("config", run_identity(old.get("config")) != run_identity(manifest["config"])),
+        ("--score-all", old.get("score_all") != manifest["score_all"])) if differs]
+    if changed:
+        raise RunError(f"{run}: holds a curation run with other {' and '.join(changed)}; rerun its own "
+                       "command to resume it, or pass another --output")
+    kept = {k: old[k] for k in ("dedup",) if old.get(k)}
+    return {**manifest, **kept, "inputs": list(old.get("inputs") or []), "started": old.get("started")}

@@ -117,23 +117,26 @@ def read_labels(path: str | Path) -> dict[str, dict[str, int]]:
     """labels.csv -> {stage: {sample_id: 0|1}}. A header row `sample_id,label` is optional."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"--labels {path}: no such file")
+        raise FileNotFoundError(f"--labels {path}: no such file; pass a CSV of sample_id,STAGE=0|1 rows")
     out: dict[str, dict[str, int]] = {}
-    with path.open(newline="") as fh:
-        for n, row in enumerate(csv.reader(fh), start=1):
-            if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
-                continue
-            if n == 1 and row[0].strip().lower() == "sample_id":
-                continue
-            if len(row) != 2 or "=" not in row[1]:
-                raise ValueError(f"{path}:{n}: expected 'sample_id,STAGE=0|1' (e.g. 'ab12..,person=1'), "
-                                 f"got {','.join(row)!r}")
-            stage, value = (x.strip() for x in row[1].split("=", 1))
-            if stage not in CALIBRATED:
-                raise ValueError(f"{path}:{n}: unknown stage {stage!r}; label one of {', '.join(CALIBRATED)}")
-            if value not in ("0", "1"):
-                raise ValueError(f"{path}:{n}: label value must be 0 or 1, got {value!r}")
-            out.setdefault(stage, {})[row[0].strip()] = int(value)
+    try:
+        rows = list(csv.reader(path.read_text().splitlines()))
+    except UnicodeDecodeError:
+        raise ValueError(f"--labels {path}: not a text file; pass a CSV of sample_id,STAGE=0|1 rows") from None
+    for n, row in enumerate(rows, start=1):
+        if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
+            continue
+        if n == 1 and row[0].strip().lower() == "sample_id":
+            continue
+        if len(row) != 2 or "=" not in row[1]:
+            raise ValueError(f"{path}:{n}: expected 'sample_id,STAGE=0|1' (e.g. 'ab12..,person=1'), "
+                             f"got {','.join(row)!r}")
+        stage, value = (x.strip() for x in row[1].split("=", 1))
+        if stage not in CALIBRATED:
+            raise ValueError(f"{path}:{n}: unknown stage {stage!r}; label one of {', '.join(CALIBRATED)}")
+        if value not in ("0", "1"):
+            raise ValueError(f"{path}:{n}: label value must be 0 or 1, got {value!r}")
+        out.setdefault(stage, {})[row[0].strip()] = int(value)
     if not out:
         raise ValueError(f"{path}: no labels")
     return out

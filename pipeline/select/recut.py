@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import catalog
-from catalog import SAMPLES, console
+from catalog import SAMPLES, console, run_kind
 from catalog.storage import retry
 from catalog.schema import MEASURE
 from catalog.source_bytes import read_source
@@ -336,7 +336,12 @@ def _changed(old: dict, new: dict, prefix: str = "") -> list[str]:
 
 
 def plan(run, sets: list[str]) -> tuple[dict, dict, list[str]]:
-    manifest = _store(run).read_json("manifest.json")
+    store = _store(run)
+    kind = run_kind.kind_of(store.uri)
+    if kind not in ("curate", "select") or not store.exists("manifest.json"):
+        what = f"it holds {run_kind.describe(kind)}" if kind else "no curation run there (no manifest.json)"
+        raise SelectError(f"RUN {run}: {what}; pass a finished curation run (humanset curate --output RUN)")
+    manifest = store.read_json("manifest.json")
     if manifest.get("status") != "complete":
         raise SelectError(f"{run}: the run is not complete; finish it first (rerun the same curate command)")
     old = with_defaults(manifest["config"])  # a run older than a section (e.g. storage) takes its defaults
@@ -356,13 +361,49 @@ def plan(run, sets: list[str]) -> tuple[dict, dict, list[str]]:
     return manifest, new, changed
 
 
+def _no_storage(cfg) -> dict:
+    return {k: v for k, v in (cfg or {}).items() if k != "storage"}
+
+
+def _at(cfg: dict, key: str):
+    for part in key.split("."):
+        cfg = cfg.get(part) if isinstance(cfg, dict) else None
+    return cfg
+
+
 def select(run: str, output: str, sets: list[str], progress: bool = True) -> dict:
-    started = now()
+    """Re-cut `run` with `sets` into `output`; rerunning the same selection finishes or returns it."""
     run_p, out = _store(run), _store(output)  # either may be local or on an object store
     manifest, cfg, changed = plan(run_p, sets)
     retry.configure(cfg)  # the run's storage.retry_*, or this command's --set storage.retry_*=...
-    if out.exists("manifest.json"):
-        raise SelectError(f"{out}: already holds a run; choose a new --output")
+    # how the store is talked to (storage.*) is not part of what a selection is
+    identity = {"selected_from": run_p.uri, "changed": {k: _at(cfg, k) for k in changed if not k.startswith("storage.")}}
+    flag = "--output"
+    run_kind.check(output, "select", identity, flag)  # before anything is written
+    try:
+        with out.run_lock():
+            run_kind.claim(out, "select", identity, flag)
+            if out.exists("manifest.json"):
+                done = out.read_json("manifest.json")
+                if done.get("selected_from") != run_p.uri or _no_storage(done.get("config")) != _no_storage(cfg):
+                    raise SelectError(f"{output}: holds another selection (of {done.get('selected_from')}, "
+                                      f"changed {done.get('changed')}); pass another --output")
+                if done.get("status") == "complete":
+                    log.info("select: %s already holds this selection (finished %s)", output, done.get("finished"))
+                    return done
+            try:
+                return _select(run_p, out, manifest, cfg, changed, progress)
+            except SelectError:  # thresholds refused: the folder is left unclaimed, for other ones
+                if not out.exists("manifest.json"):
+                    remove_scratch(out.uri, (*SCRATCH, SELECT_DIR))
+                    out.delete(run_kind.MARKER)
+                raise
+    except catalog.RunLocked as e:
+        raise SelectError(str(e)) from None
+
+
+def _select(run_p, out, manifest: dict, cfg: dict, changed: list[str], progress: bool) -> dict:
+    started = now()
     names = list(manifest["stages"])
     stages = stages_of(cfg, names)
     src, dst = _root(run_p), _root(out)
@@ -498,7 +539,8 @@ def connect_ray(run) -> bool:
     ray.address), so every step runs as tasks there. False: none named; select then runs in this
     process, one window after another (the same bounds per step, no parallelism)."""
     import os
-    cfg = _store(run).read_json("manifest.json").get("config") or {}
+    store = _store(run)
+    cfg = (store.read_json("manifest.json").get("config") or {}) if store.exists("manifest.json") else {}
     address = os.environ.get("RAY_ADDRESS") or (cfg.get("ray") or {}).get("address")
     if not address or address == "local":
         return False

@@ -43,16 +43,18 @@ import numpy as np
 
 import catalog
 from catalog import FRAMES, HDRIS, SCANS, ShardWriter, conform
+from catalog import run_kind
 from catalog.storage import is_uri, retry, run_root, storage_for
 from catalog.storage.lock import LEASE_S
+from catalog.storage.paths import absolute
 
 from render.run import output as outfmt
-from render.run import plan
 from render.config import RenderConfig
 from render.run.files import (HDRI_CATALOG, SCAN_CATALOG, crash_file, crashed_scans, read_table, reject_crashed_scans,
                               run_store)
-from render.run.spec import (CONVENTIONS, MANIFEST, PREFIX, RunSpec, frame_key, shard_done, shard_name, shards_todo,
-                             staging_dir, usable_hdris, usable_scans)
+from render.run.spec import (CONVENTIONS, MANIFEST, PREFIX, RunSpec, frame_key, index_inputs,
+                             resume_manifest, run_identity, shard_done, shard_name, shards_todo, staging_dir, usable_hdris,
+                             usable_scans)
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +66,21 @@ _HELD: dict = {}  # OUT on an object store -> its lock's Held
 
 def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: RenderConfig,
                 force_unlock: bool = False, lock_lease: float = LEASE_S) -> RunSpec:
-    """Index scans and HDRIs into the run's catalogs (once) and write or check the manifest."""
+    """Check OUT and the inputs, then (holding OUT's lock) write the run's marker, its catalogs of scans
+    and HDRIs (at the first start) and its manifest. Nothing is written before every check passed:
+    a refused start leaves OUT as it was."""
     remote = is_uri(str(out))
     out = run_root(out) if remote else Path(out)
-    if not remote:
-        out.mkdir(parents=True, exist_ok=True)
     key = out if remote else str(out.resolve())
     store = storage_for(key)
+    scans = scans if scans == "anny" else absolute(scans)  # recorded resolved: the run works from anywhere
+    hdris = hdris if hdris == "builtin" else absolute(hdris)
+    config = json.loads(json.dumps(cfg.to_dict()))  # as the manifest stores it (tuples become lists)
+    spec = RunSpec(key, int(seed), int(frames), str(scans), str(hdris), config)
+    identity = run_identity(spec.to_dict())
+    run_kind.check(key, "render", identity)
+    old = resume_manifest(store, out, spec)
+    fresh = None if old else index_inputs(spec)  # a resume reuses the catalogs its first start wrote
     if key not in _HELD_LOCKS:  # OUT stays locked for the life of this process
         lock = catalog.run_lock(out) if not remote else store.run_lock(force=force_unlock, lease_s=lock_lease)
         try:
@@ -80,49 +90,25 @@ def prepare_run(out, scans: str, hdris: str, frames: int, seed: int, cfg: Render
         _HELD_LOCKS[key] = lock
         if remote:
             _HELD[key] = held  # .check() raises LockLost once another run took the lock over
-        if remote:  # an object-store lock outlives its process until its lease runs out: release it
-            atexit.register(release_run, key)
+        # released at exit: a local .lock is removed, an object-store lock does not wait out its lease
+        atexit.register(release_run, key)
+    run_kind.claim(store, "render", identity)  # the first write
     if not remote:
         catalog.clean_tmp(out)
-    config = json.loads(json.dumps(cfg.to_dict()))  # as the manifest stores it (tuples become lists)
-    spec = RunSpec(key, int(seed), int(frames), str(scans), str(hdris), config)
-    old = None
-    if store.exists(MANIFEST):
-        old = store.read_json(MANIFEST)
-        same = {k: old.get(k) for k in ("seed", "scans", "hdris", "config")}
-        now = {k: spec.to_dict()[k] for k in ("seed", "scans", "hdris", "config")}
-        for d in (same, now):  # how the store is talked to is not part of what a run renders
-            d["config"] = {k: v for k, v in (d["config"] or {}).items() if k != "storage"}
-        if same != now:
-            changed = sorted(k for k in now if same[k] != now[k])
-            raise ValueError(f"{out} was rendered with a different {', '.join(changed)}; resuming would mix "
-                             "parameters. Use a new --output, or the original settings.")
-        if old.get("frames", 0) > frames:
-            spec.frames = int(old["frames"])  # never shrink a run; extra frames were already promised
-    from render import scans as scan_index
-    hdri_path = f"{out}/{HDRI_CATALOG}"
-    if not store.exists(HDRI_CATALOG):
-        store.write_parquet(HDRI_CATALOG, conform(scan_index.index_hdris(hdris), HDRIS))
-    if scans != "anny" and not store.exists(SCAN_CATALOG):
-        store.write_parquet(SCAN_CATALOG, conform(scan_index.index_scans(scans), SCANS))
+    if fresh is not None:
+        hdri_rows, scan_rows = fresh
+        store.write_parquet(HDRI_CATALOG, conform(hdri_rows, HDRIS))
+        if scan_rows is not None:
+            store.write_parquet(SCAN_CATALOG, conform(scan_rows, SCANS))
+        else:
+            store.delete(SCAN_CATALOG)  # left by an older humanset's refused start
     from render import parts
     if scans != "anny":
         # fixed at the first start: crash rejections later in the run never change what frames draw
         spec.scan_ids = old["scan_ids"] if old and old.get("scan_ids") else list(usable_scans(spec))
-        if not spec.scan_ids:
-            raise ValueError(f"no usable scan in {scans}; see {out}/catalog/scans/scans.parquet (reject_reason)")
-    if old and spec.frames > old.get("frames", 0):
-        window = plan.window_frames(*spec._plan_args)
-        if old.get("frames", 0) % window:
-            raise ValueError(f"{out}: a run of {old['frames']} frames cannot grow to {spec.frames}: its last plan "
-                             f"window ({window} frames, render.run.plan) is partial and would be re-planned. Start "
-                             f"runs that will grow with a multiple of {window} frames, or render the new frames "
-                             f"into a new --output.")
+        spec.__dict__.pop("_plan_args", None)
     store.write_json(MANIFEST, {**spec.to_dict(), "part_vocabulary": parts.vocabulary()})
-    if not usable_hdris(spec):
-        raise ValueError(f"no readable HDRI in {hdris}; see {hdri_path} (reject_reason)")
     return spec
-
 
 
 def check_lock(spec: RunSpec) -> None:

@@ -12,6 +12,7 @@ from functools import cached_property
 from pathlib import Path
 
 from catalog.storage import is_uri
+from catalog.storage.paths import absolute
 
 from render.run import plan
 from render.config import RenderConfig
@@ -101,3 +102,65 @@ def shards_todo(spec: RunSpec) -> list[int]:
     """Shards without their completion marker, from one listing of OUT/shards (paged on object stores)."""
     done = {e.path for e in run_store(spec).list("shards", suffix=".stats.json")}
     return [s for s in range(spec.n_shards) if f"shards/{shard_name(s)}.stats.json" not in done]
+
+
+IDENTITY = ("seed", "scans", "hdris", "config")  # what a resume must not change (frames may grow)
+
+
+def run_identity(manifest: dict) -> dict:
+    """IDENTITY as a manifest records it, the config without `storage`: how the store is talked to is not
+    part of what a run renders."""
+    out = {k: manifest.get(k) for k in IDENTITY}
+    out["config"] = {k: v for k, v in (out["config"] or {}).items() if k != "storage"}
+    return out
+
+
+def resume_manifest(store, out, spec: RunSpec) -> dict | None:
+    """The manifest of the run OUT holds, checked against `spec` (whose frames it may raise); None if
+    the run was never started (or its first start was refused before the manifest)."""
+    if not store.exists(MANIFEST):
+        return None
+    old = store.read_json(MANIFEST)
+    was = run_identity(old)
+    for k in ("scans", "hdris"):  # older runs recorded the paths as given
+        if was[k] not in (None, "anny", "builtin"):
+            was[k] = absolute(was[k])
+    now = run_identity(spec.to_dict())
+    if was != now:
+        changed = sorted(k for k in now if was[k] != now[k])
+        raise ValueError(f"{out} was rendered with a different {', '.join(changed)}; resuming would mix "
+                         "parameters. Use a new --output, or the original settings.")
+    if old.get("frames", 0) > spec.frames:
+        spec.frames = int(old["frames"])  # never shrink a run; extra frames were already promised
+    if spec.frames > old.get("frames", 0):
+        spec.scan_ids = old.get("scan_ids")
+        window = plan.window_frames(*spec._plan_args)
+        spec.__dict__.pop("_plan_args", None)  # cached: prepare_run sets scan_ids for good
+        if old.get("frames", 0) % window:
+            raise ValueError(f"{out}: a run of {old['frames']} frames cannot grow to {spec.frames}: its last plan "
+                             f"window ({window} frames, render.run.plan) is partial and would be re-planned. Start "
+                             f"runs that will grow with a multiple of {window} frames, or render the new frames "
+                             f"into a new --output.")
+    return old
+
+
+def index_inputs(spec: RunSpec) -> tuple[list, list | None]:
+    """The HDRI and scan catalogs' rows (in memory), refused unless each has a usable entry."""
+    for flag, value, word, what in (("--scans", spec.scans, "anny", "scans (OBJ+MTL, FBX, glTF, PLY)"),
+                                    ("--hdris", spec.hdris, "builtin", ".hdr/.exr environment maps")):
+        if value != word and not Path(value).is_dir():  # before Blender is loaded to index the other one
+            raise FileNotFoundError(f"{flag} {value}: no such folder; pass a folder of {what}, or {flag} {word}")
+    from render import scans as scan_index  # imports Blender's helpers: only when a run starts
+    hdri_rows = scan_index.index_hdris(spec.hdris)
+    if not any(r["ok"] for r in hdri_rows):
+        reasons = sorted({r.get("reject_reason") or "?" for r in hdri_rows})[:3]
+        raise ValueError(f"--hdris {spec.hdris}: no readable HDRI ({'; '.join(reasons)}); pass a folder of "
+                         ".hdr/.exr files, or --hdris builtin")
+    scan_rows = None
+    if spec.scans != "anny":
+        scan_rows = scan_index.index_scans(spec.scans)
+        if not any(r["ok"] for r in scan_rows):
+            reasons = sorted({r.get("reject_reason") or "?" for r in scan_rows})[:3]
+            raise ValueError(f"--scans {spec.scans}: no usable scan ({'; '.join(reasons)}); "
+                             "`humanset render scan-index` lists why each is rejected")
+    return hdri_rows, scan_rows

@@ -155,6 +155,22 @@ def test_without_manifest_stage_order_comes_from_rows(run, tmp_path):
     assert all(x["threshold"] is None for x in s["scores"])
 
 
+def test_stats_into_a_closed_pipe_ends_quietly(run):
+    """`humanset stats RUN | head`: the reader is gone; no BrokenPipeError traceback, the status a shell shows."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.Popen([sys.executable, "-m", "humanset.cli", "stats", str(run[0])], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    p.stdout.close()  # before the first line is read
+    err = p.stderr.read()
+    assert p.wait(timeout=300) == 141 and err == "", err
+
+
 def test_missing_run_is_a_clear_error(tmp_path, capsys):
     assert cli.main(["stats", str(tmp_path / "nope")]) == 2
     assert "no such run directory" in capsys.readouterr().err

@@ -204,7 +204,7 @@ def test_run_writes_shards_catalogs_and_resumes(tmp_path, monkeypatch):
     assert np.array_equal(load_png(again.files["rgb.png"]), load_png(r.files["rgb.png"]))
 
     # resuming with different settings is refused
-    with pytest.raises(ValueError, match="different config"):
+    with pytest.raises(ValueError, match=r"holds a render run \(humanset render\) with other settings \(config"):
         jobmod.prepare_run(out, "anny", "builtin", 3, 3, load_config(sets=TINY))
 
 

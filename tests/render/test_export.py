@@ -140,7 +140,7 @@ def test_sapiens_export_resumes_and_refuses_to_mix(run, sapiens, capsys):
     assert (gl / "images" / sorted(os.listdir(gl / "images"))[0]).stat().st_mtime_ns == kept  # not rewritten
     capsys.readouterr()
     assert export(out, "--format", "sapiens", "--to", str(gl), "--normal-frame", "opencv") == 2
-    assert "normal_frame 'opengl' (now 'opencv')" in capsys.readouterr().err
+    assert 'other settings (normal_frame "opengl", now "opencv")' in capsys.readouterr().err  # catalog/run_kind.py
     assert json.loads((gl / "manifest.json").read_text())["normal_frame"] == "opengl"
 
 

@@ -68,6 +68,8 @@ def test_background_is_zero_and_the_frames_are_sapiens_listable(run, tmp_path):
     manifest = json.loads((to / "manifest.json").read_text())
     assert manifest["complete"] and manifest["normal_frame"] == "opengl" and manifest["frames"] == 4
     assert manifest["frames_with_parts"] == 0 and os.listdir(to / "images")
+    hidden = sorted(x for x in os.listdir(to) if x.startswith("."))
+    assert hidden == [".humanset.json"], hidden  # its kind marker; no .lock left in the dataset once it is done
 
 
 def test_rerun_opens_no_finished_shard_and_redoes_a_cut_frame(run, tmp_path, monkeypatch):
@@ -134,7 +136,9 @@ def test_bad_inputs_say_what_to_do(run, tmp_path, capsys):
     assert export(run, "--format", "sapiens", "--to", str(tmp_path / "s")) == 0
     capsys.readouterr()
     assert export(run, "--format", "sapiens", "--to", str(tmp_path / "s"), "--normal-frame", "opencv") == 2
-    assert "resuming would mix them" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "holds an export of a render run (humanset render export) with other settings" in err
+    assert "pass another --to" in err
 
 
 def test_a_folder_another_export_is_writing_is_refused(run, tmp_path, capsys):

@@ -63,7 +63,7 @@ def test_every_output_of_the_render_is_on_s3_and_none_on_local_disk(s3_render):
     assert list(cwd.iterdir()) == []  # nothing where the command ran
     assert [x for x in scratch.rglob("*") if "humanset-render" in str(x)] == []  # staged frames removed
     names = {e.path for e in st.open_storage(out).list()}
-    want = {"render.json", "catalog/hdris/hdris.parquet"}
+    want = {".humanset.json", "render.json", "catalog/hdris/hdris.parquet"}  # the kind marker first
     for s in ("render-00000", "render-00001"):
         want |= {f"shards/{s}.tar", f"shards/{s}.parquet", f"shards/{s}.stats.json", f"catalog/frames/{s}.parquet",
                  f"catalog/scans/anny-{s}.parquet", f"contact/{s}.png"}

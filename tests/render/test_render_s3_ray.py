@@ -94,7 +94,7 @@ def test_a_forced_render_on_ray_actors_takes_the_stale_lock_and_writes_only_to_s
     result = json.loads([line for line in p.stdout.splitlines() if line.startswith("{")][-1])
     assert result == {"frames": 2, "rendered": 2, "failed": 0, "shards_done": 2, "shards": 2}
     names = {e.path for e in store.list()}
-    want = {"render.json", "catalog/hdris/hdris.parquet"}
+    want = {".humanset.json", "render.json", "catalog/hdris/hdris.parquet"}  # the kind marker first
     for s in ("render-00000", "render-00001"):
         want |= {f"shards/{s}.tar", f"shards/{s}.parquet", f"shards/{s}.stats.json", f"catalog/frames/{s}.parquet",
                  f"catalog/scans/anny-{s}.parquet", f"contact/{s}.png"}

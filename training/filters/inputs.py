@@ -44,8 +44,8 @@ def read_photos(path, max_images: int, max_side: int, seed: int = 0, prefer: str
     in a seeded order and only `max_images` are kept, so memory does not grow with the crawl."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{what} {path}: no such file or folder (a curation run, its shards/ folder, "
-                                f"a folder of WebDataset tars, or a folder of images)")
+        raise FileNotFoundError(f"{what} {path}: no such file or folder; pass a curation run, its shards/ folder, "
+                                f"a folder of WebDataset tars, or a folder of images")
     if (path / "shards").is_dir():
         path = path / "shards"
     out: list[np.ndarray] = []
@@ -120,3 +120,14 @@ def read_scene_text(images, limit: int = 2000) -> list[str]:
         return []
     # strings that read like a watermark (the text stage also reads those) are no scene-text negatives
     return [str(r[0]).strip() for r in rows if not WATERMARK_LIKE.search(str(r[0]))]
+
+
+def read_inputs(cfg) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The photos (and, for the art filter, the render frames) a FilterConfig names, shrunk for the generators."""
+    side = int(cfg.generator_px * 1.5)
+    photos = read_photos(cfg.images, cfg.max_images, side, cfg.seed)
+    renders = []
+    if cfg.filter == "art" and cfg.renders:
+        renders = read_photos(cfg.renders, max(8, cfg.max_images // 5), side, cfg.seed, prefer=".rgb.png",
+                              what="--renders")
+    return photos, renders

@@ -19,9 +19,9 @@ the run log, and Ray Train with `--workers N`.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,21 +32,22 @@ import torch.nn.functional as F
 from torch import nn
 
 import catalog
-from catalog import cards
+from catalog import cards, run_kind
 from catalog.config import setting
 
-from training import checkpoint as ckpt, run_config, trainer
+from training import checkpoint as ckpt, run_config, run_folder, trainer
+from training.data import capped_workers
 from training.trainer import Context
 from training.run_config import RunConfig
 from training.filters.samples import DEFAULT_HOLDOUT, FilterSamples, FilterSpec, split_photos
 from training.filters.overlays import GeneratorSettings
 from training.filters.browser import HtmlPool, html_pool
-from training.filters.inputs import read_photos, read_scene_text
+from training.filters.inputs import read_inputs, read_scene_text
 from training.filters.thresholds import CHANCE_Z, card_threshold, figures, reject_scores
 from training.lr import adamw, layer_decay_groups, warmup_linear
 from training.tasks.sampler import collate
 from training.vit import VisionTransformer, preset
-from training.weights import load_encoder
+from training.weights import encoder_preset, load_encoder
 
 log = logging.getLogger(__name__)
 
@@ -150,14 +151,8 @@ class FilterModel(nn.Module):
 
 
 def encoder_shape(cfg: FilterConfig) -> tuple[int, int, int, int]:
-    """(width, depth, heads, mlp) from the encoder export's timm arguments, else from --model."""
-    if cfg.encoder:
-        side = Path(cfg.encoder).with_suffix(".json")
-        if side.is_file():
-            kw = json.loads(side.read_text())
-            if {"embed_dim", "depth", "num_heads"} <= set(kw):
-                return kw["embed_dim"], kw["depth"], kw["num_heads"], int(round(kw.get("mlp_ratio", 4) * kw["embed_dim"]))
-    p = preset(cfg.model)
+    """(width, depth, heads, mlp) of the encoder's own preset (its encoder.json, as finetune reads it), else --model."""
+    p = preset((encoder_preset(cfg.encoder) if cfg.encoder else None) or cfg.model)
     return p.width, p.depth, p.heads, p.mlp
 
 
@@ -226,7 +221,9 @@ class FilterRecipe(trainer.Recipe):
         b = cfg.batch_size
         sampler = [list(range((m * ctx.world + ctx.rank) * b, (m * ctx.world + ctx.rank + 1) * b))
                    for m in range(start_micro, cfg.steps * cfg.accum_steps)]
-        return iter(torch.utils.data.DataLoader(self.train_set, batch_sampler=sampler, num_workers=cfg.loader_workers,
+        # the samples are generated, endlessly: only the CPUs bound the workers
+        workers = capped_workers(cfg.loader_workers, sys.maxsize, 0, cfg.output, ctx.world, ctx.main)
+        return iter(torch.utils.data.DataLoader(self.train_set, batch_sampler=sampler, num_workers=workers,
                                                 collate_fn=collate, pin_memory=ctx.device.type == "cuda"))
 
     def loss(self, model, batch: dict, ctx: Context, autocast) -> torch.Tensor:
@@ -318,35 +315,32 @@ def write_card(out: Path, model: FilterModel, recipe: FilterRecipe, validation: 
 
 
 # --- entry point ----------------------------------------------------------------------------------
-def read_inputs(cfg: FilterConfig) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    side = int(cfg.generator_px * 1.5)
-    photos = read_photos(cfg.images, cfg.max_images, side, cfg.seed)
-    renders = []
-    if cfg.filter == "art" and cfg.renders:
-        renders = read_photos(cfg.renders, max(8, cfg.max_images // 5), side, cfg.seed, prefer=".rgb.png",
-                              what="--renders")
-    return photos, renders
-
-
 def train_filter(cfg: FilterConfig) -> dict:
     """Train, validate on the held-out families, write OUT/model.pt and OUT/card.json. Returns the card."""
     if not cfg.output:
         raise ValueError("--output is required: the folder for the card, the weights and checkpoints")
     if not cfg.images:
         raise ValueError("--images is required: a curation run (its kept samples), its shards, tars or image files")
+    cfg = run_folder.resolved(cfg)
     if cfg.encoder and not Path(cfg.encoder).is_file():
         raise FileNotFoundError(f"--encoder {cfg.encoder}: no such file (an MAE encoder export OUT/encoder.pth)")
+    if cfg.renders and Path(cfg.renders).is_dir():
+        run_kind.require(cfg.renders, ("render",), "--renders", "pass a render run (humanset render --output RUN)")
+    run_folder.check(cfg, "filter")  # before the photos are read: a refused folder costs nothing
     t0 = time.perf_counter()
-    photos, renders = read_inputs(cfg)
+    photos, renders = read_inputs(cfg)  # before the folder is written: bad --images leave it untouched
+    with run_folder.owned(cfg, "filter"):
+        return _train_filter(cfg, photos, renders, t0)
+
+
+def _train_filter(cfg: FilterConfig, photos: list, renders: list, t0: float) -> dict:
     if cfg.filter == "art" and not renders:
         log.info("art: no --renders given: the '3d render' family is left out")
     log.debug("train-filter %s: %d clean photos from %s%s", cfg.filter, len(photos), cfg.images,
              f", {len(renders)} render frames" if renders else "")
     recipe = FilterRecipe(cfg, photos, renders)
     if cfg.workers:
-        paths = {k: str(Path(getattr(cfg, k)).resolve()) for k in ("images", "renders", "output", "encoder")
-                 if getattr(cfg, k)}
-        trainer.launch_ray(train_loop, dataclasses.replace(cfg, **paths), f"train-filter-{cfg.filter}")
+        trainer.launch_ray(train_loop, cfg, f"train-filter-{cfg.filter}")  # its paths resolved (run_folder)
         run = {"train_seconds": time.perf_counter() - t0, "steps_run": None, "final_loss": None}
     else:
         run = trainer.train(recipe)
@@ -387,7 +381,7 @@ def demo_config(task: str, images, output, renders="", encoder: str = "", steps:
                         warmup_steps=max(1, steps // 10), lr=1e-3, layer_decay=0.9, val_samples=96,
                         loader_workers=0, cpu_threads=2, checkpoint_every=steps, max_images=200,
                         log_every=max(1, steps // 3),  # at most 4 progress lines, however slow the machine
-                        target_precision=0.9, html_pages=24)
+                        target_precision=0.9, html_pages=24, resume="auto")  # a rerun continues an interrupted demo
 
 
 def summary_line(card: dict) -> str:

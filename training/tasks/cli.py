@@ -25,7 +25,8 @@ def add_finetune_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--encoder", help="pretrained encoder: humanset MAE checkpoint, OUT/encoder.pth or a timm "
                                      "ViT state dict (without it the encoder starts random: smoke tests only)")
     add_setting_flags(p, "finetune", {
-        "model": "encoder preset the weights were trained with (sapiens-0.3b ... 2b, base, small, tiny, micro)",
+        "model": "encoder preset (sapiens-0.3b ... 2b, base, small, tiny, micro); without it, the one --encoder was "
+                 "trained with (its encoder.json or checkpoint says), else sapiens-0.3b",
         "image_size": ("input HxW (e.g. 1024x768), multiples of 16", str)})
     p.add_argument("--vocab", help="pose: coco17 (default), coco_wholebody133, sapiens308 or a JSON; "
                                    "seg: sapiens28 (default), lip20 or a JSON")
@@ -87,8 +88,7 @@ def register(sub) -> None:
         description="Sapiens fine-tuning: the pretrained encoder (position table resized to the input grid) "
                     "plus a light decoder; AdamW lr 5e-4, weight decay 0.1, layer-wise lr decay 0.85, "
                     "warmup then linear decay (pose: step decay), gradient clip 1. Examples:\n"
-                    "  humanset finetune --task depth --data RENDER_RUN --encoder PT/encoder.pth "
-                    "--model sapiens-0.3b --output runs/depth\n"
+                    "  humanset finetune --task depth --data RENDER_RUN --encoder PT/encoder.pth --output runs/depth\n"
                     "  humanset finetune --task pose --data person_keypoints.json --images IMG_DIR "
                     "--encoder PT/encoder.pth --output runs/pose",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,7 +103,8 @@ def register(sub) -> None:
                                    "--checkpoint runs/depth/checkpoints/step-00001000.pt --data TEST_RENDER_RUN "
                                    "--baselines",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    e.add_argument("--checkpoint", required=True, help="fine-tuning checkpoint OUT/checkpoints/step-N.pt")
+    e.add_argument("--checkpoint", required=True, help="fine-tuning checkpoint OUT/checkpoints/step-N.pt, or the run "
+                                                       "folder OUT (its newest checkpoint)")
     e.add_argument("--data", help="held-out evaluation data, same kind as the training data (without it the "
                                   "checkpoint's own training data is scored, and a note says so)")
     e.add_argument("--images", help="pose / seg: image folder of the COCO JSON")
@@ -121,7 +122,8 @@ def register(sub) -> None:
                                    "step-00001000.pt photo.jpg --out preds/",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("--task", required=True, choices=["pose", "seg", "depth", "normal"], help=TASK_HELP)
-    r.add_argument("--checkpoint", required=True, help="fine-tuning checkpoint OUT/checkpoints/step-N.pt")
+    r.add_argument("--checkpoint", required=True, help="fine-tuning checkpoint OUT/checkpoints/step-N.pt, or the run "
+                                                       "folder OUT (its newest checkpoint)")
     r.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
     r.add_argument("--out", required=True, help="folder for the figures")
     r.add_argument("--masks", nargs="+", metavar="MASK",

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import catalog
 
 from training.data import normalize
-from training.tasks.finetune import build_dataset, load_task_model
+from training.tasks.finetune import build_dataset, check_data, load_task_model
 from training.tasks.keypoints import apply_affine, heatmap_keypoints
 from training.tasks.sampler import collate
 from training.tasks.scoring import Scorer
@@ -41,6 +41,10 @@ def evaluate(checkpoint, data: str | None = None, images: str | None = None, bat
         cfg.data = str(data)
     if images:
         cfg.images = str(images)
+    check_data(cfg.task, cfg.data, "--data" if data else "the checkpoint's training data")
+    if baselines and not Path(train_data).exists():  # refused before the scoring, not after it
+        raise FileNotFoundError(f"--baselines: the checkpoint's training data {train_data} is not there (checkpoints "
+                                "of older humansets record it relative to where training ran: evaluate from there)")
     on_train = same_path(cfg.data, train_data)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(dev)
@@ -61,7 +65,7 @@ def evaluate(checkpoint, data: str | None = None, images: str | None = None, bat
         from training.tasks.baselines import trivial_baselines
         train_cfg = dataclasses.replace(cfg, data=train_data, images=train_images)
         result["baselines"] = trivial_baselines(cfg.task, build_dataset(train_cfg, train=False), dataset, limit)
-    log.info("%s", {k: v for k, v in result.items() if not isinstance(v, dict)})
+    log.debug("%s", {k: v for k, v in result.items() if not isinstance(v, dict)})  # the command prints it all
     return result
 
 

@@ -25,12 +25,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from catalog import run_kind
 from catalog.config import setting
 
 from training import checkpoint as ckpt
 from training.tasks import losses
-from training import run_config, trainer
-from training.data import normalize
+from training import run_config, run_folder, trainer
+from training.data import capped_workers, normalize
 from training.trainer import Context
 from training.run_config import RunConfig
 from training.tasks.heads import TASKS, build_head, tokens_to_map
@@ -38,11 +39,12 @@ from training.lr import adamw, layer_decay_groups, warmup_linear, warmup_step
 from training.tasks.sampler import StepSampler, collate
 from training.vit import VisionTransformer, preset
 from training.tasks.vocab import load as load_vocab
-from training.weights import load_encoder
+from training.weights import encoder_preset, load_encoder
 
 log = logging.getLogger(__name__)
 
 DEFAULT_VOCAB = {"pose": "coco17", "seg": "sapiens28"}
+DEFAULT_MODEL = "sapiens-0.3b"  # without --model and without an encoder that says its own
 
 
 # --- the task model -------------------------------------------------------------------------------
@@ -62,7 +64,7 @@ class TaskModel(nn.Module):
 
 def build_model(cfg: "FinetuneConfig") -> TaskModel:
     vocab = load_vocab(cfg.vocab) if cfg.task in ("pose", "seg") else None
-    encoder = VisionTransformer.from_preset(cfg.model, tuple(cfg.image_size), learn_pos_embed=True,
+    encoder = VisionTransformer.from_preset(cfg.model or DEFAULT_MODEL, tuple(cfg.image_size), learn_pos_embed=True,
                                             grad_checkpointing=cfg.grad_checkpointing).init_weights()
     head = build_head(cfg.task, encoder.width, out_channels(cfg.task, vocab), cfg.head_width, cfg.head_deconvs,
                       cfg.head_convs, cfg.head_image_skip)
@@ -76,7 +78,8 @@ class FinetuneConfig(RunConfig):
     data: str = setting("", "depth / normal: render run or its shards folder; pose / seg: COCO JSON or a render run")
     images: str = setting("", "pose / seg: folder of the JSON's file_names (default: the JSON's folder)")
     encoder: str = setting("", "pretrained weights; empty = random initialisation (smoke tests only)")
-    model: str = setting("sapiens-0.3b")
+    model: str = setting("", "encoder preset; empty = the --encoder's own (its encoder.json or checkpoint), else "
+                             "sapiens-0.3b")
     image_size: tuple = setting((1024, 768), "H, W", kinds=("int", "list", "str"))  # 1024, [1024, 768], "1024x768"
     vocab: str = setting("", "pose: coco17 | coco_wholebody133 | sapiens308 | a JSON; seg: sapiens28 | lip20")
     head_width: int | None = setting(None, "null = Sapiens' layout (768, depth 384)", kinds=("int",), nullable=True,
@@ -112,7 +115,8 @@ class FinetuneConfig(RunConfig):
             self.vocab = DEFAULT_VOCAB[self.task]
         if self.task == "pose" and self.vocab == "sapiens308" and self.ohkm_topk is None:
             self.ohkm_topk = 128  # Sapiens mines the 128 hardest of its 308 keypoints
-        preset(self.model)
+        if self.model:
+            preset(self.model)
         if self.image_size[0] % 16 or self.image_size[1] % 16:
             raise ValueError(f"image_size {self.image_size}: height and width must be multiples of 16 (the patch)")
         if self.schedule not in ("auto", "linear", "step"):
@@ -220,8 +224,9 @@ class TaskRecipe(trainer.Recipe):
         self.n_samples = len(dataset)
         sampler = StepSampler(len(dataset), cfg.batch_size, cfg.seed, ctx.rank, ctx.world, start_micro,
                               cfg.steps * cfg.accum_steps)
+        workers = capped_workers(cfg.loader_workers, len(dataset), cfg.batch_size, cfg.data, ctx.world, ctx.main)
         return iter(torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
-                                                num_workers=cfg.loader_workers,
+                                                num_workers=workers,
                                                 pin_memory=ctx.device.type == "cuda"))
 
     def loss(self, model, batch: dict, ctx: Context, autocast) -> torch.Tensor:
@@ -233,7 +238,8 @@ class TaskRecipe(trainer.Recipe):
     def describe(self, model, ctx: Context, start: int) -> str:
         cfg = self.cfg
         n_params = sum(p.numel() for p in model.parameters())
-        return (f"fine-tuning {cfg.task} for {cfg.vocab or cfg.task}: {cfg.model} ({n_params / 1e6:.1f}M params) "
+        vocab = f" ({cfg.vocab})" if cfg.vocab else ""
+        return (f"fine-tuning {cfg.task}{vocab}: {cfg.model} ({n_params / 1e6:.1f}M params) "
                 f"at {cfg.image_size[0]}x{cfg.image_size[1]} on {ctx.world} x {ctx.device.type} "
                 f"({cfg.strategy}), {self.n_samples or 'streamed'} samples, batch {cfg.batch_size} x "
                 f"{cfg.accum_steps} x {ctx.world}, lr {cfg.lr:.3g}, {cfg.steps} steps from {start}")
@@ -294,35 +300,63 @@ def ray_batches(cfg: FinetuneConfig, ctx: Context) -> Iterator[dict]:
 
 
 # --- entry points ---------------------------------------------------------------------------------
-def check_inputs(cfg: FinetuneConfig):
+def check_inputs(cfg: FinetuneConfig) -> FinetuneConfig:
+    """cfg with its paths resolved and its model the encoder's own preset; refused, naming the fix,
+    when --data is missing or of the wrong kind, or --model contradicts the encoder."""
     if not cfg.output:
         raise ValueError("--output is required: the run folder for checkpoints and logs")
-    if not cfg.data or not Path(cfg.data).exists():
-        what = {"depth": "a render run (or its shards folder)", "normal": "a render run (or its shards folder)",
-                "seg": "a COCO JSON file or a render run with parts.png"}.get(
-                    cfg.task, "a COCO keypoint JSON file or a render run of generated bodies (keypoints_coco17)")
-        raise FileNotFoundError(f"--data {cfg.data!r}: no such path; task {cfg.task} reads {what}")
+    cfg = run_folder.resolved(cfg)
+    check_data(cfg.task, cfg.data)
+    if cfg.encoder and not Path(cfg.encoder).is_file():
+        raise FileNotFoundError(f"--encoder {cfg.encoder}: no such file (an MAE checkpoint OUT/checkpoints/step-N.pt, "
+                                f"OUT/encoder.pth, or a timm ViT state dict)")
+    own = encoder_preset(cfg.encoder) if cfg.encoder else None
+    if cfg.model and own and cfg.model != own:
+        raise ValueError(f"--model {cfg.model}: the encoder {cfg.encoder} is a {own} ViT (its "
+                         f"{'encoder.json' if Path(cfg.encoder).with_suffix('.json').is_file() else 'checkpoint'} "
+                         f"says so); drop --model or pass --model {own}")
+    return dataclasses.replace(cfg, model=cfg.model or own or DEFAULT_MODEL)
+
+
+def check_data(task: str, data: str, flag: str = "--data") -> None:
+    """`data` exists and is what `task` reads (a curation run is not a render run), else one line."""
+    if not data or not Path(data).exists():
+        raise FileNotFoundError(f"{flag} {data}: no such path; pass {DATA_FORMS[task]} (what task {task} reads)")
+    if Path(data).is_dir():
+        run_kind.require(data, ("render",), flag, f"pass {DATA_FORMS[task]} (what task {task} reads)")
+        outer = run_kind.kind_of(Path(data).parent) if Path(data).name == "shards" else None
+        if outer not in (None, "render"):
+            raise run_kind.RunKindError(f"{flag} {data}: the shards of {run_kind.describe(outer)}; pass "
+                                        f"{DATA_FORMS[task]} (what task {task} reads)")
+    elif task in ("depth", "normal"):
+        raise ValueError(f"{flag} {data}: a file; pass {DATA_FORMS[task]} (what task {task} reads)")
+
+
+DATA_FORMS = {"depth": "a render run (humanset render --output RUN) or its shards folder",
+              "normal": "a render run (humanset render --output RUN) or its shards folder",
+              "seg": "a COCO JSON file, or a render run with parts.png (humanset render --scans anny)",
+              "pose": "a COCO keypoint JSON file, or a render run of anny bodies (keypoints_coco17)"}
 
 
 def finetune(cfg: FinetuneConfig) -> dict:
     """Run in this process (CPU, or the first GPU), or on Ray Train when cfg.workers > 0."""
-    check_inputs(cfg)
     if cfg.workers:
         return finetune_ray(cfg)
-    return train_loop(cfg.to_dict())
+    cfg = check_inputs(cfg)
+    with run_folder.owned(cfg, "finetune"):
+        return train_loop(cfg.to_dict())
 
 
 def finetune_ray(cfg: FinetuneConfig, ray_address: str | None = None) -> dict:
-    """The same loop on `cfg.workers` Ray Train workers (DDP or FSDP2; NCCL on GPUs, gloo on CPUs)."""
-    check_inputs(cfg)
-    paths = {k: str(Path(getattr(cfg, k)).resolve()) for k in ("data", "output", "images", "encoder", "backgrounds")
-             if getattr(cfg, k)}
-    cfg = dataclasses.replace(cfg, **paths)
-    datasets = None
-    if cfg.loader == "ray":
-        resume = ckpt.resolve_resume(cfg.resume, cfg.output)
-        datasets = {"train": ray_dataset(cfg, ckpt.step_of(resume) if resume else 0)}
-    trainer.launch_ray(train_loop, cfg, f"finetune-{cfg.task}", datasets, ray_address)
+    """The same loop on `cfg.workers` Ray Train workers (DDP or FSDP2; NCCL on GPUs, gloo on CPUs). Paths
+    are absolute (check_inputs): every worker opens them, on any node."""
+    cfg = check_inputs(cfg)
+    with run_folder.owned(cfg, "finetune"):
+        datasets = None
+        if cfg.loader == "ray":
+            resume = ckpt.resolve_resume(cfg.resume, cfg.output)
+            datasets = {"train": ray_dataset(cfg, ckpt.step_of(resume) if resume else 0)}
+        trainer.launch_ray(train_loop, cfg, f"finetune-{cfg.task}", datasets, ray_address)
     return {"task": cfg.task, "steps": cfg.steps, "output": cfg.output,
             "checkpoint": str(ckpt.latest_checkpoint(cfg.output))}
 
@@ -331,7 +365,8 @@ def load_task_model(checkpoint) -> tuple[TaskModel, FinetuneConfig]:
     """A fine-tuned model (eval mode) and its config from a fine-tuning checkpoint."""
     state = ckpt.load_checkpoint(checkpoint) if not isinstance(checkpoint, dict) else checkpoint
     if "task" not in state:
-        raise ValueError(f"{checkpoint}: not a fine-tuning checkpoint (no 'task'); MAE checkpoints go to --encoder")
+        raise ValueError(f"--checkpoint {checkpoint}: a {ckpt.kind_of(state)} checkpoint, not a fine-tuning one; pass "
+                         "humanset finetune's OUT/checkpoints/step-N.pt or OUT (an MAE's goes to finetune --encoder)")
     cfg = config_from({**state["config"], "resume": None, "encoder": ""})
     model = build_model(cfg)
     model.load_state_dict(state["model"])

@@ -19,7 +19,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from training.data import normalize
-from training.image_decode import decode_image
+from training.image_decode import read_image_file
 from training.tasks.keypoints import apply_affine, heatmap_keypoints
 from training.tasks.finetune import load_task_model
 from training.tasks.vocab import load as load_vocab
@@ -84,11 +84,13 @@ def side_by_side(a: np.ndarray, b: np.ndarray) -> Image.Image:
 def predict(task: str, checkpoint, images, out_dir, masks=None) -> list[Path]:
     """masks: optional person-mask images (one per image, > 0 = person); depth and normal pictures are
     then drawn on the person only, as the model is trained there only."""
+    missing = [str(p) for p in [*images, *(masks or [])] if not Path(p).is_file()]
+    if missing:  # before the model is loaded
+        raise FileNotFoundError(f"IMAGE {missing[0]}: no such file; pass a photo (JPEG, PNG, WebP, ...)")
     model, cfg = load_task_model(checkpoint)
     if task != cfg.task:
         raise ValueError(f"--task {task}, but checkpoint {checkpoint} was fine-tuned for {cfg.task}")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     in_hw = tuple(cfg.image_size)
     written = []
     masks = list(masks) if masks else [None] * len(images)
@@ -96,9 +98,8 @@ def predict(task: str, checkpoint, images, out_dir, masks=None) -> list[Path]:
         raise ValueError(f"{len(masks)} masks for {len(images)} images: give one mask per image, or none")
     for path, mask_path in zip(images, masks):
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"image {path}: no such file")
-        img = np.asarray(decode_image(path.read_bytes()))
+        img = np.asarray(read_image_file(path))
+        out_dir.mkdir(parents=True, exist_ok=True)  # once an image was read: a mistake leaves no empty folder
         h, w = img.shape[:2]
         m = letterbox_affine((h, w), in_hw)
         x = cv2.warpAffine(img, m, (in_hw[1], in_hw[0]), flags=cv2.INTER_LINEAR)
@@ -111,7 +112,7 @@ def predict(task: str, checkpoint, images, out_dir, masks=None) -> list[Path]:
         back = back.reshape(h, w, -1)
         person = None
         if mask_path is not None:
-            person = np.asarray(decode_image(Path(mask_path).read_bytes()).convert("L")) > 0
+            person = np.asarray(read_image_file(mask_path, "--masks").convert("L")) > 0
             if person.shape != (h, w):
                 raise ValueError(f"mask {mask_path} is {person.shape}, image {path} is {(h, w)}")
         stem = out_dir / f"{path.stem}.{task}"

@@ -51,3 +51,19 @@ def test_curate_without_a_terminal_has_no_ray_data_log_lines(tmp_path):
     assert "\r" not in out  # progress lines, not a carriage-return bar
     assert re.search(r"^measure: .*2/2", out, re.M) and "funnel" in out
     assert len(out.splitlines()) < 40, out
+
+
+def test_the_funnel_says_why_dedup_dropped_fewer_than_it_found():
+    """Fallbacks: duplicates scored in place of a rejected cluster member leave dedup's row, and the line under
+    the table says so right after the log said how many duplicates there were."""
+    from pipeline.engine.funnel import funnel_table
+
+    manifest = {"funnel": [{"stage": "decode", "in": 16, "out": 14}, {"stage": "dedup", "in": 14, "out": 14},
+                           {"stage": "person", "in": 14, "out": 5}],
+                "counts": {"inputs": 16, "kept": 5}, "dedup": {"candidates": 14, "duplicates": 2},
+                "fallbacks": {"rounds": {"1": 2}, "kept_fallbacks": 1}}
+    lines = funnel_table(manifest).splitlines()
+    assert lines[-1] == ("dedup: 2 duplicates found, 2 of them scored in place of their cluster's rejected best "
+                         "member (dedup.max_fallbacks): later stages decided them, 1 kept")
+    manifest["funnel"][1]["out"] = 12  # no fallback kept: dedup dropped what it found, nothing to explain
+    assert "duplicates found" not in funnel_table(manifest)

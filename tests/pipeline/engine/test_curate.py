@@ -220,7 +220,8 @@ def test_folder_and_manifest_inputs(tmp_path, ray_local):
 
 
 def test_same_run_with_other_config_is_refused(demo_crawl, demo_run):
-    with pytest.raises(RunError, match="other inputs or config"):
+    with pytest.raises(RunError, match="holds a curation run with other config; rerun its own command to resume it, "
+                                      "or pass another --output"):
         curate([str(demo_crawl[0])], str(demo_run[0]), load_config(sets=["dedup.max_distance=2"]), progress=False)
 
 

@@ -2,6 +2,7 @@
 its actor pool: checked against the row-by-row meaning, on batches with every kind of row."""
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -178,6 +179,16 @@ def test_actors_start_early_on_large_runs_only_by_default():
     on = load_config(sets=["stages=[decode,size,dedup,text]", "engine.start_actors_early=true"])
     off = load_config(sets=["stages=[decode,size,dedup,text]", "engine.start_actors_early=false"])
     assert start_actors_early(on, models, 1) and not start_actors_early(off, models, 10 * n)
+
+
+def test_a_row_scored_again_lists_the_stage_once():
+    """A fallback round of a --score-all run scores a member the first round scored already."""
+    from pipeline.engine.columns import append_name
+
+    lists = pa.array([["decode", "person"], ["decode"], None, ["person", "text"]],
+                     catalog.SAMPLES.field("scored_stages").type)
+    out = append_name(lists, np.array([True, True, True, False]), "person")
+    assert out.to_pylist() == [["decode", "person"], ["decode", "person"], ["person"], ["person", "text"]]
 
 
 def test_stage_workers_take_the_runs_retry_policy(monkeypatch):

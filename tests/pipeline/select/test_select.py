@@ -136,3 +136,32 @@ def test_refuses_thresholds_of_stages_that_did_not_run(demo_run, tmp_path):
                         "art.max_score=0.3", "--output", str(tmp_path / "y")], capture_output=True, text=True)
     assert p.returncode == 2 and "art" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "y").exists()
+
+
+def test_an_identical_rerun_returns_the_selection_and_another_is_refused(score_all_run, tmp_path):
+    out = tmp_path / "strict"
+    first = select(str(score_all_run), str(out), ["person.min_score=0.99"], progress=False)
+    again = select(str(score_all_run), str(out), ["person.min_score=0.99"], progress=False)  # as curate resumes
+    assert again["finished"] == first["finished"] and again["counts"] == first["counts"]
+    with pytest.raises(ValueError, match=r"strict: holds a re-cut of a curation run \(humanset select\) with other "
+                                         r"settings .*pass another --output"):
+        select(str(score_all_run), str(out), ["person.min_score=0.5"], progress=False)
+    assert not (out / ".lock").exists()
+
+
+def test_curate_refuses_a_folder_select_made_naming_its_kind(score_all_run, tmp_path):
+    from pipeline.demo.crawl import demo_config
+    from pipeline.engine.driver import curate
+
+    out = tmp_path / "sel"
+    select(str(score_all_run), str(out), ["person.min_score=0.99"], progress=False)
+    with pytest.raises(ValueError, match=r"sel: holds a re-cut of a curation run \(humanset select\), not a curation "
+                                         r"run \(humanset curate\); pass another --output"):
+        curate([str(score_all_run.parent / "crawl")], str(out), demo_config(), progress=False)
+
+
+def test_refused_thresholds_leave_the_output_free_for_others(demo_run, tmp_path):
+    out = tmp_path / "x"
+    with pytest.raises(SelectError, match="never scored by it"):
+        select(str(demo_run[0]), str(out), ["dedup.max_distance=null", "dedup.exact=false"], progress=False)
+    select(str(demo_run[0]), str(out), ["size.min_short_side=600"], progress=False)  # not refused as "another"

@@ -122,7 +122,7 @@ def test_image_skip_keeps_resolutions_sees_the_image_and_resumes_exactly(data, t
 
 
 @pytest.mark.train
-def test_cli_finetune_evaluate_predict(data, tmp_path, capsys):
+def test_cli_finetune_evaluate_predict(data, tmp_path, capsys, caplog):
     out = tmp_path / "run"
     rc = humanset(["finetune", "--task", "seg", "--data", str(data["seg"]), "--output", str(out), "--model", "micro",
                    "--image-size", "64x48", "--steps", "3", "--batch-size", "2", "--set", "head_width=16",
@@ -131,8 +131,12 @@ def test_cli_finetune_evaluate_predict(data, tmp_path, capsys):
     ckpt_path = out / "checkpoints" / "step-00000003.pt"
     assert ckpt_path.is_file()
     capsys.readouterr()
-    assert humanset(["evaluate", "--checkpoint", str(ckpt_path), "--out", str(tmp_path / "m.json")]) == 0
+    with caplog.at_level("INFO"):
+        assert humanset(["evaluate", "--checkpoint", str(ckpt_path), "--out", str(tmp_path / "m.json")]) == 0
     assert "mIoU" in json.loads((tmp_path / "m.json").read_text())
+    printed = capsys.readouterr().out
+    assert json.loads(printed)["mIoU"] >= 0  # the metrics printed once, as JSON, and not logged again before it
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= 20 and "mIoU" in r.getMessage()]
     image = Path(data["seg"]).parent / "cameraman.png"
     assert humanset(["predict", "--task", "seg", "--checkpoint", str(ckpt_path), str(image), "--out",
                      str(tmp_path / "p")]) == 0
