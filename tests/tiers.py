@@ -30,6 +30,7 @@ FIXTURE_TIERS = {
     # module fixtures that curate with the model stages or in child processes
     "score_all_run": "e2e",  # tests/pipeline/select/test_select.py: a crawl curated with --score-all
     "two_runs": "e2e",  # tests/pipeline/engine/test_bundles.py: two `humanset curate` child runs
+    "trained": "train",  # tests/training/test_run_folder.py: a pretraining run
 }
 
 
