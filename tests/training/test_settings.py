@@ -96,6 +96,7 @@ def test_a_bad_flag_value_is_validated_too(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == "humanset pretrain: error: config steps must be >= 1, got -3"
 
 
+@pytest.mark.train
 def test_effective_config_lands_in_the_run_folder(tmp_path, capsys):
     from training import checkpoint as ckpt
     from training_fixtures import skimage_samples, write_curated_shards
