@@ -12,7 +12,7 @@ Prints JSON: files tried, aborts (must be 0), outcomes per reason kind and per f
 with UnitReader: shards tried, aborts (must be 0), intact samples lost (must be 0), outcome kinds.
 --curate M also runs M of them through one `humanset curate` call (exit status, seconds).
 
-tests/pipeline/test_fuzz.py imports `seed_files` and `mutants` from here.
+tests/pipeline/inputs/test_fuzz.py imports `seed_files` and `mutants` from here.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Damaged shards for fuzzing the container reader (bench/fuzz.py --tars N, tests/pipeline/test_fuzz_tars.py).
+"""Damaged shards for fuzzing the container reader (bench/fuzz.py --tars N, tests/pipeline/inputs/test_fuzz_tars.py).
 
 Valid WebDataset shards (USTAR, GNU and pax tars, some with img2dataset's or humanset's Parquet
 index beside them) are damaged in one of DAMAGES ways, each deterministic in its seed. Every case

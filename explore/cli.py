@@ -115,7 +115,7 @@ def _count_pct(n, pct) -> str:
 
 def format_stats(runs: list[dict], overlap: dict | None = None) -> str:
     """Plain-text tables of one or more runs' statistics, runs as columns."""
-    from catalog.rules import PERSON_BOX, PERSON_SCORE
+    from explore.person_rule import describe
 
     labels = _labels(runs)
     multi = len(runs) > 1
@@ -231,11 +231,11 @@ def format_stats(runs: list[dict], overlap: dict | None = None) -> str:
     for col in ("score", "box_longer_side", "box_shorter_side"):
         for scope in ("detected", "in_kept_images"):
             for lab, r in zip(labels, runs):
-                rows.append(qrow(f"{col} {scope} {lab}".strip(), r["persons"][scope][col]))
-    p0 = runs[0]["persons"]
+                rows.append(qrow(f"{'raw score' if col == 'score' else col} {scope} {lab}".strip(), r["persons"][scope][col]))
     detected = any(r["persons"]["detected"]["score"].get("n") for r in runs)
-    score, box = PERSON_SCORE.keep, PERSON_BOX.keep  # the rule's own comparisons (catalog/rules.py)
-    section(f"Detected persons (rule: score {score} {p0['min_score']}, box {p0['box_rule']} {box} {p0['min_box_px']} px)",
+    rules = [f"{lab + ': ' if multi else ''}{describe(r['persons'])}" for lab, r in zip(labels, runs)]
+    section(f"Detected persons (rule: {'; '.join(rules)})" + ("\n  per box the raw score; the calibrated score is "
+            "stored per image (Scores per stage)" if any(r["persons"]["score_kind"] != "raw" for r in runs) else ""),
             _table(["measure", "n"] + qhead, rows) if detected else "  no person boxes in the catalog")
 
     rows = []

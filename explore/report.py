@@ -19,18 +19,19 @@ import time
 from pathlib import Path
 
 from catalog.io import write_bytes
-from catalog.rules import PERSON_BOX, PERSON_SCORE, box_side
+from catalog.rules import PERSON_BOX, PERSON_SCORE
 from catalog.shards import read_member
 from catalog.source_bytes import read_source
 from catalog.storage import is_uri
 from catalog.tars import IMAGE_EXTS
 from explore import stats as st
+from explore.person_rule import box_verdicts, describe
 
 # ----------------------------------------------------------------------------------------------------
 # The report's charts, drawn with matplotlib's object API (no pyplot, no global state) and embedded
 # as base64 PNG; their labels are drawn as literal text (never parsed as mathtext).
 
-KEEP_COLOR, FAIL_COLOR = "#1a9850", "#d73027"
+KEEP_COLOR, FAIL_COLOR, UNKNOWN_COLOR = "#1a9850", "#d73027", "#fdae61"
 
 
 def _literal_text(chart):
@@ -132,17 +133,9 @@ THUMB_PX = 200
 
 # --- thumbnails ------------------------------------------------------------------------------
 
-def _passes(box, score, person: dict) -> bool:
-    """The person rule on one box, through its declaration (catalog.rules); no threshold known: red."""
-    min_score, min_px = person.get("min_score"), person.get("min_box_px")
-    if score is None or min_score is None or min_px is None:
-        return False
-    side = box_side(box, person.get("box_rule") or "longer_side")
-    return PERSON_SCORE.keeps(score, min_score) and PERSON_BOX.keeps(side, min_px)
-
-
 def thumbnail(data: bytes, row: dict, person: dict) -> str:
-    """JPEG thumbnail (base64) with person boxes: green passes the person rule, red does not."""
+    """JPEG thumbnail (base64) with person boxes: green passes the person rule, red does not, amber
+    where the catalog cannot say (explore.person_rule.box_verdicts)."""
     from PIL import Image, ImageDraw, ImageOps
 
     img = Image.open(io.BytesIO(data))
@@ -154,8 +147,10 @@ def thumbnail(data: bytes, row: dict, person: dict) -> str:
     img.thumbnail((THUMB_PX, THUMB_PX))
     scale = img.width / full_width
     draw = ImageDraw.Draw(img)
-    for box, score in zip(row.get("person_boxes") or [], row.get("person_scores") or []):
-        color = KEEP_COLOR if _passes(box, score, person) else FAIL_COLOR
+    for box, passes in zip(row.get("person_boxes") or [], box_verdicts(row, person)):
+        if box is None:
+            continue
+        color = KEEP_COLOR if passes else FAIL_COLOR if passes is False else UNKNOWN_COLOR
         draw.rectangle([v * scale for v in box], outline=color, width=2)
     buf = io.BytesIO()
     img.save(buf, "JPEG", quality=80)
@@ -212,7 +207,7 @@ def _row_dicts(cur) -> list[dict]:
 
 
 SAMPLE_COLS = ("s.sample_id, s.key, s.source_uri, s.width, s.height, s.decode_error, s.reject_reason, s.n_persons, "
-               "s.person_n_pass, s.person_boxes, s.person_scores")
+               "s.person_n_pass, s.person_boxes, s.person_scores, s.resolution_scale")
 
 
 def kept_sheet(con, run: Path, n: int, seed: int, person: dict, read=read_source) -> str:
@@ -375,11 +370,15 @@ def _render(run: Path, thumbs: int, seed: int, max_reasons: int, max_sources: in
                                _alt(f"{col} histogram", t and t["key"], t and t["value"])))
         persons_src = st.persons_source(p)
         if person["detected"]["score"].get("n"):
+            # per box only the raw score is stored: the threshold goes on it only when the cut reads it
+            raw_cut = person["score_kind"] == "raw"
+            cut = person["min_score"] if raw_cut else None
             charts.append(_img(histogram_chart(st.histogram_from(con, "score", persons_src,
                                                                  person["detected"]["score"], lo=0.0, hi=1.0),
-                                               "person: score of every detected person", "score",
-                                               person["min_score"], PERSON_SCORE.keep),
-                               _alt("person score histogram", "person.min_score", person["min_score"])))
+                                               "person: raw score of every detected person", "raw score",
+                                               cut, PERSON_SCORE.keep),
+                               _alt("person score histogram", "person.min_score", cut)
+                               + ("" if raw_cut else f" (the cut reads {person['column']}, per image)")))
             side = "box_shorter_side" if person["box_rule"] in ("shorter_side", "both") else "box_longer_side"
             charts.append(_img(histogram_chart(st.histogram_from(con, side, persons_src, person["detected"][side]),
                                                f"person: {side} of every detected person", f"{side} (px)",
@@ -399,7 +398,7 @@ def _render(run: Path, thumbs: int, seed: int, max_reasons: int, max_sources: in
              for scope in ("decoded", "kept")])))
         if person["detected"]["score"].get("n"):
             parts.append(_html_table(QHEAD, _quantile_rows(
-                [(f"person {c} ({scope})", person[scope][c])
+                [(f"person {'raw score' if c == 'score' else c} ({scope})", person[scope][c])
                  for c in ("score", "box_longer_side", "box_shorter_side") for scope in ("detected", "in_kept_images")])))
         else:
             parts.append("<p class=muted>No person boxes in the catalog.</p>")
@@ -438,8 +437,11 @@ def _render(run: Path, thumbs: int, seed: int, max_reasons: int, max_sources: in
             parts.append(f"<p>Curated shards: {c['shards']:,} files, {c['samples']:,} samples, "
                          f"{c['bytes'] / 1e6:,.1f} MB.</p>")
 
-        parts.append("<h2>Contact sheets</h2><p class=muted>Boxes: green passes the person rule, red does "
-                     "not. Random samples (seed {}).</p>".format(seed))
+        unknown = ("" if person["score_kind"] == "raw" else
+                   " Amber: the catalog stores the calibrated score per image, not per box, and the image's "
+                   "count of passing persons leaves this box open.")
+        parts.append("<h2>Contact sheets</h2><p class=muted>Boxes: green passes the person rule ({}), red does "
+                     "not.{} Random samples (seed {}).</p>".format(html.escape(describe(person)), unknown, seed))
         read = SourceReader()
         parts.append(f'<h3>Kept</h3><div class="sheet">{kept_sheet(con, run, thumbs, seed, person, read)}</div>')
         for reason, count, tiles in rejected_sheets(con, thumbs, seed, person, max_reasons, read):

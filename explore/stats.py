@@ -17,8 +17,9 @@ from pathlib import Path
 
 from catalog import run_kind
 from catalog.duck import register, retry_by_generation, run_exists, run_location, worth_loading
-from catalog.rules import INPUT_STAGE, PERSON_BOX, PERSON_SCORE, RULES, Rule
+from catalog.rules import INPUT_STAGE, PERSON_SCORE, PERSON_SCORE_COLUMNS, RULES, Rule
 from catalog.unit_stats import unit_outcomes
+from explore import person_rule
 
 # ----------------------------------------------------------------------------------------------------
 # The SQL building blocks: manifest and threshold lookups, row fetching, reason
@@ -120,7 +121,7 @@ PERSON_BUCKETS = ("1", "2", "3", "4", "5+")
 INFO_COLUMNS = {"dedup": ("dup_cluster_size",), "person": ("n_persons",)}
 STAGE_ORDER = ("size", "dedup", "person", "text", "watermark", "art")
 # columns whose values are probabilities: histograms over [0, 1] rather than over the data range
-UNIT_RANGE = {"person_score_max", "watermark_score", "art_score", "text_area_frac"}
+UNIT_RANGE = {"person_score_max", "person_score_calibrated", "watermark_score", "art_score", "text_area_frac"}
 
 
 def stage_order(con, manifest: dict, p: str = "") -> list[str]:
@@ -240,14 +241,25 @@ def persons_source(p: str) -> str:
 
 
 def persons(con, manifest: dict, p: str = "", exact: bool = True) -> dict:
-    """Per detected person: score and box-side quantiles, all detections and those in kept images."""
+    """Per detected person: raw score and box-side quantiles, all detections and those in kept images,
+    beside the run's person rule (explore.person_rule.rule: thresholds, box rule, which score the cut
+    reads). Only the raw score is stored per box; a calibrated cut's score is per image."""
     out = quantile_block(con, ["score", "box_longer_side", "box_shorter_side"],
                           {"detected": "", "in_kept_images": "keep"}, persons_source(p), exact)
-    out["min_score"] = threshold(manifest, PERSON_SCORE)
-    out["min_box_px"] = threshold(manifest, PERSON_BOX)
-    section = (manifest.get("config") or {}).get("person") or {}
-    out["box_rule"] = section.get("box_rule") if isinstance(section, dict) else None
+    out.update(person_rule.rule(manifest))
     return out
+
+
+def _stage_measures(stage: str, manifest: dict) -> list[tuple[str, Rule | None]]:
+    """(column, rule or None) of a stage: its rules' columns, then its other columns. The person score
+    rule cuts the column the run's person.score names; the other person score is shown without one."""
+    rules = list(RULES.get(stage, ()))
+    extra: list[str] = []
+    if stage == PERSON_SCORE.stage:
+        cut = person_rule.score_rule(manifest)
+        rules = [cut if r == PERSON_SCORE else r for r in rules]
+        extra = [c for c in PERSON_SCORE_COLUMNS.values() if c != cut.column]
+    return [(r.column, r) for r in rules] + [(c, None) for c in extra + list(INFO_COLUMNS.get(stage, ()))]
 
 
 def scores(con, manifest: dict, p: str = "", exact: bool = True) -> list[dict]:
@@ -256,11 +268,8 @@ def scores(con, manifest: dict, p: str = "", exact: bool = True) -> list[dict]:
     `fail_threshold` counts measured rows on the rejected side of the threshold, whatever stage
     rejected them first. One scan for all columns.
     """
-    measures = [(stage, rule.column, rule, threshold(manifest, rule))
-                for stage in STAGE_ORDER for rule in RULES.get(stage, ())]
-    measures += [(stage, col, None, None) for stage in STAGE_ORDER for col in INFO_COLUMNS.get(stage, ())]
-    order = {stage: i for i, stage in enumerate(STAGE_ORDER)}
-    measures.sort(key=lambda m: order[m[0]])  # stable: a stage's rules, then its other columns
+    measures = [(stage, col, rule, threshold(manifest, rule))
+                for stage in STAGE_ORDER for col, rule in _stage_measures(stage, manifest)]
     parts = []
     for _stage, col, rule, t in measures:
         parts.append(quantile_sql(col, exact=exact))

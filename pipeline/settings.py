@@ -124,7 +124,7 @@ class PersonSettings:
     resources: dict = setting(
         {"num_cpus": 1, "num_gpus": 0}, keys=_RESOURCE_KEYS,
         note="On GPU nodes: resources: {num_cpus: 2, num_gpus: 1}, batch_size: 128 - batched, half precision,\n"
-             "square 640 letterbox (scores match the CPU path within 0.02; tests/pipeline/test_stage_person.py).\n"
+             "square 640 letterbox (scores match the CPU path within 0.02; tests/pipeline/stages/test_stage_person.py).\n"
              "The same applies to watermark (batch_size: 256) and art (batch_size: 256).")
 
 

@@ -1,5 +1,10 @@
-"""Shared fixtures: one loopback-only Ray for the session, the demo crawl curated once."""
+"""Shared fixtures (one loopback-only Ray for the session, the demo crawl curated once) and the test
+tiers (tests/tiers.py, docs/testing.md): each test gets the tier marks of what it needs at collection,
+from the fixtures it uses or its explicit marks, else `unit`; a unit test that starts what a heavier tier
+stands for fails, naming the mark it needs."""
+import gc
 import os
+import sys
 
 # Ray swaps 127.0.0.1 for the machine's network address unless told not to: tests stay on loopback.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -7,14 +12,79 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 import pytest  # noqa: E402
 from s3server import s3_server  # noqa: E402,F401  (the real S3 server on 127.0.0.1: tests/s3server.py)
 
+import tiers  # noqa: E402  (the test tiers: tests/tiers.py)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test gets its tier marks (tests/tiers.py); the cluster tier runs last (it starts and stops
+    whole clusters)."""
+    for item in items:
+        marks = {m.name for m in item.iter_markers()}
+        if "unit" in marks and marks & set(tiers.HEAVY):
+            raise pytest.UsageError(f"{item.nodeid}: marked unit and {sorted(marks & set(tiers.HEAVY))}; a unit "
+                                    "test needs none of those (tests/tiers.py)")
+        for tier in sorted(tiers.tiers_of(item.fixturenames, marks) - marks):
+            item.add_marker(tier)
+    items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
+
+
+sys.addaudithook(tiers.audit)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A unit test fails at once, naming the mark it needs, when it (or a fixture it sets up) starts a
+    training run, Blender, SeaweedFS, Ray cluster nodes or a heavy `humanset` command (tests/tiers.py)."""
+    if item.get_closest_marker("unit") is None:
+        return (yield)
+    patch = pytest.MonkeyPatch()
+    tiers.refuse_entry_points(item.nodeid, patch)
+    tiers.RUNNING_UNIT.append(item.nodeid)
+    try:
+        return (yield)
+    finally:
+        tiers.RUNNING_UNIT.clear()
+        patch.undo()
+
+
+def pytest_runtest_logreport(report):
+    tiers.add_report(report.keywords, report.when, report.duration)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The seconds per tier, beside pytest's wall time (docs/testing.md's figures)."""
+    lines = tiers.summary_lines()
+    if lines:
+        terminalreporter.write_sep("=", "seconds per tier (tests/tiers.py)")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture(autouse=True)
+def _gc_frozen():
+    """What is alive when a test starts is moved out of the cyclic collector's reach (gc.freeze): a
+    gc.collect() in the test (the dedup tasks run one each, when in process) then scans the test's own
+    objects, not the ~10^6 of torch, Ray and every test module. Garbage of earlier tests is collected first."""
+    gc.collect()
+    gc.freeze()
+    yield
+
+
+# --- shared fixtures ---------------------------------------------------------------------------------
+def session_ray_cpus() -> int:
+    """The session Ray's logical CPUs: what the engine starts for a local run of the demo config (the
+    machine's cores, or more where the four model stages' actors, one CPU each for the run, and a
+    read/write slot need more: 6 on 2 cores). The demo run and the runs with trained filters curate on it."""
+    from pipeline.demo.crawl import demo_config
+    from pipeline.engine.ray_setup import actor_cpus
+    return max(os.cpu_count() or 1, int(actor_cpus(demo_config(), configured=True)) + 2)
+
 
 @pytest.fixture(scope="session")
 def ray_local():
     import ray
     if not ray.is_initialized():
-        # logical CPUs beyond the 2 cores: Ray Train tests hold 2 workers plus the trainer's actors
-        # while Ray Data read tasks (and earlier tests' idle actors) need slots of their own
-        ray.init(num_cpus=8, include_dashboard=False, logging_level="WARNING")
+        ray.init(num_cpus=session_ray_cpus(), include_dashboard=False, logging_level="WARNING")
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield ray
     ray.shutdown()
@@ -37,8 +107,3 @@ def demo_run(demo_crawl, ray_local, tmp_path_factory):
     run = tmp_path_factory.mktemp("demo") / "run"
     manifest = curate([str(demo_crawl[0])], str(run), demo_config(), progress=False)
     return run, manifest
-
-
-def pytest_collection_modifyitems(items):
-    """The loopback-cluster test runs last: it starts and stops a whole Ray cluster."""
-    items.sort(key=lambda item: item.path.name == "test_cluster.py")

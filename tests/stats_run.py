@@ -67,8 +67,11 @@ FATES = [
 ]
 
 
-def make_run(root, n: int = 48, seed: int = 0) -> tuple[Path, list[dict]]:
-    """Write RUN = root/'run' and return (RUN, the catalog rows)."""
+def make_run(root, n: int = 48, seed: int = 0, person_score: str | None = None) -> tuple[Path, list[dict]]:
+    """Write RUN = root/'run' and return (RUN, the catalog rows). `person_score` (calibrated | raw) sets
+    the config's person.score and stores person_score_calibrated (the highest raw score scaled down
+    below a 310 px box, so a small person's calibrated score fails where its raw one passes); None
+    writes a run from before person.score existed."""
     rng = random.Random(seed)
     run = Path(root) / "run"
     inputs = Path(root) / "inputs"
@@ -136,6 +139,9 @@ def make_run(root, n: int = 48, seed: int = 0) -> tuple[Path, list[dict]]:
                            person_score_max=max(scores, default=None),
                            person_box_max_px=max((max(b[2] - b[0], b[3] - b[1]) for b in boxes), default=None),
                            person_n_pass=n_pass)
+                if person_score is not None:
+                    row["person_score_calibrated"] = max(
+                        (v * min(1.0, max(b[2] - b[0], b[3] - b[1]) / 310) for b, v in zip(boxes, scores)), default=0.0)
             if "text" in row["scored_stages"]:
                 row["text_area_frac"] = 0.2 if stage == "text" else rng.uniform(0, 0.04)
                 row["text_n_boxes"] = 3 if stage == "text" else 0
@@ -150,7 +156,8 @@ def make_run(root, n: int = 48, seed: int = 0) -> tuple[Path, list[dict]]:
                                               "n_persons")})
     catalog.write_parquet(run / "catalog" / "samples" / "part-00000.parquet", catalog.conform(rows, catalog.SAMPLES))
     catalog.write_json(run / "manifest.json", {
-        "config": CONFIG, "stages": STAGES, "skipped_stages": {"art": "no OpenCLIP weights configured"},
+        "config": CONFIG if person_score is None else {**CONFIG, "person": {**CONFIG["person"], "score": person_score}},
+        "stages": STAGES, "skipped_stages": {"art": "no OpenCLIP weights configured"},
         "funnel": [], "inputs": [str(tar_path), str(inputs / "loose")],
         "started": "2026-01-01T00:00:00Z", "finished": "2026-01-01T00:01:00Z", "versions": {"humanset": "test"}})
     return run, rows

@@ -201,6 +201,7 @@ def test_a_command_writing_into_a_closed_pipe_stops_with_the_shells_status(monke
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.blender
 def test_verbose_shows_the_traceback_the_line_stands_for(world, tmp_path):
     args = ("render", "export", str(world["RENDER"]), "--format", "sapiens", "--to", str(world["CURATE"]))
     p = humanset("-v", *args)

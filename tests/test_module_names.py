@@ -14,7 +14,10 @@ def _clashes(names: list[str]) -> list[str]:
     out = []
     saved = list(sys.path)
     try:
-        sys.path[:] = [p for p in sys.path if p and Path(p).resolve() != ROOT]  # what is installed
+        # what is installed: not the repo, nor the test folders pytest puts on sys.path (tests/pipeline's
+        # sub-folders dedup/, engine/... would read as namespace packages there)
+        sys.path[:] = [p for p in sys.path
+                       if p and Path(p).resolve() != ROOT and not Path(p).resolve().is_relative_to(ROOT / "tests")]
         for name in names:
             if name in sys.stdlib_module_names:
                 out.append(f"{name} (standard library)")

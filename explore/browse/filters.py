@@ -13,14 +13,26 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from catalog.rules import PERSON_SCORE_COLUMNS
 from explore import stats as st
 
 PAGE_SIZE, MAX_PAGE_SIZE = 60, 240
-# score filters and sorts: the query-string name -> the catalog column
-SCORES = {"person": "person_score_max", "text": "text_area_frac", "watermark": "watermark_score",
+# score filters and sorts: the query-string name -> the catalog column. `person` is the score the run's
+# person.score cut (scores_for; explore.person_rule): SCORES and SORTS are a raw-score run's.
+SCORES = {"person": PERSON_SCORE_COLUMNS["raw"], "text": "text_area_frac", "watermark": "watermark_score",
           "art": "art_score"}
 SORTS = {**SCORES, "short_side": "short_side", "file_bytes": "file_bytes", "n_persons": "n_persons",
          "cluster": "dup_cluster_size"}
+
+
+def scores_for(score_kind: str) -> dict[str, str]:
+    """SCORES of a run whose person rule cut `score_kind` (calibrated | raw)."""
+    return {**SCORES, "person": PERSON_SCORE_COLUMNS[score_kind]}
+
+
+def sorts_for(score_kind: str) -> dict[str, str]:
+    """SORTS of a run whose person rule cut `score_kind`."""
+    return {**SORTS, **scores_for(score_kind)}
 DUP = {  # the duplicate filter: value -> condition (no parameter)
     "duplicate": "dup_of IS NOT NULL",  # another member of its cluster is the one dedup kept
     "exact": "dup_of IS NOT NULL AND dup_kind = 'exact'",
@@ -30,7 +42,7 @@ DUP = {  # the duplicate filter: value -> condition (no parameter)
     "unique": "coalesce(dup_cluster_size, 1) = 1",
 }
 GRID_COLUMNS = ("sample_id", "source_uri", "shard", "key", "width", "height", "keep", "reject_reason", "decode_error",
-                "person_score_max", "text_area_frac", "watermark_score", "art_score", "n_persons",
+                "person_score_max", "person_score_calibrated", "text_area_frac", "watermark_score", "art_score", "n_persons",
                 "person_n_pass", "dup_kind", "dup_cluster_size", "dup_rank", "dup_of", "short_side", "file_bytes")
 IN_LIST_MAX = 500  # a reason kind with more raw spellings than this is matched by prefix
 NO_REASON = "(no reason)"
@@ -57,9 +69,9 @@ def _float(name: str, text: str) -> float:
     return v
 
 
-def parse_filter(params: dict[str, str], reason_spellings) -> Filter:
+def parse_filter(params: dict[str, str], reason_spellings, scores: dict[str, str] = SCORES) -> Filter:
     """The WHERE clause of the grid's filter. `reason_spellings(kind)` -> the raw reject_reason
-    strings of a reason kind (or None: too many, match by prefix)."""
+    strings of a reason kind (or None: too many, match by prefix); `scores` the score filters' columns."""
     conds, args, key = [], [], []
     keep = params.get("keep", "")
     if keep:
@@ -105,7 +117,7 @@ def parse_filter(params: dict[str, str], reason_spellings) -> Filter:
             raise BadRequest(f"dup={dup!r}: expected one of {', '.join(DUP)}")
         conds.append(DUP[dup])
         key.append(("dup", dup))
-    for name, col in SCORES.items():
+    for name, col in scores.items():
         for side, op in (("min", ">="), ("max", "<=")):
             text = params.get(f"{name}_{side}", "")
             if text:
@@ -122,12 +134,12 @@ class Order:
     desc: bool
 
 
-def parse_order(params: dict[str, str]) -> Order:
+def parse_order(params: dict[str, str], sorts: dict[str, str] = SORTS) -> Order:
     sort = params.get("sort", "") or "catalog"
-    if sort != "catalog" and sort not in SORTS:
-        raise BadRequest(f"sort={sort!r}: expected catalog or one of {', '.join(SORTS)}")
+    if sort != "catalog" and sort not in sorts:
+        raise BadRequest(f"sort={sort!r}: expected catalog or one of {', '.join(sorts)}")
     desc = params.get("order", "desc") != "asc"
-    return Order(SORTS.get(sort), desc)
+    return Order(sorts.get(sort), desc)
 
 
 def page_sql(f: Filter, order: Order, size: int, offset: int = 0, after=None) -> tuple[str, list]:

@@ -17,10 +17,11 @@ from collections import OrderedDict
 import duckdb
 
 from catalog.duck import connect, is_generation_mismatch, run_location
-from catalog.rules import PERSON_BOX, PERSON_SCORE, RULES
+from catalog.rules import PERSON_SCORE, RULES
+from explore import person_rule
 from explore import stats as st
-from explore.browse.filters import (DUP, IN_LIST_MAX, MAX_PAGE_SIZE, PAGE_SIZE, SCORES, SORTS, Filter, int_param,
-                                    page_sql, parse_cursor, parse_filter, parse_order)
+from explore.browse.filters import (DUP, IN_LIST_MAX, MAX_PAGE_SIZE, PAGE_SIZE, Filter, int_param, page_sql, parse_cursor,
+                                    parse_filter, parse_order, scores_for, sorts_for)
 from explore.browse.sample_page import jsonable, persons, phash_hex, source, text_boxes, why_kept
 
 CLUSTER_COLUMNS = ("sample_id", "source_uri", "shard", "key", "width", "height", "keep", "reject_reason", "decode_error",
@@ -69,6 +70,8 @@ class RunCatalog:
     def __init__(self, run):
         self.run = run_location(run)
         self.manifest = st.read_manifest(self.run)
+        self.score_kind = person_rule.score_kind(self.manifest)  # the score person.min_score cut
+        self.scores, self.sorts = scores_for(self.score_kind), sorts_for(self.score_kind)
         self.finished = bool(self.manifest.get("finished"))
         self._lock = threading.Lock()
         self._by_generation = False
@@ -130,12 +133,14 @@ class RunCatalog:
     def summary(self) -> dict:
         """The run, its thresholds and the grid's choices: what the app starts with (no catalog scan)."""
         thresholds = {}
-        for name, col in SCORES.items():
-            rule = next((r for r in RULES.get(name, ()) if r.column == col), None)
+        for name, col in self.scores.items():
+            rules = [person_rule.score_rule(self.manifest)] if name == PERSON_SCORE.stage else RULES.get(name, ())
+            rule = next((r for r in rules if r.column == col), None)
             thresholds[name] = {"column": col, "value": st.threshold(self.manifest, rule),
                                 "keep": rule.keep if rule else None}
+        thresholds[PERSON_SCORE.stage]["score_label"] = person_rule.score_label(self.score_kind)
         return {"run": str(self.run), "finished": self.manifest.get("finished"),
-                "stages": self.manifest.get("stages"), "thresholds": thresholds, "sorts": ["catalog", *SORTS],
+                "stages": self.manifest.get("stages"), "thresholds": thresholds, "sorts": ["catalog", *self.sorts],
                 "dup": list(DUP), "page_size": PAGE_SIZE}
 
     def funnel(self) -> dict:
@@ -153,18 +158,15 @@ class RunCatalog:
         return self.cached.get("funnel", make)
 
     def person_rule(self) -> dict:
-        section = (self.manifest.get("config") or {}).get("person") or {}
-        return {"min_score": st.threshold(self.manifest, PERSON_SCORE),
-                "min_box_px": st.threshold(self.manifest, PERSON_BOX),
-                "box_rule": section.get("box_rule") if isinstance(section, dict) else None}
+        return person_rule.rule(self.manifest)
 
     # --- the grid --------------------------------------------------------------------------------
     def filter(self, params: dict[str, str]) -> Filter:
         kinds = self.reason_kinds() if params.get("reason") else {}
-        return parse_filter(params, lambda kind: kinds.get(kind, []))
+        return parse_filter(params, lambda kind: kinds.get(kind, []), self.scores)
 
     def page(self, params: dict[str, str]) -> dict:
-        f, order = self.filter(params), parse_order(params)
+        f, order = self.filter(params), parse_order(params, self.sorts)
         size = int_param(params, "size", PAGE_SIZE, 1, MAX_PAGE_SIZE)
         after = parse_cursor(params["after"]) if params.get("after") and order.column else None
         offset = 0 if order.column else int_param(params, "offset", 0, 0, 10 ** 12)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from catalog.rules import PERSON_BOX, PERSON_SCORE, box_side
 from catalog.source_bytes import split_source_uri
+from explore.person_rule import box_verdicts
 
 
 def jsonable(v):
@@ -26,18 +26,15 @@ def phash_hex(v) -> str | None:
 
 
 def persons(row: dict, rule: dict) -> list[dict]:
-    """Each detected person: box (xyxy, stored pixels), score, keypoints (x, y, conf triples) and
-    whether it passes the run's person rule (score and the box side in judged pixels)."""
+    """Each detected person: box (xyxy, stored pixels), its raw score, keypoints (x, y, conf triples) and
+    whether it passes the run's person rule (explore.person_rule.box_verdicts: null where the catalog
+    cannot say, as for most boxes of an image with several large ones under a calibrated cut)."""
     out = []
-    scale = row.get("resolution_scale") or 1.0
     kps = row.get("person_keypoints") or []
+    verdicts = box_verdicts(row, rule)
     for i, (box, score) in enumerate(zip(row.get("person_boxes") or [], row.get("person_scores") or [])):
-        passes = None
-        if None not in (score, rule["min_score"], rule["min_box_px"]) and box is not None:
-            side = box_side(box, rule["box_rule"] or "longer_side") * scale
-            passes = PERSON_SCORE.keeps(score, rule["min_score"]) and PERSON_BOX.keeps(side, rule["min_box_px"])
         kp = kps[i] if i < len(kps) else None
-        out.append(jsonable({"box": box, "score": score, "passes": passes,
+        out.append(jsonable({"box": box, "score": score, "passes": verdicts[i] if i < len(verdicts) else None,
                              "keypoints": [kp[j:j + 3] for j in range(0, len(kp), 3)] if kp else None}))
     return out
 

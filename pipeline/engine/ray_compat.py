@@ -1,6 +1,6 @@
 """Every place humanset reaches into Ray's internals, and nothing else.
 
-Tested on ray 2.60.0 (pyproject pins ray to 2.60.*). tests/pipeline/test_ray_compat.py fails when
+Tested on ray 2.60.0 (pyproject pins ray to 2.60.*). tests/pipeline/engine/test_ray_compat.py fails when
 a Ray upgrade moves or renames what is patched here; update this module and the pin together.
 """
 from __future__ import annotations

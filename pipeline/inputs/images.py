@@ -45,7 +45,7 @@ def _open(data: bytes, max_pixels: int | None) -> Image.Image:
 THUMB = 32  # side of the grey thumbnail probe() keeps: what a 64-bit pHash looks at
 # JPEGs are draft-decoded (DCT scaling, a power of two) to at least this many pixels a side before
 # the LANCZOS resize to THUMB, as imagehash.phash resizes the full image: at 8x THUMB the hash agrees
-# with imagehash's of the full image (tests/pipeline/test_phash.py measures it); the old 1/8 draft did not
+# with imagehash's of the full image (tests/pipeline/dedup/test_phash.py measures it); the old 1/8 draft did not
 THUMB_DRAFT = 8 * THUMB
 
 

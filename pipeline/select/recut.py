@@ -47,6 +47,7 @@ from pipeline.engine.funnel import funnel_from_counts
 from pipeline.engine.unit_io import now, run_store, with_dup_scored, write_curated
 from pipeline.settings import DEFAULTS
 from pipeline.stages import REGISTRY, build_stages
+from pipeline.stages.person import score_kind
 
 # ----------------------------------------------------------------------------------------------------
 # `humanset select`'s work on units (the driver below orders it; docs/dedup.md "Select").
@@ -335,6 +336,15 @@ def _changed(old: dict, new: dict, prefix: str = "") -> list[str]:
     return sorted(out)
 
 
+def _as_cut(cfg: dict) -> dict:
+    """A run's config with the person score its cut read spelled out: a run written before person.score
+    existed cut the raw score (person.score_kind), not today's default, and a re-cut keeps that."""
+    person = cfg.get("person") if isinstance(cfg, dict) else None
+    if not isinstance(person, dict) or "score" in person:
+        return cfg
+    return {**cfg, "person": {**person, "score": score_kind(person)}}
+
+
 def plan(run, sets: list[str]) -> tuple[dict, dict, list[str]]:
     store = _store(run)
     kind = run_kind.kind_of(store.uri)
@@ -344,7 +354,7 @@ def plan(run, sets: list[str]) -> tuple[dict, dict, list[str]]:
     manifest = store.read_json("manifest.json")
     if manifest.get("status") != "complete":
         raise SelectError(f"{run}: the run is not complete; finish it first (rerun the same curate command)")
-    old = with_defaults(manifest["config"])  # a run older than a section (e.g. storage) takes its defaults
+    old = with_defaults(_as_cut(manifest["config"]))  # a run older than a section (e.g. storage) takes its defaults
     new = apply_sets(old, sets)
     changed = _changed(old, new)
     ran = set(manifest["stages"])

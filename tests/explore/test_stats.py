@@ -117,7 +117,7 @@ def test_cli_text_and_json(run, capsys):
                    "crawl-00000.tar", "largest cluster", "truncated"]:
         assert needle in text, needle
     # the person rule printed as catalog/rules.py declares it: strictly greater, as in Sapiens
-    assert "(rule: score > 0.9, box longer_side > 300 px)" in text and ">=" not in text.split("Detected persons")[1][:80]
+    assert "(rule: raw score > 0.9, box longer_side > 300 px)" in text and ">=" not in text.split("Detected persons")[1][:80]
 
 
 def test_two_runs_side_by_side(run, tmp_path, capsys):

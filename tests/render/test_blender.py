@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.blender
+
 pytest.importorskip("bpy", reason="render tests need the Blender wheel: pip install -r deps/render.pip.txt")
 pytest.importorskip("anny", reason="render tests need anny: pip install -r deps/render.pip.txt")
 
@@ -260,7 +262,6 @@ def test_bad_inputs_are_reported_and_the_job_goes_on(tmp_path, body, monkeypatch
     assert jobmod.shard_done(spec, 0)
 
 
-@pytest.mark.slow
 def test_ray_driver_renders_missing_shards(tmp_path, ray_local):
     from render.run.distributed import run_ray
     spec = _tiny_run(tmp_path / "ray", 2, extra=["output.frames_per_shard=1"])
@@ -298,7 +299,6 @@ def test_fbx_and_gltf_scans_match_the_oracle(renderer, body, tmp_path, fmt):
     _check_against_oracle(renderer.render(scene), body.vertices, body.faces, cam)
 
 
-@pytest.mark.slow
 def test_a_scan_that_crashes_blender_fails_its_frames_and_the_run_goes_on(tmp_path, body, ray_local):
     """A scan whose import aborts the worker process: the Ray actor restarts, the frame is tried twice and
     failed with error "blender_crash", the scan is rejected for its other frames and in the scan catalog;
@@ -354,7 +354,6 @@ def _heavy_scans_module():
     return mod
 
 
-@pytest.mark.slow
 def test_heavy_generated_scan_is_renderpeople_sized_and_renders_true(renderer, tmp_path):
     """bench/heavy_scans.py: >= 300k triangles and a 4096² albedo from an anny body, offline; the renderer
     imports it like any scan and its silhouette and depth match the oracle on the unsubdivided body

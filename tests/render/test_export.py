@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.blender
+
 pytest.importorskip("bpy", reason="render tests need the Blender wheel: pip install -r deps/render.pip.txt")
 pytest.importorskip("anny", reason="render tests need anny: pip install -r deps/render.pip.txt")
 

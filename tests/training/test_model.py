@@ -247,6 +247,7 @@ def test_training_step_keeps_the_reference_maths():
         torch.testing.assert_close(a, b, rtol=1e-3, atol=2e-3)
 
 
+@pytest.mark.train
 def test_compiled_blocks_keep_the_loss_and_gradients():
     """compile_blocks (pretraining's `compile: true`): torch.compile of every block, the decoder's first and
     last blocks with their extra arguments included, gives the eager loss and gradients."""

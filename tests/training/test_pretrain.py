@@ -19,6 +19,7 @@ def small(shards, out, **kw):
     return PretrainConfig(**{**base, **kw})
 
 
+@pytest.mark.train
 def test_demo_tiny_preset_learns(shards, tmp_path):
     summary = demo(shards, tmp_path, steps=30)  # the `make demo` entry point
     curve = logged_losses(tmp_path)
@@ -33,6 +34,7 @@ def test_demo_tiny_preset_learns(shards, tmp_path):
     assert Image.open(summary["vis"]).width > 3 * 64
 
 
+@pytest.mark.train
 def test_resume_matches_an_uninterrupted_run(shards, tmp_path):
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     pretrain(small(shards, full))
@@ -52,11 +54,13 @@ def test_resume_matches_an_uninterrupted_run(shards, tmp_path):
     assert state["ranks"][0]["positions"] and "mask" in state["ranks"][0]["rng"]
 
 
+@pytest.mark.train
 def test_non_finite_loss_stops_with_the_step(shards, tmp_path):
     with pytest.raises(FloatingPointError, match=r"step \d+: loss is (nan|inf)"):
         pretrain(small(shards, tmp_path, base_lr=1e12, warmup_steps=1, clip_grad=1e30, steps=20, loader_workers=0))
 
 
+@pytest.mark.train
 def test_cli_pretrain_export_and_vis(shards, tmp_path):
     out = tmp_path / "run"
     rc = humanset_main(["pretrain", "--data", str(shards), "--output", str(out), "--model", "micro",

@@ -11,6 +11,8 @@ from training.mae import MaskedAutoencoder
 from training.pretrain import PretrainConfig, pretrain_ray
 from training_fixtures import logged_losses
 
+pytestmark = pytest.mark.train
+
 JOB = Path(__file__).resolve().parents[2] / "training" / "pretrain_job.py"
 
 

@@ -65,6 +65,7 @@ def test_a_used_output_needs_resume_and_a_resume_keeps_its_settings(trained, run
     assert [p.name for p in ckpt.list_checkpoints(trained)] == ["step-00000002.pt"]
 
 
+@pytest.mark.train
 def test_one_sample_trains_with_the_loader_workers_it_can_feed(tmp_path, caplog):
     write_curated_shards(tmp_path / "one" / "shards", skimage_samples()[:1])
     with caplog.at_level(logging.INFO):

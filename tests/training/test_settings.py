@@ -27,6 +27,8 @@ def test_yaml_defaults_equal_the_dataclass_defaults(command):
     code = {}
     for f in dataclasses.fields(cls):
         value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if dataclasses.is_dataclass(value):  # a section (storage): the YAML holds its fields
+            value = dataclasses.asdict(value)
         code[f.name] = list(value) if isinstance(value, tuple) else value
     yaml_defaults = default_config(command)
     assert list(yaml_defaults) == list(code)  # same keys, in the dataclass's order
@@ -96,6 +98,7 @@ def test_a_bad_flag_value_is_validated_too(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == "humanset pretrain: error: config steps must be >= 1, got -3"
 
 
+@pytest.mark.train
 def test_effective_config_lands_in_the_run_folder(tmp_path, capsys):
     from training import checkpoint as ckpt
     from training_fixtures import skimage_samples, write_curated_shards

@@ -1,4 +1,4 @@
-"""The Sapiens fine-tuning losses, exactly (tests/training/test_finetune_losses.py checks hand-computed values).
+"""The Sapiens fine-tuning losses, exactly (tests/training/tasks/test_finetune_losses.py checks hand-computed values).
 
 Masks are boolean (B, 1, H, W), True on person pixels. Predictions at a lower resolution than their
 targets (seg, depth, normals) are upsampled bilinearly first (`match_size`).

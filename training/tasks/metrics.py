@@ -1,4 +1,4 @@
-"""Evaluation metrics of the four tasks, in numpy (tests/training/test_finetune_metrics.py checks known inputs).
+"""Evaluation metrics of the four tasks, in numpy (tests/training/tasks/test_finetune_metrics.py checks known inputs).
 
 pose    COCO OKS-based AP (mean over OKS thresholds 0.50:0.05:0.95, 101-point interpolated precision);
         PCK@t: labelled keypoints within t x the person box's longer side

@@ -152,7 +152,7 @@ function filterForm(params) {
     el('label', { text: 'reject reason' }),
     reasonSelect,
     ...Object.entries(s.thresholds).map(([name, t]) => [
-      el('label', { text: `${name} score (${t.column})${t.value !== null ? `, cut ${t.keep === '<=' ? 'max' : 'min'} ${t.value}` : ''}` }),
+      el('label', { text: `${name} ${t.score_label || 'score'} (${t.column})${t.value !== null ? `, cut ${t.keep === '<=' ? 'max' : 'min'} ${t.value}` : ''}` }),
       el('div', { class: 'range' },
         el('input', { name: `${name}_min`, type: 'number', step: 'any', placeholder: 'min', value: params.get(`${name}_min`) || '' }),
         el('input', { name: `${name}_max`, type: 'number', step: 'any', placeholder: 'max', value: params.get(`${name}_max`) || '' })),
@@ -184,7 +184,7 @@ function filterForm(params) {
 }
 
 function tile(row) {
-  const chips = [['p', row.person_score_max], ['txt', row.text_area_frac], ['wm', row.watermark_score], ['art', row.art_score]]
+  const chips = [['p', row[state.summary.thresholds.person.column]], ['txt', row.text_area_frac], ['wm', row.watermark_score], ['art', row.art_score]]
     .filter(([, v]) => v !== null && v !== undefined).map(([k, v]) => `${k} ${fmt(v)}`);
   if (row.n_persons !== null && row.n_persons !== undefined) chips.unshift(`persons ${fmt(row.person_n_pass)}/${fmt(row.n_persons)}`);
   const scores = chips.join(' · ');
@@ -408,8 +408,13 @@ async function showSample(id, params) {
   const src = data.source;
   const source = el('div', { class: 'panel', id: 'source' }, el('h3', { text: 'Source' }),
     kvTable([['shard (input unit)', src.shard], ['key', src.key], ['file', src.file], ['member', src.member], ['url', src.url], ['source_uri', src.uri]]));
-  const persons = el('div', { class: 'panel', id: 'persons' }, el('h3', { text: `Persons (${data.persons.length}; rule: score > ${fmt(data.person_rule.min_score)}, box ${data.person_rule.box_rule || 'longer_side'} > ${fmt(data.person_rule.min_box_px)} px)` }),
-    kvTable(data.persons.map((p, i) => [`#${i} ${p.passes === true ? 'passes' : p.passes === false ? 'fails' : ''}`, `score ${fmt(p.score)} · box ${p.box ? p.box.map((v) => Math.round(v)).join(',') : '–'}${p.keypoints ? ' · keypoints' : ''}`])));
+  // per box only the raw score is stored; under a calibrated cut the image's calibrated score and the
+  // stage's count of passing persons are the verdict, and a box is marked only where they decide it
+  const pr = data.person_rule;
+  const raw = pr.score_kind === 'raw';
+  const persons = el('div', { class: 'panel', id: 'persons' }, el('h3', { text: `Persons (${data.persons.length}; rule: ${pr.score_label} > ${fmt(pr.min_score)}, box ${pr.box_rule || 'longer_side'} > ${fmt(pr.min_box_px)} px)` }),
+    raw ? null : el('p', { class: 'muted', id: 'person-image-verdict', text: `image: ${pr.column} ${fmt(row[pr.column])}, persons passing ${fmt(row.person_n_pass)}/${fmt(row.n_persons)} (calibrated scores are stored per image, not per box)` }),
+    kvTable(data.persons.map((p, i) => [`#${i} ${p.passes === true ? 'passes' : p.passes === false ? 'fails' : raw ? '' : 'undecided'}`, `${raw ? 'score' : 'raw score'} ${fmt(p.score)} · box ${p.box ? p.box.map((v) => Math.round(v)).join(',') : '–'}${p.keypoints ? ' · keypoints' : ''}`])));
   const texts = el('div', { class: 'panel', id: 'texts' }, el('h3', { text: `Text boxes (${data.text_boxes.length}; orange: read by the watermark stage too)` }),
     kvTable(data.text_boxes.map((t, i) => [`#${i}${t.mark ? ' mark' : ''}`, `${t.text === null ? '(not read)' : t.text} · det ${fmt(t.score)}`])));
   const all = el('div', { class: 'panel', id: 'row' }, el('h3', { text: 'Every column of the row' }),

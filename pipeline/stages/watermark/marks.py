@@ -25,7 +25,7 @@ FAMILIES = ("tune", "eval")
 SEEDS = {"tune": 1, "eval": 2}
 
 # strings per family: the same kinds of mark text (domains, copyright lines, agency names, words), no
-# string shared (tests/pipeline/test_marks_families.py checks it)
+# string shared (tests/pipeline/stages/test_marks_families.py checks it)
 TEXTS = {
     "tune": {
         "tiled": ["shutterpix", "(c) dreamphoto", "www.stockfoto.net", "PHOTOLAB", "istockimage", "proof copy",
