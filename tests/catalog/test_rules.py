@@ -10,11 +10,18 @@ import pytest
 
 from catalog import SAMPLES
 from explore import stats
-from explore.report import _passes
+from explore.person_rule import box_verdicts
 from catalog.rules import ALL_RULES, CALIBRATED, PERSON_BOX, PERSON_SCORE, RULES
 from pipeline.select.calibrate import at_threshold, pr_curve
 from pipeline.config import default_config
 from pipeline.stages import REGISTRY, stage_class
+
+
+def _passes(box, score, person: dict) -> bool:
+    """The report's verdict on one box under a raw-score rule (explore/person_rule.py)."""
+    rule = {"min_score": person["min_score"], "min_box_px": person["min_box_px"],
+            "box_rule": person.get("box_rule"), "score_kind": "raw"}
+    return box_verdicts({"person_boxes": [box], "person_scores": [score]}, rule)[0]
 
 
 def _schema(names: list[str]) -> pa.Schema:
@@ -129,7 +136,8 @@ def test_person_rule_keeps_strictly_above_min_score_in_stats_report_and_calibrat
 
 
 def _scores(con, manifest):
-    cols = {"short_side", "aspect", "dup_cluster_size", "person_box_max_px", "n_persons", "text_area_frac",
+    cols = {"short_side", "aspect", "dup_cluster_size", "person_box_max_px", "person_score_calibrated", "n_persons",
+            "text_area_frac",
             "watermark_score", "art_score"}
     con.execute("CREATE OR REPLACE VIEW x_samples AS SELECT *, " + ", ".join(f"NULL::DOUBLE AS {c}" for c in cols)
                 + " FROM samples")
