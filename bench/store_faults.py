@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         fs = FaultStore(endpoint, seed=0, retry_after=args.retry_after)
         run_env = _env(fs.endpoint, key, secret)
         os.environ["AWS_ENDPOINT_URL"] = fs.endpoint  # the Ray started here passes it to its workers
-        # a private cluster on loopback, its token known to the runs' drivers (as tests/pipeline/test_s3_cluster.py)
+        # a private cluster on loopback, its token known to the runs' drivers (as tests/pipeline/engine/test_s3_cluster.py)
         os.environ.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="token",
                           RAY_AUTH_TOKEN=uuid.uuid4().hex + uuid.uuid4().hex)
         run_env.update({k: os.environ[k] for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE",

@@ -31,11 +31,11 @@ README = (ROOT / "README.md").read_text()
 
 pytestmark = pytest.mark.e2e
 
-SETUP = {"make demo": "tests/training/test_train_filters.py",  # the demo's steps, each in its own test
+SETUP = {"make demo": "tests/training/filters/test_train_filters.py",  # the demo's steps, each in its own test
          "make test": "tests/test_readme_runs.py"}  # this suite
-CLUSTER = ("tests/pipeline/test_cluster.py", "test_ray_up_submit_job_submit_down_on_loopback")
+CLUSTER = ("tests/pipeline/engine/test_cluster.py", "test_ray_up_submit_job_submit_down_on_loopback")
 ELSEWHERE = {"ray job submit": CLUSTER, "ray up": CLUSTER, "ray submit": CLUSTER,  # README line -> (file, test)
-             "humanset stats s3://": ("tests/pipeline/test_s3_run.py", "test_stats_query_and_report_read_a_run_on_s3")}
+             "humanset stats s3://": ("tests/pipeline/engine/test_s3_run.py", "test_stats_query_and_report_read_a_run_on_s3")}
 SUBCOMMANDS = {"pretrain": {"vis", "export"}, "render": {"scan-index", "export", "config", "demo"}}
 COUNTS = {"--steps": "2", "--frames": "1"}  # longer runs prove nothing more about the command
 

@@ -244,8 +244,13 @@ class Storage:
     def fsspec(self):
         """An fsspec file system over this store (what DuckDB's register_filesystem takes)."""
         from fsspec.implementations.arrow import ArrowFSWrapper
+
         class _Wrapped(ArrowFSWrapper):
             protocol = (self.scheme,)
+            # not in fsspec's instance cache: its fork hook clears that cache in every forked child
+            # (a DataLoader worker), dropping our store's client there, whose threads did not fork:
+            # the child hangs. The caller (a DuckDB connection) holds the instance for its lifetime.
+            cachable = False
         return _Wrapped(self.fs)
 
 

@@ -349,6 +349,11 @@ def plan(run, sets: list[str]) -> tuple[dict, dict, list[str]]:
     store = _store(run)
     kind = run_kind.kind_of(store.uri)
     if kind not in ("curate", "select") or not store.exists("manifest.json"):
+        if kind is None:  # a GET names what a HEAD's bare 404 cannot: a missing bucket (StoreRefused, exit 3)
+            try:
+                store.read_bytes("manifest.json")
+            except FileNotFoundError:
+                pass
         what = f"it holds {run_kind.describe(kind)}" if kind else "no curation run there (no manifest.json)"
         raise SelectError(f"RUN {run}: {what}; pass a finished curation run (humanset curate --output RUN)")
     manifest = store.read_json("manifest.json")

@@ -1,6 +1,10 @@
 """catalog/storage/__init__.py against a real S3 server (SeaweedFS on 127.0.0.1): pagination, credentials
 kept out of every message, DuckDB on remote Parquet."""
+import gc
 import logging
+import os
+import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
@@ -120,6 +124,31 @@ def test_duckdb_reads_remote_parquet_through_the_storage_layer(s3_server):
         303, sum(range(0, 100)) + sum(range(100, 201)) + sum(range(200, 302)))
     httpfs = con.sql("SELECT loaded FROM duckdb_extensions() WHERE extension_name = 'httpfs'").fetchall()
     assert httpfs in ([], [(False,)])  # no extension, nothing downloaded: the fsspec path did it
+
+
+def test_a_process_forked_after_duckdb_read_the_store_does_not_hang(s3_server):
+    """A DataLoader worker forks after DuckDB read through our fsspec file system: fsspec's fork hook
+    clears its instance cache in the child, which would drop the store's client there and hang."""
+    def query():  # the store and the connection are gone when it returns, as in a finished report
+        store = st.open_storage(s3_server.prefix("fork"))
+        store.write_parquet("x/a.parquet", pa.table({"id": [1, 2]}))
+        con = st.duckdb_connect_for(store.uri)
+        assert con.sql(f"SELECT count(*) FROM read_parquet('{store.uri}/x/*.parquet')").fetchall() == [(2,)]
+        con.close()
+
+    query()
+    gc.collect()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail("a child forked after DuckDB read the store hung at fork (fsspec's instance cache)")
 
 
 def test_duckdb_on_a_local_run_is_a_plain_connection(tmp_path):

@@ -10,6 +10,7 @@ import json
 import pytest
 
 import catalog
+from catalog.run_kind import RunKindError
 from pipeline.config import default_config
 from pipeline.dedup.ranges import TASK_BASE_BYTES
 from pipeline.engine.driver import curate
@@ -177,15 +178,19 @@ def test_the_cli_connects_to_ray_only_when_a_cluster_is_named(run, monkeypatch):
 @pytest.mark.e2e
 def test_a_select_into_an_interrupted_output_mixes_in_none_of_its_files(fb_run, tmp_path):
     """What a select into OUT left before its manifest (here: all but the manifest, with another
-    threshold and six partitions) is not read by the next select into OUT."""
+    threshold and six partitions) is never mixed into another selection: a select with other settings
+    is refused in one line naming OUT (the folder has one owner, catalog/run_kind.py), and the same
+    command resumes it into what a clean select makes."""
     out = tmp_path / "out"
-    select(str(fb_run), str(out), ["text.max_area_frac=0.5", "engine.window_units=1"] + KEEP, progress=False)
+    first = ["text.max_area_frac=0.5", "engine.window_units=1"] + KEEP
+    select(str(fb_run), str(out), first, progress=False)
     (out / "manifest.json").unlink()
-    again = select(str(fb_run), str(out), ["text.max_area_frac=0.04"] + KEEP, progress=False)
-    clean = select(str(fb_run), str(tmp_path / "clean"), ["text.max_area_frac=0.04"] + KEEP, progress=False)
+    with pytest.raises(RunKindError, match="other settings"):
+        select(str(fb_run), str(out), ["text.max_area_frac=0.04"] + KEEP, progress=False)
+    again = select(str(fb_run), str(out), first, progress=False)
+    clean = select(str(fb_run), str(tmp_path / "clean"), first, progress=False)
     assert _catalog(out).equals(_catalog(tmp_path / "clean"))
     assert again["fallbacks"] == clean["fallbacks"]
-    assert _filled(out / "work/select/x") == {0}
 
 
 def test_fold_declares_memory_and_refuses_a_task_no_node_can_hold(ray_local):
