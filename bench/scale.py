@@ -291,7 +291,9 @@ def _pin(args):
 
 def _s3_run(work: Path, tars: list[Path], args, env: dict):
     """The same engine run with the crawl and the RUN on a SeaweedFS started on 127.0.0.1."""
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.append(str(ROOT / "tests"))  # after the packages: tests/pipeline/ must not shadow pipeline/
+    if str(ROOT) not in sys.path:
+        sys.path.insert(1, str(ROOT))
     from s3server import start_weed, stop_weed
     if args.store_cpus:  # the server's processes and threads inherit this thread's CPUs
         mine = os.sched_getaffinity(0)

@@ -43,7 +43,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[1:1] = [str(ROOT)]  # the packages as regular ones, before tests/pipeline/ (a namespace portion)
+sys.path.append(str(ROOT / "tests"))
 
 from faultstore import FaultStore  # noqa: E402  (test-side code: the product never imports it)
 from s3server import start_weed, stop_weed  # noqa: E402
