@@ -47,7 +47,8 @@ def weed_binary() -> str | None:
     return str(here) if here.exists() else shutil.which("weed")
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on 127.0.0.1 (all held while they are drawn)."""
     socks = []
     try:
         for _ in range(n):
@@ -87,7 +88,7 @@ def start_weed(root: Path, timeout_s: float = 90):
     (root / "identities.json").write_text(json.dumps({"identities": [{
         "name": "humanset-test", "credentials": [{"accessKey": key, "secretKey": secret}],
         "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-    ports = dict(zip(_PORTS, _free_ports(len(_PORTS))))
+    ports = dict(zip(_PORTS, free_ports(len(_PORTS))))
     cmd = [weed, "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
            f"-s3.config={root / 'identities.json'}", *(f"-{k}={v}" for k, v in ports.items()),
            f"-s3.localSocket={root / 's3.sock'}", f"-filer.localSocket={root / 'filer.sock'}",

@@ -18,8 +18,6 @@ in the run folder as OUT/config.json (and in every checkpoint).
 """
 from __future__ import annotations
 
-import dataclasses
-
 import functools
 from importlib import resources
 
@@ -95,11 +93,7 @@ def load_config(command: str, path=None, sets: list[str] | None = None, flags: d
         from training.tasks.finetune import config_from
     else:
         from training.filters.train import config_from
-    cfg = config_from(values)
-    if isinstance(getattr(cfg, "storage", None), dict):  # the section typed as the dataclass declares it
-        from catalog.storage.retry import StorageSettings
-        cfg = dataclasses.replace(cfg, storage=StorageSettings(**cfg.storage))
-    return cfg
+    return config_from(values)
 
 
 __all__ = ["YAML", "checks", "config_class", "default_config", "flag_help", "load_config",

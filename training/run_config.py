@@ -58,4 +58,6 @@ def config_from(cls, values: dict, what: str):
     unknown = sorted(set(values) - known)
     if unknown:
         raise KeyError(f"unknown {what} settings {unknown}; known: {', '.join(sorted(known))}")
+    if isinstance(values.get("storage"), dict):  # the section typed as the dataclass declares it
+        values = {**values, "storage": StorageSettings(**values["storage"])}
     return cls(**values)

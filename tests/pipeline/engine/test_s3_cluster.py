@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,30 +23,18 @@ pytestmark = pytest.mark.cluster
 
 import catalog
 from catalog import storage as st
+from s3server import free_ports  # tests/s3server.py (tests/ is on sys.path: tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 PER_SHARD = 4
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _node_ports(head: bool) -> tuple[dict, list[str]]:
     names = ["node-manager-port", "object-manager-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
              "metrics-export-port", "runtime-env-agent-port"] + (["port", "dashboard-port"] if head else [])
-    ports = dict(zip(names, _free_ports(len(names))))
-    lo = _free_ports(1)[0]
+    ports = dict(zip(names, free_ports(len(names))))
+    lo = free_ports(1)[0]
     lo = min(max(lo, 20000), 60000)
     args = [f"--{k}={v}" for k, v in ports.items()] + [f"--min-worker-port={lo}", f"--max-worker-port={lo + 200}"]
     return ports, args
