@@ -85,13 +85,25 @@ def ids_of(batches):
     return [hash(img.numpy().tobytes()) for b in batches for img in b["images"]]
 
 
-def take(stream, n, workers=0):
-    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers)
+WORKER_TIMEOUT_S = 120  # a batch of these tiny shards takes well under a second, even on a loaded machine
+
+
+def take(stream, n, workers=0, timeout=WORKER_TIMEOUT_S):
+    """n batches of stream through a DataLoader; with workers, a worker that sends nothing for `timeout`
+    seconds (one hung at its fork once, for 535 s of a full run) fails the test instead of stalling the suite."""
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers,
+                                         timeout=timeout if workers else 0)
     out = []
-    for batch in loader:
-        out.append(batch)
-        if len(out) == n:
-            return out
+    try:
+        for batch in loader:
+            out.append(batch)
+            if len(out) == n:
+                return out
+    except RuntimeError as e:
+        if "timed out" not in str(e):
+            raise
+        pytest.fail(f"a DataLoader worker sent no batch for {timeout} s after {len(out)} batches: hung (at its "
+                    f"fork?), see catalog/storage/base.py fsspec(): {e}")
 
 
 def test_stream_skips_and_counts_bad_samples(shards):
