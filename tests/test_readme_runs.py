@@ -163,8 +163,11 @@ def served(args: list[str], cwd: Path) -> tuple[int, str]:
     import urllib.request
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    # Ctrl-C as a reader's terminal delivers it, even where this suite runs with SIGINT ignored (a shell's
+    # background job): Python leaves an ignored SIGINT ignored, and the server would never stop
     p = subprocess.Popen([sys.executable, "-m", "humanset.cli", *args, "--port", "0"], cwd=cwd, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         line = p.stdout.readline()  # "browse RUN: http://127.0.0.1:PORT/ (...)"; empty if it ended
         url = re.search(r"http://127\.0\.0\.1:\d+/", line)
