@@ -1,8 +1,8 @@
 """Fuzzing the containers: damaged shards of every kind (bench/fuzz_tars.py) never stop a run.
 
-The reader-level fuzz reads 1,500 damaged shards with UnitReader: no exception, every sample whole
+The reader-level fuzz reads 2,000 damaged shards with UnitReader: no exception, every sample whole
 before the damage comes back with its bytes, every outcome a fixed kind. The curate-level fuzz runs
-1,000 damaged shards through `humanset curate` in one CLI call: exit 0, every intact sample in the
+500 more damaged shards through `humanset curate` in one CLI call: exit 0, every intact sample in the
 catalog with its measurements, each shard's stats marker classifying its outcome as the reader
 does, nothing written outside RUN whatever the member names say, and no hang (a timeout).
 bench/fuzz.py --tars N runs 20,000 and more.
@@ -26,9 +26,9 @@ sys.modules["bench_fuzz_tars"] = fuzz_tars
 _spec.loader.exec_module(fuzz_tars)
 
 
-def test_1500_damaged_shards_through_the_reader():
-    r = fuzz_tars.run(1500, seed=1)
-    assert r["shards_tried"] == 1500 and sum(r["outcomes"].values()) == 1500
+def test_2000_damaged_shards_through_the_reader():
+    r = fuzz_tars.run(2000, seed=1, trace_memory=False)  # bench/fuzz.py reports the memory; tracing costs 6x
+    assert r["shards_tried"] == 2000 and sum(r["outcomes"].values()) == 2000
     assert r["aborts"] == 0 and r["intact_samples_lost"] == 0, r["examples"]
     assert r["slow_reads_over_2s"] == 0
     assert set(r["outcomes"]) <= set(UNIT_ERROR_KINDS) | {"ok"}
@@ -38,14 +38,14 @@ def test_1500_damaged_shards_through_the_reader():
 
 
 @pytest.mark.e2e
-def test_1000_damaged_shards_through_curate(tmp_path):
+def test_500_damaged_shards_through_curate(tmp_path):
     crawl, run, cwd = tmp_path / "crawl", tmp_path / "run", tmp_path / "cwd"
     crawl.mkdir()
     cwd.mkdir()
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     expected = {}
-    for i, case in enumerate(fuzz_tars.cases(1000, seed=2)):
+    for i, case in enumerate(fuzz_tars.cases(500, seed=2)):
         name = f"{i:04d}-{case.damage}"
         fuzz_tars.write_case(case, crawl, name)
         outcome = fuzz_tars.read_case(case, scratch, "c")  # what the reader alone says
