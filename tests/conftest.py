@@ -8,6 +8,10 @@ import sys
 
 # Ray swaps 127.0.0.1 for the machine's network address unless told not to: tests stay on loopback.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# Ray Train's controller polls its workers every 2 s, and a run's start, each report and its end wait for
+# a poll: at a tenth of that, a two-step training run spends its seconds training. Set before any Ray
+# starts (the session's, a child's), whose processes inherit it.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
 import pytest  # noqa: E402
 from s3server import s3_server  # noqa: E402,F401  (the real S3 server on 127.0.0.1: tests/s3server.py)
