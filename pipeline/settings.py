@@ -202,6 +202,8 @@ class EngineSettings:
     early_min_units: int = setting(16, "below this the set-up (seconds of CPU per actor) delays measure on a small"
                                        "\nmachine instead of hiding behind it (bench/filters.py at 96 and 480 images)",
                                    low=0)
+    fuse_model_stages: bool = setting(True, "consecutive CPU model stages run in one actor pool: a unit goes through\n"
+                                           "all of them in one process (false: a pool per stage)")
     task_poll_s: float = setting(0.1, "the longest Ray Data's scheduling loop sleeps while no task finishes (it\n"
                                       "wakes when one does: pipeline/engine/ray_compat.py); shorter costs driver CPU",
                                  low=0.001, high=1)

@@ -184,12 +184,15 @@ def _task_fn(batch: pa.Table, name: str, cfg: dict, score_all: bool, storage: di
 
 
 class _ActorFn:
-    """Ray Data actor: stateful stages load their model once per actor.
+    """Ray Data actor: stateful stages load their models once per actor.
 
-    When the actor started and when its model was ready (epoch seconds) ride in each unit's
+    `name` is one stage, or a list of consecutive stages fused into one pool (`StageGroup`): a unit
+    then goes through all of them in this process, in cascade order, with no hand-off between pools.
+    When the actor started and when each model was ready (epoch seconds) ride in each unit's
     counters (`actor_setup`), so a run shows whether set-up sat on its critical path."""
 
-    def __init__(self, name: str, cfg: dict, score_all: bool, storage: dict | None = None):
+    def __init__(self, name: str | list[str], cfg: dict | list[dict], score_all: bool, storage: dict | None = None):
+        names, cfgs = ([name], [cfg]) if isinstance(name, str) else (list(name), list(cfg))
         t0 = time.time()
         if storage is not None:
             retry.configure(storage)  # the run's storage.retry_* for its byte fetches
@@ -198,25 +201,74 @@ class _ActorFn:
         except OSError:
             pass
         from pipeline.stages import stage_class
-        self.stage = stage_class(name)(cfg)
-        self.stage.setup()
+        self.stages, self.setup_spans = [], {}
+        for n, c in zip(names, cfgs):
+            stage = stage_class(n)(c)
+            stage.setup()
+            self.stages.append(stage)
+            self.setup_spans[n] = [round(t0, 3), round(time.time(), 3)]
         self.score_all = score_all
         if "torch" in sys.modules:  # torch threads = the actor's CPUs (ONNX Runtime stages set theirs)
             import torch
-            torch.set_num_threads(max(1, int(round(self.stage.resources.num_cpus))))
-        self.setup_span = [round(t0, 3), round(time.time(), 3)]
+            torch.set_num_threads(max(1, int(round(self.stages[0].resources.num_cpus))))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        out = run_on_unit(self.stage, batch, self.score_all)
+        out = batch
+        for stage in self.stages:
+            out = run_on_unit(stage, out, self.score_all)
         meta = unit_meta(out)
-        meta.setdefault("actor_setup", {})[self.stage.name] = self.setup_span
+        meta.setdefault("actor_setup", {}).update(self.setup_spans)
         return with_meta(out, meta)
+
+
+class StageGroup:
+    """Consecutive model stages that run in one actor pool (engine.fuse_model_stages): each actor loads
+    every model of the group and takes a unit through all of them. On CPUs this spares a hand-off of
+    every unit between pools and lets the cores balance themselves: one pool per stage leaves the cores
+    of a stage whose pool is idle to nobody while the slowest stage's pool is the critical path (and
+    scales up only by starting more actors, seconds of set-up each)."""
+
+    stateful = True
+
+    def __init__(self, stages: list[Stage]):
+        self.stages = list(stages)
+        self.name = "+".join(s.name for s in stages)
+        self.resources = stages[0].resources
+        self.concurrency = stages[0].concurrency
+
+
+def _fusable(a: Stage, b: Stage) -> bool:
+    return (a.stateful and b.stateful and a.resources == b.resources and a.concurrency == b.concurrency
+            and not a.resources.num_gpus)
+
+
+def fuse_stages(stages: list[Stage], fuse: bool = True) -> list["Stage | StageGroup"]:
+    """The score phase's operations: runs of consecutive model stages with the same resources and
+    concurrency (on CPUs) as one StageGroup each with `fuse`; every other stage alone. GPU stages are
+    never fused: a GPU pool is sized by its GPUs, and its stage's batches by its memory."""
+    if not fuse:
+        return list(stages)
+    out: list = []
+    run: list[Stage] = []
+    for s in stages:
+        if run and not _fusable(run[-1], s):
+            out.append(run[0] if len(run) == 1 else StageGroup(run))
+            run = []
+        if s.stateful and not s.resources.num_gpus:
+            run.append(s)
+        else:
+            out.append(s)
+    if run:
+        out.append(run[0] if len(run) == 1 else StageGroup(run))
+    return out
 
 
 def _pool(stage: Stage):
     """Ray Data's actor pool for a stateful stage: `concurrency` N is a fixed pool, [min, max] an
     autoscaling one; unset (or "auto"), it autoscales from 1 to as many actors as the cluster's
-    CPUs (GPUs for a GPU stage) can hold at the stage's resources."""
+    CPUs (GPUs for a GPU stage) can hold at the stage's resources. A StageGroup on a local Ray is
+    a fixed pool of one actor per core: it is the whole cascade, and Ray Data's autoscaler adds an
+    actor only once units queue up, which a small run's few units never do."""
     import ray
 
     c = stage.concurrency
@@ -230,14 +282,16 @@ def _pool(stage: Stage):
         fit = max(1, int(total.get("GPU", 0) // res.num_gpus))
     else:
         fit = max(1, int(cpus // max(res.num_cpus, 1e-3)))
+    if isinstance(stage, StageGroup) and local_cores and c in (None, "auto"):
+        return ray.data.ActorPoolStrategy(size=fit)
     if isinstance(c, tuple):  # [min, max]; a null max means "what the cluster holds"
         lo = int(c[0] or 1)
         return ray.data.ActorPoolStrategy(min_size=lo, max_size=max(lo, int(c[1]) if c[1] else fit))
     return ray.data.ActorPoolStrategy(min_size=1, max_size=fit)
 
 
-def apply_stage(ds, stage: Stage, score_all: bool, retries: int = 2, storage: dict | None = None):
-    """`stage` as a Ray Data operation on `ds` (one block = one unit; batch_size=None).
+def apply_stage(ds, stage: "Stage | StageGroup", score_all: bool, retries: int = 2, storage: dict | None = None):
+    """`stage` (or a StageGroup) as a Ray Data operation on `ds` (one block = one unit; batch_size=None).
 
     `storage` is the run's `storage` section: its retry policy is made the worker's (a stage's
     config is its own section only).
@@ -251,7 +305,9 @@ def apply_stage(ds, stage: Stage, score_all: bool, retries: int = 2, storage: di
     if res.memory_gb:
         kw["memory"] = int(res.memory_gb * 2**30)
     if stage.stateful:
-        return ds.map_batches(_ActorFn, fn_constructor_kwargs=dict(name=stage.name, cfg=stage.cfg,
+        group = stage.stages if isinstance(stage, StageGroup) else None
+        name, cfg = ([s.name for s in group], [s.cfg for s in group]) if group else (stage.name, stage.cfg)
+        return ds.map_batches(_ActorFn, fn_constructor_kwargs=dict(name=name, cfg=cfg,
                               score_all=score_all, storage=storage), compute=_pool(stage),
                               max_restarts=retries, max_task_retries=retries, **kw)
     return ds.map_batches(_task_fn, fn_kwargs=dict(name=stage.name, cfg=stage.cfg, score_all=score_all,

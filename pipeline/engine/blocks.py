@@ -18,7 +18,7 @@ import pyarrow as pa
 import catalog
 from catalog.storage import retry
 
-from pipeline.engine.adapter import apply_stage
+from pipeline.engine.adapter import apply_stage, fuse_stages
 from pipeline.engine.columns import unit_meta, with_meta
 from pipeline.config import section
 from pipeline.settings import DEFAULTS
@@ -257,7 +257,7 @@ def score_ds(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score
         ds = ds.map_batches(_score_block, fn_kwargs=dict(run=str(run), limits=limits_of(cfg),
                             score_all=score_all, cfg=cfg), batch_size=None, batch_format="pyarrow",
                             max_retries=retries)
-        for s in stages:
+        for s in fuse_stages(stages, bool(section(cfg, "engine")["fuse_model_stages"])):
             ds = apply_stage(ds, s, score_all, retries, storage=cfg.get("storage") or {})
         return ds.map_batches(_finish_unit_block, fn_kwargs=dict(run=str(run), cfg=cfg), batch_size=None,
                               batch_format="pyarrow", max_retries=retries)

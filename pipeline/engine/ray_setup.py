@@ -10,6 +10,7 @@ import numpy as np
 
 from pipeline.engine import adapter
 from catalog import console
+from pipeline.config import section
 from pipeline.engine.errors import RunError
 from pipeline.engine.ray_compat import keep_local_ray_on_loopback
 from pipeline.stages import build_stages
@@ -21,11 +22,14 @@ def actor_cpus(cfg: dict, configured: bool = False) -> float:
     """CPUs the model stages' actor pools hold at their minimum size (they hold them for the run):
     of the stages that run, or with `configured` of every model stage the config lists (a stage
     skipped for want of weights may run in a later curation on the same Ray)."""
+    run = [s for s in build_stages(cfg) if (configured or s.enabled) and s.name in cfg.get("stages", [s.name])]
     total = 0.0
-    for s in build_stages(cfg):
-        if s.stateful and (configured or s.enabled) and s.name in cfg.get("stages", [s.name]):
+    for s in adapter.fuse_stages(run, bool(section(cfg, "engine")["fuse_model_stages"])):  # a fused group: one pool
+        if s.stateful:
             c = s.concurrency
             low = c if isinstance(c, int) else int(c[0] or 1) if isinstance(c, tuple) else 1
+            if isinstance(s, adapter.StageGroup) and c in (None, "auto") and adapter.local_cores:  # adapter._pool
+                low = max(1, int(adapter.local_cores // max(s.resources.num_cpus, 1e-3)))
             total += low * s.resources.num_cpus
     return total
 

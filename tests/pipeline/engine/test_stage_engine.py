@@ -97,20 +97,46 @@ def test_a_local_ray_with_extra_logical_cpus_autoscales_to_the_cores(ray_local, 
     assert (auto.min_size, auto.max_size) == (1, 2)
 
 
-def test_a_cluster_too_small_for_the_actor_pools_is_refused_not_left_waiting():
+def test_a_cluster_too_small_for_the_actor_pools_is_refused_not_left_waiting(monkeypatch):
     """Model actors hold their CPUs for the run; the read and write steps need one more. On 2 CPUs
-    with person and text actors of 1 CPU each, Ray Data would wait forever."""
+    with person and text actors of 1 CPU each (a pool per stage), Ray Data would wait forever. Fused
+    (engine.fuse_model_stages), the two stages are one pool of one actor at its minimum."""
     from pipeline.config import load_config
+    from pipeline.engine import adapter
     from pipeline.engine.ray_setup import actor_cpus, cpu_shortfall
-    cfg = load_config(sets=["stages=[decode,size,dedup,person,text]"])
+    monkeypatch.setattr(adapter, "local_cores", None)  # a cluster this process did not start
+    cfg = load_config(sets=["stages=[decode,size,dedup,person,text]", "engine.fuse_model_stages=false"])
     assert actor_cpus(cfg) == 2.0
     msg = cpu_shortfall(2, cfg)
     assert msg and "2 CPUs" in msg and "ray.num_cpus" in msg
     assert cpu_shortfall(3, cfg) is None
+    fused = load_config(sets=["stages=[decode,size,dedup,person,text]"])
+    assert actor_cpus(fused) == 1.0 and cpu_shortfall(2, fused) is None and cpu_shortfall(1, fused)
     fixed = load_config(sets=["stages=[decode,size,dedup,person,text]", "person.concurrency=2"])
-    assert actor_cpus(fixed) == 3.0 and cpu_shortfall(3, fixed)
+    assert actor_cpus(fixed) == 3.0 and cpu_shortfall(3, fixed)  # pools of other sizes are not fused
     cheap = load_config(sets=["stages=[decode,size,dedup]"])
     assert actor_cpus(cheap) == 0 and cpu_shortfall(1, cheap) is None
+    monkeypatch.setattr(adapter, "local_cores", 2)  # a private local Ray on 2 cores: one fused actor per core
+    assert actor_cpus(fused) == 2.0
+
+
+def test_consecutive_cpu_model_stages_fuse_into_one_pool_and_gpu_or_sized_ones_do_not():
+    from pipeline.config import load_config
+    from pipeline.engine.adapter import StageGroup, fuse_stages
+    from pipeline.stages import build_stages
+
+    def ops(*sets):
+        cfg = load_config(sets=list(sets))
+        stages = [s for s in build_stages(cfg) if s.phase == "score"]
+        return [s.name for s in fuse_stages(stages, cfg["engine"]["fuse_model_stages"])]
+
+    assert ops() == ["person+text+watermark+art"]
+    assert ops("engine.fuse_model_stages=false") == ["person", "text", "watermark", "art"]
+    assert ops("text.concurrency=3") == ["person", "text", "watermark+art"]
+    assert ops("watermark.resources={num_cpus: 1, num_gpus: 1}") == ["person+text", "watermark", "art"]
+    group = fuse_stages([s for s in build_stages(load_config()) if s.stateful], True)[0]
+    assert isinstance(group, StageGroup) and group.stateful and [s.name for s in group.stages] == \
+        ["person", "text", "watermark", "art"]
 
 
 @pytest.mark.e2e
