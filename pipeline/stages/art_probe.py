@@ -8,7 +8,7 @@ pixels that the whole view averages away. Per view, the backbone's four stages' 
 16, 32; 64, 128, 128, 256 channels) are pooled to each channel's mean and standard deviation: 1152
 numbers that describe texture, colour and edges at four scales, the statistics style-transfer work reads
 style from; the views' numbers are concatenated. A multinomial logistic regression on them (the "probe",
-pipeline/stages/art_probe.npz, ~110 KB, made by bench/train_art.py from packaged images) gives
+pipeline/stages/art_probe.npz, ~95 KB, made by bench/train_art.py from packaged images) gives
 P(photo, painting, drawing, cartoon, render, screenshot, other); art_score = 1 - P(photo).
 
 Runtime: the backbone is cut out of the person stage's own ONNX export (the same cached file,
