@@ -263,12 +263,13 @@ def fuse_stages(stages: list[Stage], fuse: bool = True) -> list["Stage | StageGr
     return out
 
 
-def _pool(stage: Stage):
+def _pool(stage: Stage, units: int | None = None):
     """Ray Data's actor pool for a stateful stage: `concurrency` N is a fixed pool, [min, max] an
     autoscaling one; unset (or "auto"), it autoscales from 1 to as many actors as the cluster's
     CPUs (GPUs for a GPU stage) can hold at the stage's resources. A StageGroup on a local Ray is
-    a fixed pool of one actor per core: it is the whole cascade, and Ray Data's autoscaler adds an
-    actor only once units queue up, which a small run's few units never do."""
+    a fixed pool of one actor per core, or per unit of the pipeline (`units`) when fewer: it is the
+    whole cascade, and Ray Data's autoscaler adds an actor only once units queue up, which a small
+    run's few units never do."""
     import ray
 
     c = stage.concurrency
@@ -283,15 +284,17 @@ def _pool(stage: Stage):
     else:
         fit = max(1, int(cpus // max(res.num_cpus, 1e-3)))
     if isinstance(stage, StageGroup) and local_cores and c in (None, "auto"):
-        return ray.data.ActorPoolStrategy(size=fit)
+        return ray.data.ActorPoolStrategy(size=max(1, min(fit, units or fit)))
     if isinstance(c, tuple):  # [min, max]; a null max means "what the cluster holds"
         lo = int(c[0] or 1)
         return ray.data.ActorPoolStrategy(min_size=lo, max_size=max(lo, int(c[1]) if c[1] else fit))
     return ray.data.ActorPoolStrategy(min_size=1, max_size=fit)
 
 
-def apply_stage(ds, stage: "Stage | StageGroup", score_all: bool, retries: int = 2, storage: dict | None = None):
-    """`stage` (or a StageGroup) as a Ray Data operation on `ds` (one block = one unit; batch_size=None).
+def apply_stage(ds, stage: "Stage | StageGroup", score_all: bool, retries: int = 2, storage: dict | None = None,
+                units: int | None = None):
+    """`stage` (or a StageGroup) as a Ray Data operation on `ds` (one block = one unit; batch_size=None);
+    `units`: how many units the pipeline has, when known (a fused pool starts no more actors).
 
     `storage` is the run's `storage` section: its retry policy is made the worker's (a stage's
     config is its own section only).
@@ -308,7 +311,7 @@ def apply_stage(ds, stage: "Stage | StageGroup", score_all: bool, retries: int =
         group = stage.stages if isinstance(stage, StageGroup) else None
         name, cfg = ([s.name for s in group], [s.cfg for s in group]) if group else (stage.name, stage.cfg)
         return ds.map_batches(_ActorFn, fn_constructor_kwargs=dict(name=name, cfg=cfg,
-                              score_all=score_all, storage=storage), compute=_pool(stage),
+                              score_all=score_all, storage=storage), compute=_pool(stage, units),
                               max_restarts=retries, max_task_retries=retries, **kw)
     return ds.map_batches(_task_fn, fn_kwargs=dict(name=stage.name, cfg=stage.cfg, score_all=score_all,
                                                     storage=storage),

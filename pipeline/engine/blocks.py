@@ -258,6 +258,6 @@ def score_ds(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score
                             score_all=score_all, cfg=cfg), batch_size=None, batch_format="pyarrow",
                             max_retries=retries)
         for s in fuse_stages(stages, bool(section(cfg, "engine")["fuse_model_stages"])):
-            ds = apply_stage(ds, s, score_all, retries, storage=cfg.get("storage") or {})
+            ds = apply_stage(ds, s, score_all, retries, storage=cfg.get("storage") or {}, units=len(units))
         return ds.map_batches(_finish_unit_block, fn_kwargs=dict(run=str(run), cfg=cfg), batch_size=None,
                               batch_format="pyarrow", max_retries=retries)

@@ -97,6 +97,17 @@ def test_a_local_ray_with_extra_logical_cpus_autoscales_to_the_cores(ray_local, 
     assert (auto.min_size, auto.max_size) == (1, 2)
 
 
+def test_a_fused_pool_on_a_local_ray_is_one_actor_per_core_or_per_unit(ray_local, monkeypatch):
+    import pipeline.engine.adapter as adapter
+    group = adapter.StageGroup([Halves(), Halves()])
+    monkeypatch.setattr(adapter, "local_cores", 2)
+    assert [(p.min_size, p.max_size) for p in (_pool(group), _pool(group, 5), _pool(group, 1))] == \
+        [(2, 2), (2, 2), (1, 1)]
+    monkeypatch.setattr(adapter, "local_cores", None)  # a cluster: it autoscales, as one stage's pool does
+    total = int(ray_local.cluster_resources()["CPU"])
+    assert (_pool(group, 1).min_size, _pool(group, 1).max_size) == (1, total)
+
+
 def test_a_cluster_too_small_for_the_actor_pools_is_refused_not_left_waiting(monkeypatch):
     """Model actors hold their CPUs for the run; the read and write steps need one more. On 2 CPUs
     with person and text actors of 1 CPU each (a pool per stage), Ray Data would wait forever. Fused
