@@ -263,6 +263,14 @@ def fuse_stages(stages: list[Stage], fuse: bool = True) -> list["Stage | StageGr
     return out
 
 
+def group_pool_size(stage: "Stage | StageGroup", cpus: float) -> int | None:
+    """The fixed size of a StageGroup's pool on a local Ray of `cpus` cores (one actor per core at the
+    group's resources), or None where its pool is sized as any stage's (a cluster, a set concurrency)."""
+    if not (isinstance(stage, StageGroup) and local_cores and stage.concurrency in (None, "auto")):
+        return None
+    return max(1, int(cpus // max(stage.resources.num_cpus, 1e-3)))
+
+
 def _pool(stage: Stage, units: int | None = None):
     """Ray Data's actor pool for a stateful stage: `concurrency` N is a fixed pool, [min, max] an
     autoscaling one; unset (or "auto"), it autoscales from 1 to as many actors as the cluster's
@@ -283,8 +291,9 @@ def _pool(stage: Stage, units: int | None = None):
         fit = max(1, int(total.get("GPU", 0) // res.num_gpus))
     else:
         fit = max(1, int(cpus // max(res.num_cpus, 1e-3)))
-    if isinstance(stage, StageGroup) and local_cores and c in (None, "auto"):
-        return ray.data.ActorPoolStrategy(size=max(1, min(fit, units or fit)))
+    size = group_pool_size(stage, cpus)
+    if size is not None:
+        return ray.data.ActorPoolStrategy(size=max(1, min(size, units or size)))
     if isinstance(c, tuple):  # [min, max]; a null max means "what the cluster holds"
         lo = int(c[0] or 1)
         return ray.data.ActorPoolStrategy(min_size=lo, max_size=max(lo, int(c[1]) if c[1] else fit))

@@ -28,8 +28,7 @@ def actor_cpus(cfg: dict, configured: bool = False) -> float:
         if s.stateful:
             c = s.concurrency
             low = c if isinstance(c, int) else int(c[0] or 1) if isinstance(c, tuple) else 1
-            if isinstance(s, adapter.StageGroup) and c in (None, "auto") and adapter.local_cores:  # adapter._pool
-                low = max(1, int(adapter.local_cores // max(s.resources.num_cpus, 1e-3)))
+            low = adapter.group_pool_size(s, adapter.local_cores or 0) or low
             total += low * s.resources.num_cpus
     return total
 
