@@ -95,12 +95,15 @@ def _gc_frozen():
 
 # --- shared fixtures ---------------------------------------------------------------------------------
 def session_ray_cpus() -> int:
-    """The session Ray's logical CPUs: what the engine starts for a local run of the demo config (the
-    machine's cores, or more where the four model stages' actors, one CPU each for the run, and a
-    read/write slot need more: 6 on 2 cores). The demo run and the runs with trained filters curate on it."""
+    """The session Ray's logical CPUs: what the engine starts for a local run of the demo config with a
+    pool per model stage (engine.fuse_model_stages=false; fused they need fewer): the machine's cores, or
+    more where the four model stages' actors, one CPU each for the run, and a read/write slot need more:
+    6 on 2 cores. The demo run, the runs with trained filters and the fused/unfused comparison curate on it."""
     from pipeline.demo.crawl import demo_config
     from pipeline.engine.ray_setup import actor_cpus
-    return max(os.cpu_count() or 1, int(actor_cpus(demo_config(), configured=True)) + 2)
+    cfg = demo_config()
+    cfg = dict(cfg, engine={**(cfg.get("engine") or {}), "fuse_model_stages": False})
+    return max(os.cpu_count() or 1, int(actor_cpus(cfg, configured=True)) + 2)
 
 
 @pytest.fixture(scope="session")
