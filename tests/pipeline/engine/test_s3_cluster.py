@@ -33,9 +33,10 @@ PER_SHARD = 4
 def _node_ports(head: bool) -> tuple[dict, list[str]]:
     names = ["node-manager-port", "object-manager-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
              "metrics-export-port", "runtime-env-agent-port"] + (["port", "dashboard-port"] if head else [])
+    lo = min(max(free_ports(1)[0], 20000), 60000)
     ports = dict(zip(names, free_ports(len(names))))
-    lo = free_ports(1)[0]
-    lo = min(max(lo, 20000), 60000)
+    while any(lo <= p <= lo + 200 for p in ports.values()):  # Ray refuses a component port in the workers' range
+        ports = dict(zip(names, free_ports(len(names))))
     args = [f"--{k}={v}" for k, v in ports.items()] + [f"--min-worker-port={lo}", f"--max-worker-port={lo + 200}"]
     return ports, args
 
