@@ -216,6 +216,11 @@ class EngineSettings:
                                          "so\nRay's cost per task (~8 ms of driver CPU a phase) is paid per bundle",
                                 low=0)
     bundle_units: int = setting(64, "at most this many units in one task (a window keeps >= 4 tasks per CPU)", low=1)
+    executor: str = setting("auto", "ray | local (worker processes on this machine, no Ray: pipeline/engine/local.py)\n"
+                                    "| auto: local for a run of at most local_max_files inputs that joins no cluster",
+                            choices=("auto", "ray", "local"))
+    local_max_files: int = setting(5000, "auto's limit: a local Ray's fixed cost (seconds of CPU to start, then its\n"
+                                         "scheduling) is paid back from about here (bench/filters.py)", low=0)
     keep_work: bool = setting(False, "keep the scratch of dedup and the fallback rounds (RUN/work/dedup/dist,\n"
                                      "work/dedup/pairs, work/fallback, work/scored) after a complete run")
 

@@ -75,6 +75,17 @@ def _stateful(args, kwargs) -> bool:
     return bool(getattr(stage, "stateful", False))
 
 
+def _local_models(args, kwargs) -> bool:
+    """LocalPool.results(fn, jobs) with phase 3's jobs through a model stage (local.score_job's last
+    argument: the stages' (name, cfg))."""
+    fn = args[1] if len(args) > 1 else kwargs.get("fn")
+    jobs = args[2] if len(args) > 2 else kwargs.get("jobs") or []
+    if getattr(fn, "__name__", "") != "score_job":
+        return False
+    from pipeline.stages import stage_class
+    return any(stage_class(name).stateful for _, job_args in jobs for name, _ in job_args[-1])
+
+
 # in-process entry points of a heavier tier, patched where they are looked up:
 # (module, attribute, tier, what it starts, refused only when this holds for the call's arguments)
 ENTRY_TIERS = (
@@ -83,6 +94,8 @@ ENTRY_TIERS = (
     ("render.blender.renderer", "BlenderRenderer.__init__", "blender", "Blender", None),
     ("pipeline.engine.blocks", "apply_stage", "e2e", "a model stage's Ray actors (a curation with models)",
      _stateful),
+    ("pipeline.engine.local", "LocalPool.results", "e2e",
+     "a model stage in the local executor's workers (a curation with models)", _local_models),
 )
 
 

@@ -30,11 +30,16 @@ decode:worker_crash. A fault of the environment (no space, permission, read-only
 never retried as data: the worker reports it in the unit's summary and the run stops with one line
 (exit status 3). Final counts, the funnel and the reject reasons are summed from the units' stats
 markers, one at a time.
+
+Size: one concern, the order of a run's phases and how it stops, for both executors (Ray Data, and the
+local pool of pipeline/engine/local.py, whose branch of each phase sits beside Ray's); the work of each
+phase lives in the modules named above.
 """
 from __future__ import annotations
 
 import logging
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -52,7 +57,9 @@ from pipeline.config import load_config, section, with_local_weights
 from pipeline.settings import DEFAULTS
 from pipeline.engine.funnel import funnel_from_counts
 from pipeline.engine.errors import EnvironmentFault, RunError, environment_fault
-from pipeline.engine.blocks import measure_block, retries_of, score_ds, unit_blocks, units_ds
+from pipeline.engine import local
+from pipeline.engine.blocks import bundles, measure_block, retries_of, score_ds, unit_blocks, units_ds
+from pipeline.engine.local import LocalPool
 from pipeline.engine.early import EarlyScore, start_actors_early
 from pipeline.engine.ray_compat import set_task_poll as task_poll, wake_on_first_task
 from pipeline.engine.ray_setup import init_ray
@@ -83,7 +90,15 @@ def _window_units(cfg: dict) -> int:
 
 
 def _measure(run: Path, units: list[Unit], cfg: dict, score_all: bool, bar, progress: bool,
-             cpus: float | None = None):
+             cpus: float | None = None, pool: LocalPool | None = None):
+    if pool is not None:  # no Ray (pipeline/engine/local.py): bundles of units as jobs of the pool
+        jobs = [(g[0].unit_id, ([u.to_dict() for u in g], str(run), limits_of(cfg), cfg, score_all))
+                for g in bundles(units, cfg, pool.workers)]
+        done = drain_batches(pool.results(local.measure_job, jobs), len(units), "measure", True, bar)
+        failed = failed_units(units, done, (run_store(run), "work/measure"), ".parquet")
+        if failed:
+            local.isolate(run, failed, "measure", cfg, score_all, limits_of(cfg), progress)
+        return
     import ray
 
     from pipeline.engine import adapter
@@ -104,7 +119,16 @@ def _measure(run: Path, units: list[Unit], cfg: dict, score_all: bool, bar, prog
 
 
 def _score_and_write(run: Path, units: list[Unit], stages: list[Stage], cfg: dict, score_all: bool,
-                     bar, progress: bool, early: "EarlyScore | None" = None, marker: str = "stats"):
+                     bar, progress: bool, early: "EarlyScore | None" = None, marker: str = "stats",
+                     pool: LocalPool | None = None):
+    if pool is not None:  # no Ray: one job per unit, through every stage in one worker
+        specs = [(s.name, s.cfg) for s in stages]
+        jobs = [(u.unit_id, (u.to_dict(), str(run), limits_of(cfg), score_all, cfg, specs)) for u in units]
+        done = drain_batches(pool.results(local.score_job, jobs), len(units), "score+write", True, bar)
+        failed = failed_units(units, done, (run_store(run), marker), ".json" if marker == "stats" else ".parquet")
+        if failed:
+            local.isolate(run, failed, "score", cfg, score_all, limits_of(cfg), progress)
+        return
     if early is not None:
         done = drain_batches(early.open(), len(units), "score+write", True, bar)
     else:
@@ -115,11 +139,14 @@ def _score_and_write(run: Path, units: list[Unit], stages: list[Stage], cfg: dic
         _isolate(run, failed, "score", cfg, score_all, progress)
 
 
-def _run_dedup(run: Path, cfg: dict) -> dict:
+def _run_dedup(run: Path, cfg: dict, pool: LocalPool | None = None) -> dict:
     """Phase 2 in one Ray task on a worker, which starts the near-search tables as tasks of its own:
     its per-sample arrays (see pipeline/dedup/clusters.py) never enter the driver, which gets the counts
     back. The task reads the unit ids from RUN/units.jsonl itself and resumes from the files a
-    crashed attempt left (per table, then the verdicts), so it is retried like a unit."""
+    crashed attempt left (per table, then the verdicts), so it is retried like a unit. Without Ray, the
+    same function as one job of the pool (its tables then one after another)."""
+    if pool is not None:
+        return pool.call(dedup_dist.run_dedup, str(run), None, cfg)
     import ray
     task = ray.remote(num_cpus=1, max_retries=retries_of(cfg))(dedup_dist.run_dedup)  # partitioned or not
     try:
@@ -258,8 +285,10 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
     store.write_json("manifest.json", manifest)
 
     done, measured = NameSet((store, "stats"), ".json"), NameSet((store, "work/measure"), ".parquet")
-    n_todo = n_measure = 0
+    n_todo = n_measure = n_inputs = 0
     for u in iter_listing(listing_path(run)):
+        # a shard's images are not counted (its count is its 1 source): it weighs a full unit
+        n_inputs += u.count if u.kind == "files" and u.count else int(cfg["input"]["files_per_unit"])
         if u.unit_id not in done:
             n_todo += 1
             n_measure += u.unit_id not in measured
@@ -271,99 +300,124 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
     if n_todo and not is_uri(str(run)):
         compact_mod.invalidate(Path(run))  # parts are written again: the views read them, not a stale copy
     spans = Spans()
-    if n_todo:
-        with spans("ray_start"):
-            init_ray(cfg)  # Ray Data's own progress off: ours (console.progress) counts units
-        task_poll(float(section(cfg, "engine")["task_poll_s"]))
-        wake_on_first_task()
-        t_start = time.time()
-        timeline = manifest["timeline"] = {"start": round(t_start, 3), "spans": spans.items}
-        todo = lambda uid: uid not in done  # noqa: E731
-        n_fallbacks = fallback.max_fallbacks(cfg_active, score_stages)  # phase 3 in rounds (pipeline/dedup/fallback.py)
-        cfg_score = fallback.round_cfg(cfg_active, 0) if n_fallbacks else cfg_active
-        # model actors load while phases 1 and 2 run (engine.start_actors_early), for the first window
-        # with fallbacks, phase 3 is one pipeline of all its passes when it fits one (its actors start once)
-        passes = fallback_rounds.passes(n_fallbacks) if n_fallbacks else None
-        one = bool(n_fallbacks) and fallback_rounds.one_pipeline(run, n_todo, window)
-        early = None
-        if start_actors_early(cfg, score_stages, n_measure):
-            scored = NameSet((store, fallback.SCORED_DIR), ".parquet") if n_fallbacks else ()
-            first = next(unit_windows(run, lambda uid: uid not in done and uid not in scored, window))
-            early = EarlyScore(run, first, score_stages, cfg_active if one else cfg_score, score_all,
-                               passes if one else None)
-        try:
-            if n_measure:  # with early actors, measure leaves their CPUs to them
+    pool = None
+    if local.use_local(cfg, n_inputs):  # a small run on this machine: no Ray (pipeline/engine/local.py)
+        pool = LocalPool(cfg, run, local.workers(score_stages, n_todo))
+        log.info("executor: local, %d worker processes (%d inputs; engine.executor)", pool.workers, n_inputs)
+    manifest["executor"] = "local" if pool is not None else "ray"
+    try:
+        if n_todo:
+            if pool is None:
+                with spans("ray_start"):
+                    init_ray(cfg)  # Ray Data's own progress off: ours (console.progress) counts units
+                task_poll(float(section(cfg, "engine")["task_poll_s"]))
+                wake_on_first_task()
+            t_start = time.time()
+            timeline = manifest["timeline"] = {"start": round(t_start, 3), "spans": spans.items}
+            todo = lambda uid: uid not in done  # noqa: E731
+            n_fallbacks = fallback.max_fallbacks(cfg_active, score_stages)  # phase 3 in rounds (pipeline/dedup/fallback.py)
+            cfg_score = fallback.round_cfg(cfg_active, 0) if n_fallbacks else cfg_active
+            # model actors load while phases 1 and 2 run (engine.start_actors_early), for the first window
+            # with fallbacks, phase 3 is one pipeline of all its passes when it fits one (its actors start once)
+            passes = fallback_rounds.passes(n_fallbacks) if n_fallbacks else None
+            one = bool(n_fallbacks) and fallback_rounds.one_pipeline(run, n_todo, window)
+            early = None
+            if pool is None and start_actors_early(cfg, score_stages, n_measure):
+                scored = NameSet((store, fallback.SCORED_DIR), ".parquet") if n_fallbacks else ()
+                first = next(unit_windows(run, lambda uid: uid not in done and uid not in scored, window))
+                early = EarlyScore(run, first, score_stages, cfg_active if one else cfg_score, score_all,
+                                   passes if one else None)
+            try:
+                if n_measure:  # with early actors, measure leaves their CPUs to them
+                    t0 = time.perf_counter()
+                    cpus = early.measure_cpus() if early is not None else None
+                    with spans("measure"), console.progress(n_measure, "measure", enabled=progress) as bar:
+                        for units in unit_windows(run, lambda uid: uid not in done and uid not in measured, window):
+                            _measure(run, units, cfg_active, score_all, bar, progress, cpus, pool)
+                    seconds["measure"] = round(time.perf_counter() - t0, 2)
+                timeline["measured"] = round(time.time(), 3)
+                if not dedup_mod.is_done(run):
+                    t0 = time.perf_counter()
+                    with spans("dedup"):
+                        st = _run_dedup(run, cfg_active, pool)
+                    store_parts.append(st.get("store"))
+                    seconds["dedup"] = round(time.perf_counter() - t0, 2)
+                    log.info("dedup: %d of %d candidates are duplicates (%.2f s)", st["duplicates"], st["candidates"],
+                             seconds["dedup"])
+                    manifest["dedup"] = {k: st.get(k) for k in ("candidates", "duplicates")}  # the funnel explains it
+                timeline["deduped"] = round(time.time(), 3)
                 t0 = time.perf_counter()
-                cpus = early.measure_cpus() if early is not None else None
-                with spans("measure"), console.progress(n_measure, "measure", enabled=progress) as bar:
-                    for units in unit_windows(run, lambda uid: uid not in done and uid not in measured, window):
-                        _measure(run, units, cfg_active, score_all, bar, progress, cpus)
-                seconds["measure"] = round(time.perf_counter() - t0, 2)
-            timeline["measured"] = round(time.time(), 3)
-            if not dedup_mod.is_done(run):
-                t0 = time.perf_counter()
-                with spans("dedup"):
-                    st = _run_dedup(run, cfg_active)
-                store_parts.append(st.get("store"))
-                seconds["dedup"] = round(time.perf_counter() - t0, 2)
-                log.info("dedup: %d of %d candidates are duplicates (%.2f s)", st["duplicates"], st["candidates"],
-                         seconds["dedup"])
-                manifest["dedup"] = {k: st.get(k) for k in ("candidates", "duplicates")}  # the funnel explains it
-            timeline["deduped"] = round(time.time(), 3)
+                if n_fallbacks:
+                    manifest["fallbacks"] = fallback_rounds.run_rounds(
+                        run, cfg_active, score_stages, progress, early, window, retries_of(cfg),
+                        lambda *a: _score_and_write(run, *a[:3], score_all, a[3], progress, *a[4:], pool=pool), spans,
+                        None if pool is not None else
+                        lambda units: EarlyScore(run, units, score_stages, cfg_active, score_all, passes))
+                    early = None
+                else:
+                    with spans("score+write"), console.progress(n_todo, "score+write", enabled=progress) as bar:
+                        for i, units in enumerate(unit_windows(run, todo, window)):
+                            _score_and_write(run, units, score_stages, cfg_active, score_all, bar, progress,
+                                             early if i == 0 else None, pool=pool)
+                            early = None
+            except BaseException:
+                if early is not None:
+                    early.abort()
+                raise
+            seconds["score_write"] = round(time.perf_counter() - t0, 2)
+            timeline["scored"] = round(time.time(), 3)
+            log.info("processed %d units in %.1f s", n_todo, time.time() - t_start)
+
+        if held is not None:
+            held.check()  # the lock was not taken over while the units ran
+        done = NameSet((store, "stats"), ".json")
+        if len(done) < n_units:
+            missing = next((u.unit_id for u in iter_listing(listing_path(run)) if u.unit_id not in done), "?")
+            raise RunError(f"{n_units - len(done)} units have no stats marker after the run (e.g. {missing}); "
+                           "rerun the same command to finish them")
+        if not is_uri(str(run)) and not compact_mod.is_compacted(Path(run)):
             t0 = time.perf_counter()
-            if n_fallbacks:
-                manifest["fallbacks"] = fallback_rounds.run_rounds(
-                    run, cfg_active, score_stages, progress, early, window, retries_of(cfg),
-                    lambda *a: _score_and_write(run, *a[:3], score_all, a[3], progress, *a[4:]), spans,
-                    lambda units: EarlyScore(run, units, score_stages, cfg_active, score_all, passes))
-                early = None
-            else:
-                with spans("score+write"), console.progress(n_todo, "score+write", enabled=progress) as bar:
-                    for i, units in enumerate(unit_windows(run, todo, window)):
-                        _score_and_write(run, units, score_stages, cfg_active, score_all, bar, progress,
-                                         early if i == 0 else None)
-                        early = None
-        except BaseException:
-            if early is not None:
-                early.abort()
-            raise
-        seconds["score_write"] = round(time.perf_counter() - t0, 2)
-        timeline["scored"] = round(time.time(), 3)
-        log.info("processed %d units in %.1f s", n_todo, time.time() - t_start)
-
-    if held is not None:
-        held.check()  # the lock was not taken over while the units ran
-    done = NameSet((store, "stats"), ".json")
-    if len(done) < n_units:
-        missing = next((u.unit_id for u in iter_listing(listing_path(run)) if u.unit_id not in done), "?")
-        raise RunError(f"{n_units - len(done)} units have no stats marker after the run (e.g. {missing}); "
-                       "rerun the same command to finish them")
-    if not is_uri(str(run)) and not compact_mod.is_compacted(Path(run)):
-        t0 = time.perf_counter()
-        with spans("compact"):
-            _compact(Path(run), cfg, n_units)
-        seconds["compact"] = round(time.perf_counter() - t0, 2)
-    with spans("counts"):
-        counts, n_inputs, n_kept, reasons, units_store = reason_counts(run)
-    manifest.update(status="complete", finished=_now(), funnel=funnel_from_counts(counts, n_inputs, manifest["stages"]),
-                    counts={"inputs": n_inputs, "kept": n_kept}, reject_reasons=reasons, seconds=seconds,
-                    store=retry.total([units_store, retry.since(before), *store_parts]))  # units, driver, dedup
-    store.write_json("manifest.json", manifest)
-    if not section(cfg, "engine")["keep_work"]:  # complete: the scratch nothing reads now (pipeline/engine/cleanup.py)
-        with spans("cleanup"):
-            run_cleanup.remove_scratch(run)
-        if "timeline" in manifest:  # the clean-up's span too (the manifest above said complete already)
-            store.write_json("manifest.json", manifest)
-    return manifest
+            with spans("compact"):
+                _compact(Path(run), cfg, n_units, pool)
+            seconds["compact"] = round(time.perf_counter() - t0, 2)
+        with spans("counts"):
+            counts, n_inputs, n_kept, reasons, units_store = reason_counts(run)
+        manifest.update(status="complete", finished=_now(), funnel=funnel_from_counts(counts, n_inputs, manifest["stages"]),
+                        counts={"inputs": n_inputs, "kept": n_kept}, reject_reasons=reasons, seconds=seconds,
+                        store=retry.total([units_store, retry.since(before), *store_parts]))  # units, driver, dedup
+        store.write_json("manifest.json", manifest)
+        if not section(cfg, "engine")["keep_work"]:  # complete: the scratch nothing reads now (pipeline/engine/cleanup.py)
+            with spans("cleanup"):
+                run_cleanup.remove_scratch(run)
+            if "timeline" in manifest:  # the clean-up's span too (the manifest above said complete already)
+                store.write_json("manifest.json", manifest)
+        return manifest
+    finally:
+        if pool is not None:
+            pool.close(kill=sys.exc_info()[0] is not None)
 
 
-def _compact(run: Path, cfg: dict, n_units: int) -> None:
+def _compact(run: Path, cfg: dict, n_units: int, pool: LocalPool | None = None) -> None:
     """The catalog's compacted copy (catalog/compact.py): one Ray task per group of consecutive units
-    of the listing, at most 4 per CPU in flight (the driver holds their unit ids, never the run's)."""
+    of the listing, at most 4 per CPU in flight (the driver holds their unit ids, never the run's);
+    without Ray, one job of the pool per group."""
     if n_units <= compact_mod.GROUP:  # one file: copied here, no task to schedule
         rows = compact_mod.compact_group(str(run), 0, [u.unit_id for u in iter_listing(listing_path(run))])
         compact_mod.finish(run, 1, rows, n_units)
         log.info("catalog: %d parts compacted into 1 file (%d rows)", n_units, rows)
+        return
+    if pool is not None:
+        groups: list[list[str]] = [[]]
+        for u in iter_listing(listing_path(run)):  # a local run is small (engine.local_max_files)
+            if len(groups[-1]) >= compact_mod.GROUP:
+                groups.append([])
+            groups[-1].append(u.unit_id)
+        jobs = [(str(i), (str(run), i, g)) for i, g in enumerate(groups)]
+        got = list(pool.results(compact_mod.compact_group, jobs))
+        if len(got) < len(groups):
+            raise RunError("catalog compaction failed (see the warnings above); rerun the same command")
+        compact_mod.finish(run, len(groups), sum(got), n_units)
+        log.info("catalog: %d parts compacted into %d files (%d rows)", n_units, len(groups), sum(got))
         return
     import ray
     init_ray(cfg)

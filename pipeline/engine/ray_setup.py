@@ -44,6 +44,13 @@ def cpu_shortfall(cluster_cpus: float, cfg: dict) -> str | None:
             "watermark and art stages")
 
 
+def joins_cluster(cfg: dict) -> bool:
+    """Whether this driver would connect to a running cluster (ray.address, RAY_ADDRESS, or a cluster
+    started on this machine with `ray start`) rather than start a private one."""
+    return bool(cfg.get("ray", {}).get("address") is not None or os.environ.get("RAY_ADDRESS")
+                or Path("/tmp/ray/ray_current_cluster").exists())
+
+
 def init_ray(cfg: dict):
     """Connect to the cluster this driver runs in (ray submit / ray job submit), else start one here.
 
@@ -52,8 +59,7 @@ def init_ray(cfg: dict):
     with enough logical CPUs (more than the cores of a small machine: the read and write steps are
     light); a cluster without them is refused with what to change."""
     address = cfg.get("ray", {}).get("address")
-    local = address is None and not os.environ.get("RAY_ADDRESS") and not Path(
-        "/tmp/ray/ray_current_cluster").exists()
+    local = not joins_cluster(cfg)
     if local:
         keep_local_ray_on_loopback()
     import ray

@@ -59,7 +59,8 @@ def _crawl(folder: Path, n: int) -> None:
 def _curate(crawl, run, *sets):
     cmd = [sys.executable, str(ROOT / "pipeline" / "curate.py"), "--input", str(crawl), "--output", str(run),
            "--no-progress", "--set", "ray.num_cpus=2", "--set", "stages=[decode,size,dedup]",
-           "--set", "size.min_short_side=32"]
+           "--set", "size.min_short_side=32", "--set", "engine.executor=ray"]  # Ray tasks (a run this small
+    # would run without Ray: tests/pipeline/engine/test_local.py)
     for s in sets:
         cmd += ["--set", s]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))

@@ -160,7 +160,7 @@ def test_a_sample_that_kills_its_worker_is_rejected_and_the_run_completes(tmp_pa
     run = tmp_path / "run"
     env = humanset_faults.env({"stage": "decode", "uri": "killer.jpg"})  # the decoder dies on it (tests/faults)
     cmd = [sys.executable, str(ROOT / "pipeline" / "curate.py"), "--input", str(folder), "--output", str(run),
-           "--no-progress", "--set", "ray.num_cpus=2", "--set", "engine.max_retries=1",
+           "--no-progress", "--set", "ray.num_cpus=2", "--set", "engine.max_retries=1", "--set", "engine.executor=ray",
            "--set", "stages=[decode,size,dedup]", "--set", "dedup.exact=false", "--set", "dedup.max_distance=null"]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -215,7 +215,7 @@ def test_a_sample_that_kills_a_model_actor_is_isolated_too(tmp_path):
     run = tmp_path / "run"
     env = humanset_faults.env({"stage": "text", "uri": "killer.jpg"})  # the OCR actor dies on it (tests/faults)
     cmd = [sys.executable, str(ROOT / "pipeline" / "curate.py"), "--input", str(folder), "--output", str(run),
-           "--no-progress", "--set", "ray.num_cpus=2", "--set", "engine.max_retries=1",
+           "--no-progress", "--set", "ray.num_cpus=2", "--set", "engine.max_retries=1", "--set", "engine.executor=ray",
            "--set", "stages=[decode,size,dedup,text]", "--set", "dedup.exact=false",
            "--set", "dedup.max_distance=null"]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)

@@ -17,7 +17,8 @@ from pipeline.engine.driver import curate
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[3]
-CHEAP = ["stages=[decode,size,dedup]", "ray.num_cpus=2"]
+CHEAP = ["stages=[decode,size,dedup]", "ray.num_cpus=2", "engine.executor=ray"]  # on Ray; the local executor's
+# line is compared with Ray's in tests/pipeline/engine/test_local.py
 
 
 def _curate(crawl, run, *sets):

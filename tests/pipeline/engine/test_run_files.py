@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def _curate(crawl, run, *sets, timeout=600):
     cmd = [sys.executable, str(ROOT / "pipeline" / "curate.py"), "--input", str(crawl), "--output", str(run),
-           "--no-progress", "--set", "ray.num_cpus=2"]
+           "--no-progress", "--set", "ray.num_cpus=2", "--set", "engine.executor=ray"]  # Ray Data's path (a run
+    # this small would run without Ray: tests/pipeline/engine/test_local.py)
     for s in sets:
         cmd += ["--set", s]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
