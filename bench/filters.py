@@ -295,12 +295,14 @@ def _tree_cpu():
 def bench_cascade(crawl: Path, out: Path, cfg: dict) -> dict:
     import ray
 
-    from pipeline.engine import driver as engine
-    t0 = time.perf_counter()
-    engine.init_ray(cfg)  # cluster start-up is timed apart from the throughput
-    startup = time.perf_counter() - t0
-    cpus = float(ray.cluster_resources().get("CPU", 0))
+    from pipeline.engine import driver as engine, local
     n = len(list(crawl.glob("*.jpg")))
+    startup, cpus = 0.0, float(local.cores())
+    if not local.use_local(cfg, n):  # engine.executor: a Ray run's cluster start-up is timed apart from the
+        t0 = time.perf_counter()     # throughput (a local run's worker processes start inside its clock)
+        engine.init_ray(cfg)
+        startup = time.perf_counter() - t0
+        cpus = float(ray.cluster_resources().get("CPU", 0))
     tree = _tree_cpu()  # Ray's processes are this process' children
     tree.start()
     c0, k0 = _own_cpu(), tree.total()
@@ -322,6 +324,7 @@ def bench_cascade(crawl: Path, out: Path, cfg: dict) -> dict:
             "funnel": manifest.get("funnel"),
             **fallback_work(out, manifest, n),
             "kept": manifest.get("counts", {}).get("kept"), "skipped_stages": manifest.get("skipped_stages"),
+            "executor": manifest.get("executor"),
             "breakdown": {
                 "ray_startup_s": round(startup, 2), "cluster_cpus": cpus, "wall_s": round(dt, 2),
                 "work_s": {("read+decode" if k == "decode" else k): round(v, 2) for k, v in work.items()},

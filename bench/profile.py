@@ -15,8 +15,9 @@ Markdown for docs/benchmarks.md (the per-phase and per-stage tables, one column 
 library's `profile`, which cProfile imports (torch._dynamo does): imported under that name, it puts the
 standard library's module in its place before anything else; tests/test_bench_profile.py checks it.)
 
-The run is `pipeline.engine.driver.curate` in a child process with a private local Ray, as `humanset
-curate` runs it. This process is made the child subreaper of everything the run starts (so no process
+The run is `pipeline.engine.driver.curate` in a child process, as `humanset curate` runs it: with a
+private local Ray, or, for a run of at most engine.local_max_files inputs, the local executor's pool
+(`executor` in the output; --set engine.executor=ray|local picks one). This process is made the child subreaper of everything the run starts (so no process
 of the run leaves its tree), and the CPU time of every process of the run (driver, Ray's own daemons,
 task workers, model actors) is read from /proc every 0.1 s, each process' last reading kept after it
 exits: `cpu_s` (user + system) is the run's CPU time and, unlike wall time, hardly moves with other
@@ -31,8 +32,9 @@ clean-up) gets its CPU seconds as well as its wall seconds.
             CPUs (the wall time the work on images does not explain, at full use of the CPUs).
   stages{}: per step: images it saw, CPU seconds, images/s per core (= images / CPU seconds), ms per
             image (`run_stages`: the run's configured stages).
-  model_actors: model actors started in the run (a process each: ray::...(_ActorFn)) and their
-            set-up seconds (start to model ready, from the markers).
+  model_actors: model actors started in the run (a process each: ray::...(_ActorFn); none with the
+            local executor, whose workers load the models) and the set-up seconds per stage (start to
+            model ready, from the markers).
   totals:   wall_s of the run (Ray start included), cpu_s of every process, images/s, images/s per
             core (images / cpu_s).
 
@@ -111,14 +113,15 @@ class TreeCPU:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def group_of(self, p) -> str:
-        """driver | ray_daemons (gcs, raylet, agents) | model_actors | workers (Ray tasks, Ray Data's)."""
+        """driver | ray_daemons (gcs, raylet, agents) | model_actors | workers (Ray tasks, Ray Data's, and
+        the local executor's pool: pipeline/engine/local.py)."""
         if p.pid == self.driver_pid:
             return "driver"
         title = " ".join(p.cmdline())
         self.title[(p.pid, p.create_time())] = title[:80]
         if "_ActorFn" in title:
             return "model_actors"
-        if title.startswith("ray::") or "default_worker.py" in title:
+        if title.startswith("ray::") or "default_worker.py" in title or "multiprocessing" in title:
             return "workers"
         return "ray_daemons"
 
@@ -200,10 +203,10 @@ def _reap_all(timeout: float = 30.0) -> None:
 
 
 def driver(crawl: str, run: str, sets: list[str], num_cpus: int | None) -> None:
-    """The run itself (child process): curate with a private local Ray, then shut Ray down."""
+    """The run itself (child process): curate (a private local Ray, or the local executor), then shut
+    Ray down if the run started it."""
     import logging
     logging.basicConfig(level=logging.WARNING)
-    import ray
 
     from pipeline.config import load_config
     from pipeline.engine.driver import curate
@@ -211,9 +214,11 @@ def driver(crawl: str, run: str, sets: list[str], num_cpus: int | None) -> None:
     t0 = time.time()
     manifest = curate([crawl], run, cfg, progress=False)
     t1 = time.time()
-    ray.shutdown()
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
     print(json.dumps({"start": t0, "end": t1, "shutdown_end": time.time(), "units": manifest["units"],
-                      "counts": manifest["counts"], "stages": manifest["stages"]}))
+                      "executor": manifest.get("executor", "ray"), "counts": manifest["counts"], "stages": manifest["stages"]}))
 
 
 def _markers(run: Path) -> tuple[dict, dict, dict]:
@@ -342,11 +347,13 @@ def _cell(v) -> str:
 
 def markdown(results: list[dict]) -> str:
     """The per-phase and per-stage tables of one or more runs' JSON, one column group per run."""
-    heads = [f"{r['n']:,}" for r in results]
+    ns = [r["n"] for r in results]  # two runs of one size are told apart by their executor
+    heads = [f"{r['n']:,}" + (f" {r.get('executor', 'ray')}" if ns.count(r["n"]) > 1 else "") for r in results]
     lines = [f"- {h} images ({r['crawl']}): {r['date']}, load average {r['machine']['load_avg_start'][0]} at the "
              f"start, {r['machine']['cpus']} CPUs; wall {r['totals']['wall_s']} s, CPU {r['totals']['cpu_s']} s, "
              f"{r['totals']['images_per_s']} images/s, {r['totals']['images_per_s_per_core']} images/s per core, "
-             f"{r['totals']['kept']} kept, {r['model_actors']['started']} model actors"
+             f"{r['totals']['kept']} kept, executor {r.get('executor', 'ray')}, "
+             f"{r['model_actors']['started']} model actors"
              for h, r in zip(heads, results)]
     cols = ("wall s", "fixed wall s", "CPU s", "per-image CPU s")
     lines += ["", "| phase | " + " | ".join(f"{h}: {c}" for h in heads for c in cols) + " |",
@@ -428,6 +435,7 @@ def main(argv=None) -> int:
         result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "n": args.n, "code": code,
                   "crawl": "cheap (bench/scale.py shards)" if args.cheap else "mixed (bench/filters.py)",
                   "sets": [*sets, *args.sets], "run_stages": info["stages"], "units": info["units"],
+                  "executor": info.get("executor", "ray"),
                   "machine": {"cpus": os.cpu_count(), "load_avg_start": [round(x, 2) for x in load0],
                               "load_avg_end": [round(x, 2) for x in os.getloadavg()],
                               "orphans_reaped_here": subreaper},

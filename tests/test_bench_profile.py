@@ -50,3 +50,12 @@ def test_the_markdown_has_a_column_group_per_run():
     assert "| measure | 3.50 | 1.50 | 6.00 | 4.00 | 7.25 | 1.50 | 6.00 | 4.00 |" in lines
     assert "| fallback_1 | – | – | – | – | 0.30 | – | 0.20 | – |" in lines  # only in the 480 run
     assert "| person | 96 | 4.80 | 208.33 | 480 | 24.00 | 41.67 |" in lines
+
+
+def test_two_runs_of_one_size_are_told_apart_by_their_executor():
+    spec = importlib.util.spec_from_file_location("bench_profile", BENCH / "profile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = module.markdown([{**_run(2000, 4.0), "executor": "local"}, _run(2000, 9.0)])
+    assert "| phase | 2,000 local: wall s |" in text and "| 2,000 ray: wall s |" in text
+    assert "executor local, " in text.splitlines()[0] and "executor ray, " in text.splitlines()[1]
