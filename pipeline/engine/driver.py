@@ -162,7 +162,7 @@ def _isolate(run: Path, units: list[Unit], phase: str, cfg: dict, score_all: boo
     """Units whose workers kept dying: redo each with every sample alone in a child process."""
     import ray
 
-    from pipeline.engine.isolate import isolate_unit
+    from pipeline.engine.isolate import isolate_unit, isolated
     log.warning("%d units failed in %s after %d retries: running their samples one at a time",
                 len(units), phase, retries_of(cfg))
     task = ray.remote(num_cpus=1, max_retries=0)(isolate_unit)
@@ -170,14 +170,7 @@ def _isolate(run: Path, units: list[Unit], phase: str, cfg: dict, score_all: boo
     with console.progress(len(refs), f"{phase} (isolated)", enabled=progress) as bar:
         while refs:
             ready, refs = ray.wait(refs, num_returns=1)
-            try:
-                result = ray.get(ready[0])
-            except Exception as e:
-                fault = environment_fault(e, str(run))
-                if fault:
-                    raise EnvironmentFault(fault) from e
-                raise RunError(f"a unit failed even with its samples run one at a time: {e}") from e
-            log.warning("unit %s: %d worker crashes isolated", result["unit_id"], result["worker_crashes"])
+            isolated(str(run), ray.get, ready[0])
             bar.update(1)
 
 

@@ -136,6 +136,24 @@ def isolate_unit(run: str, unit: dict, phase: str, cfg: dict, score_all: bool, l
     return {"unit_id": u.unit_id, "worker_crashes": crashes}
 
 
+def isolated(run: str, call, *args) -> dict:
+    """call(*args): one unit's isolate_unit result (in this process or from its Ray task), logged; a fault
+    of the environment stops the run (EnvironmentFault), any other error is the run's (RunError)."""
+    import logging
+
+    from pipeline.engine.errors import EnvironmentFault, RunError, environment_fault
+    try:
+        result = call(*args)
+    except Exception as e:
+        fault = environment_fault(e, str(run))
+        if fault:
+            raise EnvironmentFault(fault) from e
+        raise RunError(f"a unit failed even with its samples run one at a time: {e}") from e
+    logging.getLogger("humanset.curate").warning("unit %s: %d worker crashes isolated", result["unit_id"],
+                                                 result["worker_crashes"])
+    return result
+
+
 def _serve() -> None:
     """Child: answer (stage names, cfg, score_all, one-row table) requests until stdin closes."""
     out = os.fdopen(os.dup(1), "wb")

@@ -352,10 +352,29 @@ class PersonStage(Stage):
         from ultralytics.utils import nms, ops
 
         boxed = [LetterBox(self.imgsz, auto=self.rect, stride=self.stride)(image=im) for im in images]
+        results: list[dict | None] = [None] * len(images)
+        for shape, part, x in self._batches(boxed):
+            dets = nms.non_max_suppression(
+                torch.from_numpy(self._forward(x)),
+                float(self.cfg.get("min_store_score", DEFAULTS.person.min_store_score)), NMS_IOU,
+                classes=[self.person_class], max_det=MAX_DET,
+                nc=0 if self.task == "detect" else self.n_classes)
+            for j, d in zip(part, dets):
+                orig = images[j].shape
+                boxes = ops.scale_boxes(shape[:2], d[:, :4].clone(), orig)
+                kpts = None
+                if self.is_pose:
+                    kpts = d[:, 6:].view(d.shape[0], *self.kpt_shape)
+                    kpts = ops.scale_coords(shape[:2], kpts.clone(), orig).numpy()
+                results[j] = {"boxes": boxes.numpy(), "scores": d[:, 4].numpy(), "kpts": kpts}
+        return results
+
+    def _batches(self, boxed: list[np.ndarray]):
+        """(letterboxed shape, the images' indexes, the model's input) per batch of images of one shape,
+        at most person.batch_size each."""
         groups: dict[tuple, list[int]] = {}
         for j, b in enumerate(boxed):
             groups.setdefault(b.shape, []).append(j)
-        results: list[dict | None] = [None] * len(images)
         bs = max(1, self.batch_size)
         for shape, members in groups.items():
             for k in range(0, len(members), bs):
@@ -363,47 +382,24 @@ class PersonStage(Stage):
                 x = self._input(len(part), shape)
                 for i, j in enumerate(part):  # as ultralytics: float, then / 255 (in float32), HWC -> CHW
                     np.divide(boxed[j].transpose(2, 0, 1), np.float32(255.0), out=x[i], dtype=np.float32)
-                preds = self._forward(x)
-                dets = nms.non_max_suppression(
-                    torch.from_numpy(preds),
-                    float(self.cfg.get("min_store_score", DEFAULTS.person.min_store_score)), NMS_IOU,
-                    classes=[self.person_class], max_det=MAX_DET,
-                    nc=0 if self.task == "detect" else self.n_classes)
-                for j, d in zip(part, dets):
-                    orig = images[j].shape
-                    boxes = ops.scale_boxes(shape[:2], d[:, :4].clone(), orig)
-                    kpts = None
-                    if self.is_pose:
-                        kpts = d[:, 6:].view(d.shape[0], *self.kpt_shape)
-                        kpts = ops.scale_coords(shape[:2], kpts.clone(), orig).numpy()
-                    results[j] = {"boxes": boxes.numpy(), "scores": d[:, 4].numpy(), "kpts": kpts}
-        return results
+                yield shape, part, x
 
     def _predict_onnx(self, images: list[np.ndarray]) -> list[dict]:
         """_predict on ONNX Runtime without torch (pipeline/stages/person_onnx.py: the same steps in numpy)."""
         boxed = [person_onnx.letterbox(im, self.imgsz, self.stride, self.rect) for im in images]
-        groups: dict[tuple, list[int]] = {}
-        for j, b in enumerate(boxed):
-            groups.setdefault(b.shape, []).append(j)
         results: list[dict | None] = [None] * len(images)
-        bs = max(1, self.batch_size)
         conf = float(self.cfg.get("min_store_score", DEFAULTS.person.min_store_score))
-        for shape, members in groups.items():
-            for k in range(0, len(members), bs):
-                part = members[k:k + bs]
-                x = self._input(len(part), shape)
-                for i, j in enumerate(part):  # as ultralytics: float, then / 255 (in float32), HWC -> CHW
-                    np.divide(boxed[j].transpose(2, 0, 1), np.float32(255.0), out=x[i], dtype=np.float32)
-                dets = person_onnx.non_max_suppression(
-                    self._forward(x), conf, NMS_IOU, self.person_class, MAX_DET,
-                    0 if self.task == "detect" else self.n_classes)
-                for j, d in zip(part, dets):
-                    orig = images[j].shape
-                    kpts = None
-                    if self.is_pose:
-                        kpts = person_onnx.scale_coords(shape[:2], d[:, 6:].reshape(len(d), *self.kpt_shape), orig)
-                    results[j] = {"boxes": person_onnx.scale_boxes(shape[:2], d[:, :4], orig), "scores": d[:, 4].copy(),
-                                  "kpts": kpts}
+        for shape, part, x in self._batches(boxed):
+            dets = person_onnx.non_max_suppression(
+                self._forward(x), conf, NMS_IOU, self.person_class, MAX_DET,
+                0 if self.task == "detect" else self.n_classes)
+            for j, d in zip(part, dets):
+                orig = images[j].shape
+                kpts = None
+                if self.is_pose:
+                    kpts = person_onnx.scale_coords(shape[:2], d[:, 6:].reshape(len(d), *self.kpt_shape), orig)
+                results[j] = {"boxes": person_onnx.scale_boxes(shape[:2], d[:, :4], orig), "scores": d[:, 4].copy(),
+                              "kpts": kpts}
         return results
 
     # --- measure ----------------------------------------------------------------------------------
