@@ -72,12 +72,18 @@ def workers(score_stages: list, units: int) -> int:
 # --------------------------------------------------------------------------------------------
 # Worker side: one process of the pool.
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
 _STAGE_CACHE: dict[str, object] = {}  # (name, cfg) -> a set-up stage, for the process's life
 _SETUP: dict[str, list] = {}  # stage name -> [start, ready] epoch seconds of its set-up (unit counters)
 
 
-def _init_worker(storage: dict) -> None:
+def _init_worker(storage: dict, driver_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it stops the pool
+    if sys.platform.startswith("linux"):  # a driver killed outright (SIGKILL, OOM) takes its workers along
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != driver_pid:  # it died before the line above
+            os._exit(1)
     from catalog.storage import retry
     retry.configure(storage)
 
@@ -140,7 +146,7 @@ class LocalPool:
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_init_worker, initargs=(self.cfg.get("storage") or {},))
+                                             initializer=_init_worker, initargs=(self.cfg.get("storage") or {}, os.getpid()))
         return self._pool
 
     def _restart(self) -> None:
@@ -210,18 +216,10 @@ class LocalPool:
 def isolate(run: str, units: list, phase: str, cfg: dict, score_all: bool, limits: dict, progress: bool) -> None:
     """Units that failed for good: each sample alone in a child process (pipeline/engine/isolate.py)."""
     from catalog import console
-    from pipeline.engine.errors import RunError
-    from pipeline.engine.isolate import isolate_unit
+    from pipeline.engine.isolate import isolate_unit, isolated
     log.warning("%d units failed in %s after %d retries: running their samples one at a time",
                 len(units), phase, int(section(cfg, "engine")["max_retries"]))
     with console.progress(len(units), f"{phase} (isolated)", enabled=progress) as bar:
         for u in units:
-            try:
-                result = isolate_unit(str(run), u.to_dict(), phase, cfg, score_all, limits)
-            except Exception as e:
-                fault = environment_fault(e, str(run))
-                if fault:
-                    raise EnvironmentFault(fault) from e
-                raise RunError(f"a unit failed even with its samples run one at a time: {e}") from e
-            log.warning("unit %s: %d worker crashes isolated", result["unit_id"], result["worker_crashes"])
+            isolated(str(run), isolate_unit, str(run), u.to_dict(), phase, cfg, score_all, limits)
             bar.update(1)

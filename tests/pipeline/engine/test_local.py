@@ -168,6 +168,48 @@ def test_a_sample_that_kills_its_local_worker_is_retried_then_isolated(tmp_path,
     assert manifest["reject_reasons"] == {"decode:worker_crash": 1}
 
 
+@pytest.mark.e2e
+def test_a_driver_killed_outright_takes_its_workers_along_and_the_rerun_finishes(tmp_path):
+    """SIGKILL on a local run's driver while its workers run (no finally, no atexit): every worker is
+    gone within seconds (none is left orphaned, holding a core and its models), and the same command
+    then finishes the run: every input once in the catalog."""
+    import signal
+    import time
+
+    import psutil
+    folder = _photos(tmp_path / "in", 48)
+    run = tmp_path / "run"
+    cmd = [sys.executable, str(ROOT / "pipeline" / "curate.py"), "--input", str(folder), "--output", str(run),
+           "--no-progress", "--set", "engine.executor=local", "--set", "input.files_per_unit=4",
+           "--set", "stages=[decode,size,dedup,text]"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    driver = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        workers: list = []
+        deadline = time.time() + 300
+        while time.time() < deadline and driver.poll() is None:
+            workers = [c for c in psutil.Process(driver.pid).children(recursive=True)
+                       if "spawn_main" in " ".join(c.cmdline())]
+            if workers and (run / "stats").is_dir() and any((run / "stats").iterdir()):
+                break  # the pool is at work on phase 3: units are finishing
+            time.sleep(0.2)
+        assert workers and driver.poll() is None, "the run ended before its workers were seen at work"
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=60)
+        gone, alive = psutil.wait_procs(workers, timeout=30)
+        assert not alive, [p.pid for p in alive]
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert len(list((run / "stats").glob("*.json"))) < 12  # it was stopped with units to do
+    p = _curate(folder, run, "engine.executor=local", "input.files_per_unit=4", "stages=[decode,size,dedup,text]")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = catalog.connect(run).sql("SELECT source_uri FROM samples").fetchall()
+    assert len(rows) == len({r[0] for r in rows}) == 48
+    assert _manifest(run)["status"] == "complete"
+
+
 # --- a fault of the environment ----------------------------------------------------------------------------
 
 @pytest.fixture
