@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -162,11 +163,8 @@ def _run_tables(hashes: np.ndarray, k: int, m: int, bucket_cap: int, folder: Pat
     """Every table, as Ray tasks when Ray is up (the hash array put in the object store once)."""
     fp = _fingerprint(hashes)
     todo = list(range(len(tables(m, k))))
-    try:
-        import ray
-        use_ray = ray.is_initialized()
-    except ImportError:
-        use_ray = False
+    ray = sys.modules.get("ray")  # a process that has not imported Ray runs none (its import is not paid for)
+    use_ray = ray is not None and ray.is_initialized()
     log.log(logging.INFO if use_ray and len(hashes) >= RAY_MIN_HASHES else logging.DEBUG,
             "dedup: %d distinct hashes, %d blocks, %d tables%s", len(hashes), m, len(todo),
              " (Ray tasks)" if use_ray and len(hashes) >= RAY_MIN_HASHES else "")
@@ -189,11 +187,8 @@ def _run_tables(hashes: np.ndarray, k: int, m: int, bucket_cap: int, folder: Pat
 
 def _ray_cpus() -> int | None:
     """CPUs of the Ray cluster this process is connected to; None when Ray is not running."""
-    try:
-        import ray
-        return int(ray.cluster_resources().get("CPU", 1)) if ray.is_initialized() else None
-    except ImportError:
-        return None
+    ray = sys.modules.get("ray")
+    return int(ray.cluster_resources().get("CPU", 1)) if ray is not None and ray.is_initialized() else None
 
 
 def _near_links(files: list, hashes: np.ndarray, st: dict, budget: int) -> tuple[np.ndarray, np.ndarray, dict]:

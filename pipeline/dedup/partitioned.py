@@ -35,6 +35,7 @@ import itertools
 import json
 import logging
 import math
+import sys
 import time
 
 import catalog.storage as cstore
@@ -199,12 +200,9 @@ def run_dedup_distributed(run, unit_ids, cfg: dict, use_ray: bool | None = None)
     d = cfg.get("dedup", {}) or {}
     from pipeline.dedup.ranges import DEFAULT_TASK_MEMORY
     task_memory = int(d.get("task_memory") or DEFAULT_TASK_MEMORY)
-    if use_ray is None:
-        try:
-            import ray
-            use_ray = ray.is_initialized()
-        except ImportError:
-            use_ray = False
+    if use_ray is None:  # a process that has not imported Ray runs none (its import is not paid for)
+        ray = sys.modules.get("ray")
+        use_ray = ray is not None and ray.is_initialized()
     ex = Tasks(use_ray)
     run_s = str(run)
     units = cstore.join(D.dedup_dir(run), "dist", "units")  # count files: rewritten by every call

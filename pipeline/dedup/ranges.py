@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import resource
+import sys
 import time
 import tracemalloc
 
@@ -124,12 +125,9 @@ def partitioned_tables(hashes: np.ndarray, k: int, m: int, folder, fingerprint: 
         rbits = range_bits(len(hashes), m, task_memory)
     tops = top_blocks(m, k)
     R = 1 << rbits
-    if use_ray is None:
-        try:
-            import ray
-            use_ray = ray.is_initialized()
-        except ImportError:
-            use_ray = False
+    if use_ray is None:  # a process that has not imported Ray runs none (its import is not paid for)
+        ray = sys.modules.get("ray")
+        use_ray = ray is not None and ray.is_initialized()
     chunks = [hashes[s:s + SCATTER_CHUNK] for s in range(0, max(1, len(hashes)), SCATTER_CHUNK)]
     todo = [(t, r) for t in range(len(tables(m, k))) for r in range(R)]
     files = [range_file(folder, m, k, t, r, rbits) for t, r in todo]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -125,9 +126,12 @@ def peak_rss_mb() -> float | None:
 
 
 def _node_id() -> str | None:
-    """The Ray node this worker runs on (recorded in the stats marker), None outside Ray."""
+    """The Ray node this worker runs on (recorded in the stats marker), None outside Ray (a process
+    that has not imported Ray is no Ray worker: the local executor's workers do not pay its import)."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return None
     try:
-        import ray
         return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
     except Exception:  # noqa: BLE001 - a missing id must never fail a unit
         return None
