@@ -199,7 +199,8 @@ def driver(crawl: str, run: str, num_cpus: int, min_side: int = 300, sets: list[
     from pipeline.engine.driver import curate
     from pipeline.engine.ray_setup import init_ray
     cfg = load_config(sets=["stages=[decode,size,dedup]", f"ray.num_cpus={num_cpus}", f"size.min_short_side={min_side}", *sets])
-    init_ray(cfg)
+    if cfg["engine"]["executor"] != "local":  # Ray's start outside the clock (auto: Ray is then up, so Ray)
+        init_ray(cfg)
     t0 = time.perf_counter()
     manifest = curate([crawl], run, cfg, progress=False)
     s = time.perf_counter() - t0
