@@ -55,6 +55,11 @@ def run_curate(args) -> int:
         log.debug("traceback", exc_info=True)
         print(f"humanset curate: error: {e}", file=sys.stderr)
         return EXIT_RUN_ERROR
+    except KeyboardInterrupt:  # Ctrl-C: the run's workers are stopped and its lock released on the way out
+        log.debug("traceback", exc_info=True)
+        print("humanset curate: interrupted; rerun the same command to finish the run (finished units are kept)",
+              file=sys.stderr)
+        return 130
     print_funnel(manifest)  # its reject reasons come from the units' markers, not a scan of the catalog
     return 0
 
