@@ -252,8 +252,9 @@ class PersonStage(Stage):
         if backend == "auto":  # torch is imported only where a GPU could be there to use
             backend = "torch" if has_cuda_driver() and _cuda_available() else "onnx"
         facts, yolo = None, None
-        if backend == "onnx" and onnx_path(path).is_file():  # exported before: no torch, no ultralytics
-            self.onnx_file = onnx_path(path)
+        cached = onnx_path(path) if backend == "onnx" else None  # named by the .pt's SHA-256: hashed once
+        if cached is not None and cached.is_file():  # exported before: no torch, no ultralytics
+            self.onnx_file = cached
             self._open_onnx()
             facts = model_facts(self.session)
         if facts is None:
