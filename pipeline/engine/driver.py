@@ -294,7 +294,7 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
         compact_mod.invalidate(Path(run))  # parts are written again: the views read them, not a stale copy
     spans = Spans()
     pool = None
-    if local.use_local(cfg, n_inputs):  # a small run on this machine: no Ray (pipeline/engine/local.py)
+    if local.use_local(cfg, n_inputs, score_stages):  # a small run on this machine: no Ray (pipeline/engine/local.py)
         pool = LocalPool(cfg, run, local.workers(score_stages, n_todo))
         log.info("executor: local, %d worker processes (%d inputs; engine.executor)", pool.workers, n_inputs)
     manifest["executor"] = "local" if pool is not None else "ray"

@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import time
+from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
@@ -43,10 +44,10 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def use_local(cfg: dict, n_inputs: int) -> bool:
+def use_local(cfg: dict, n_inputs: int, stages: list | None = None) -> bool:
     """engine.executor: `local` or `ray` as set; `auto`: local for at most engine.local_max_files inputs
     when this driver would start a private Ray (no cluster to join, none running in this process) and
-    no stage asks for GPUs (their batched pools are Ray's)."""
+    none of the run's `stages` (default: the configured ones) asks for GPUs (their batched pools are Ray's)."""
     eng = section(cfg, "engine")
     choice = str(eng["executor"])
     if choice != "auto":
@@ -57,7 +58,10 @@ def use_local(cfg: dict, n_inputs: int) -> bool:
     from pipeline.engine.ray_setup import joins_cluster
     if joins_cluster(cfg):
         return False
-    if any(((cfg.get(name) or {}).get("resources") or {}).get("num_gpus") for name in cfg.get("stages") or []):
+    if stages is None:
+        from pipeline.stages import build_stages
+        stages = build_stages(cfg)
+    if any(s.resources.num_gpus for s in stages):
         return False
     return n_inputs <= int(eng["local_max_files"])
 
@@ -149,9 +153,6 @@ class LocalPool:
                                              initializer=_init_worker, initargs=(self.cfg.get("storage") or {}, os.getpid()))
         return self._pool
 
-    def _restart(self) -> None:
-        self.close(kill=True)
-
     def close(self, kill: bool = False) -> None:
         pool, self._pool = self._pool, None
         if pool is None:
@@ -169,12 +170,12 @@ class LocalPool:
         finds it without output and isolates it)."""
         attempts = {key: 0 for key, _ in jobs}
         args = dict(jobs)
-        queue = [key for key, _ in jobs]
+        queue = deque(key for key, _ in jobs)
         pending: dict = {}
         while queue or pending:
             pool = self._executor()
             while queue and len(pending) < 2 * self.workers:  # a bounded number of arguments in flight
-                key = queue.pop(0)
+                key = queue.popleft()
                 pending[pool.submit(fn, *args[key])] = key
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             broken = False
@@ -196,9 +197,9 @@ class LocalPool:
                 for key in list(pending.values()):
                     self._again(key, attempts, queue, "its worker process died")
                 pending.clear()
-                self._restart()
+                self.close(kill=True)  # the next pass starts a new pool
 
-    def _again(self, key: str, attempts: dict, queue: list, why: str) -> None:
+    def _again(self, key: str, attempts: dict, queue: deque, why: str) -> None:
         attempts[key] += 1
         if attempts[key] <= self.retries:
             log.warning("unit %s failed (%s); retrying (%d of %d)", key, why, attempts[key], self.retries)
