@@ -37,6 +37,7 @@ phase lives in the modules named above.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import platform
 import sys
@@ -390,6 +391,18 @@ def _curate_locked(run, inputs: list[str], cfg: dict, score_all: bool, progress:
             pool.close(kill=sys.exc_info()[0] is not None)
 
 
+def _listing_groups(run: Path):
+    """The listing's unit ids in groups of compact_mod.GROUP consecutive units (one compacted file each)."""
+    group: list[str] = []
+    for u in iter_listing(listing_path(run)):
+        group.append(u.unit_id)
+        if len(group) >= compact_mod.GROUP:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
 def _compact(run: Path, cfg: dict, n_units: int, pool: LocalPool | None = None) -> None:
     """The catalog's compacted copy (catalog/compact.py): one Ray task per group of consecutive units
     of the listing, at most 4 per CPU in flight (the driver holds their unit ids, never the run's);
@@ -399,47 +412,28 @@ def _compact(run: Path, cfg: dict, n_units: int, pool: LocalPool | None = None) 
         compact_mod.finish(run, 1, rows, n_units)
         log.info("catalog: %d parts compacted into 1 file (%d rows)", n_units, rows)
         return
-    if pool is not None:
-        groups: list[list[str]] = [[]]
-        for u in iter_listing(listing_path(run)):  # a local run is small (engine.local_max_files)
-            if len(groups[-1]) >= compact_mod.GROUP:
-                groups.append([])
-            groups[-1].append(u.unit_id)
-        jobs = [(str(i), (str(run), i, g)) for i, g in enumerate(groups)]
-        got = list(pool.results(compact_mod.compact_group, jobs))
-        if len(got) < len(groups):
-            raise RunError("catalog compaction failed (see the warnings above); rerun the same command")
-        compact_mod.finish(run, len(groups), sum(got), n_units)
-        log.info("catalog: %d parts compacted into %d files (%d rows)", n_units, len(groups), sum(got))
-        return
-    import ray
-    init_ray(cfg)
-    task = ray.remote(num_cpus=1, max_retries=retries_of(cfg))(compact_mod.compact_group)
-    limit = max(1, int(4 * ray.cluster_resources().get("CPU", 1)))
-    pending, rows, files = [], 0, 0
-    group: list[str] = []
-
-    def collect(n_left: int) -> int:
-        nonlocal pending
-        got = 0
-        while len(pending) > n_left:
+    groups = enumerate(_listing_groups(run))  # (file index, unit ids), read from the listing as they go
+    rows = files = 0
+    if pool is not None:  # a few groups' unit ids at a time, as Ray's tasks in flight below
+        while chunk := list(itertools.islice(groups, 4 * pool.workers)):
+            got = list(pool.results(compact_mod.compact_group, [(str(i), (str(run), i, g)) for i, g in chunk]))
+            if len(got) < len(chunk):
+                raise RunError("catalog compaction failed (see the warnings above); rerun the same command")
+            rows, files = rows + sum(got), files + len(chunk)
+    else:
+        import ray
+        init_ray(cfg)
+        task = ray.remote(num_cpus=1, max_retries=retries_of(cfg))(compact_mod.compact_group)
+        limit = max(1, int(4 * ray.cluster_resources().get("CPU", 1)))
+        pending: list = []
+        for i, group in groups:
+            pending.append(task.remote(str(run), i, group))
+            files = i + 1
+            while len(pending) >= limit:  # at most `limit` in flight
+                ready, pending = ray.wait(pending, num_returns=1)
+                rows += ray.get(ready[0])
+        while pending:
             ready, pending = ray.wait(pending, num_returns=1)
-            got += ray.get(ready[0])
-        return got
-
-    def submit() -> None:
-        nonlocal files
-        pending.append(task.remote(str(run), files, list(group)))
-        files += 1
-        group.clear()
-
-    for u in iter_listing(listing_path(run)):
-        group.append(u.unit_id)
-        if len(group) >= compact_mod.GROUP:
-            submit()
-            rows += collect(limit - 1)
-    if group:
-        submit()
-    rows += collect(0)
+            rows += ray.get(ready[0])
     compact_mod.finish(run, files, rows, n_units)
     log.info("catalog: %d parts compacted into %d files (%d rows)", n_units, files, rows)

@@ -149,3 +149,30 @@ def test_compaction_in_groups_as_ray_tasks_equals_the_one_file_copy(two_runs, ra
     assert compact.marker(run)["files"] == 48 and compact.marker(run)["rows"] == 48
     assert len(list((run / compact.FOLDER / "samples").glob("*.parquet"))) == 48
     assert catalog.connect(run).execute("SELECT * FROM samples ORDER BY sample_id").fetchall() == before
+
+
+def test_compaction_in_groups_in_the_local_pool_equals_the_one_file_copy(two_runs, tmp_path, monkeypatch):
+    """The same without Ray (pipeline/engine/local.py): one job of the pool per group, a few groups'
+    unit ids at a time (groups of 1: 48 jobs in chunks of 4 per worker); the views read the same rows."""
+    import shutil
+
+    import catalog
+    from catalog import compact
+    from pipeline.config import load_config
+    from pipeline.engine import driver
+    from pipeline.engine.local import LocalPool
+    run = tmp_path / "run"
+    shutil.copytree(two_runs / "single", run)
+    before = catalog.connect(run).execute("SELECT * FROM samples ORDER BY sample_id").fetchall()
+    cfg = load_config(sets=["stages=[decode,size,dedup]", "engine.executor=local"])
+    pool = LocalPool(cfg, run, 2)
+    try:
+        for group, files in ((20, 3), (1, 48)):
+            compact.invalidate(run)
+            monkeypatch.setattr(compact, "GROUP", group)
+            driver._compact(run, cfg, 48, pool)
+            assert compact.marker(run)["files"] == files and compact.marker(run)["rows"] == 48
+            assert len(list((run / compact.FOLDER / "samples").glob("*.parquet"))) == files
+            assert catalog.connect(run).execute("SELECT * FROM samples ORDER BY sample_id").fetchall() == before
+    finally:
+        pool.close()
