@@ -10,6 +10,8 @@ import warnings
 import numpy as np
 from PIL import Image, ImageOps
 
+from pipeline.inputs.resample import lanczos_grey
+
 # Orientations 5-8 swap width and height (EXIF spec: transpose / rotate 90 / 270).
 _SWAPS_AXES = {5, 6, 7, 8}
 
@@ -81,7 +83,7 @@ def probe(data: bytes, max_pixels: int | None = None, verify: bool = True) -> di
             raise ImageError(f"truncated or corrupt pixel data: {e}") from e
         small = ImageOps.exif_transpose(im) if orientation != 1 else im
         grey = small if small.mode == "L" else to_rgb(small).convert("L")
-        info["thumb"] = grey.resize((THUMB, THUMB), Image.LANCZOS).tobytes()
+        info["thumb"] = lanczos_grey(np.asarray(grey), THUMB, THUMB).tobytes()  # Pillow's resize, faster
     return info
 
 
