@@ -219,8 +219,9 @@ class EngineSettings:
     executor: str = setting("auto", "ray | local (worker processes on this machine, no Ray: pipeline/engine/local.py)\n"
                                     "| auto: local for a run of at most local_max_files inputs that joins no cluster",
                             choices=("auto", "ray", "local"))
-    local_max_files: int = setting(5000, "auto's limit; a larger run takes Ray, where large runs are tested (the pool\n"
-                                         "was faster at every size measured: docs/benchmarks.md, Per core)", low=0)
+    local_max_files: int = setting(300000, "auto's limit; a larger run takes Ray (the pool was faster at every size\n"
+                                           "measured, and flat in driver memory up to this one: docs/benchmarks.md, Per core)",
+                                   low=0)
     keep_work: bool = setting(False, "keep the scratch of dedup and the fallback rounds (RUN/work/dedup/dist,\n"
                                      "work/dedup/pairs, work/fallback, work/scored) after a complete run")
 

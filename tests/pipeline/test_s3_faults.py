@@ -53,7 +53,9 @@ def runs(s3_server, tmp_path_factory):
         store.write_bytes(f"crawl/{t.name}", t.read_bytes())
     cwd = tmp_path_factory.mktemp("cwd")
     inp, clean, faulty = store.uri_of("crawl") + "/", store.uri_of("runs/clean"), store.uri_of("runs/r11")
-    p = _curate(inp, clean, cwd)
+    # the clean run on Ray, the faulty one as `auto` runs it (6 shards: the local executor); their
+    # catalogs and shards must be equal across the two executors
+    p = _curate(inp, clean, cwd, "--set", "engine.executor=ray")
     assert p.returncode == 0, p.stderr[-3000:]
     with through(s3_server.endpoint, seed=11, **RATES) as fs:
         p = _curate(inp, faulty, cwd, *QUICK)

@@ -289,7 +289,7 @@ def no_cluster_here():
 
 
 def test_auto_is_local_up_to_local_max_files_inputs(no_cluster_here):
-    assert _decide([], 5000) is True and _decide([], 5001) is False  # the default limit, 5000
+    assert _decide([], 300000) is True and _decide([], 300001) is False  # the default limit, 300,000
     assert _decide(["engine.local_max_files=10"], 10) is True
     assert _decide(["engine.local_max_files=10"], 11) is False
     assert _decide(["engine.executor=auto", "engine.local_max_files=0"], 1) is False

@@ -35,9 +35,10 @@ def _catalog(run):
     return rows, shards
 
 
-def _driver(crawl, run):
+def _driver(crawl, run, executor):
     cmd = [sys.executable, str(ROOT / "pipeline" / "curate.py"), "--input", str(crawl), "--output", str(run),
-           "--no-progress", "--set", "ray.num_cpus=2", "--set", "stages=[decode,size,dedup]"]
+           "--no-progress", "--set", "ray.num_cpus=2", "--set", "stages=[decode,size,dedup]",
+           "--set", f"engine.executor={executor}"]
     return subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
 
@@ -50,21 +51,23 @@ def clean(crawl, ray_local, tmp_path_factory):
     return _catalog(run)
 
 
-@pytest.mark.parametrize("kill_when", ["measure", "stats"])
+# one phase on each executor (the clean run is on Ray: the in-process Ray of the session); the local
+# executor's own kill tests are in test_local.py
+@pytest.mark.parametrize("kill_when, executor", [("measure", "ray"), ("stats", "local")])
 @pytest.mark.e2e
-def test_kill_minus_9_then_resume_equals_clean_run(crawl, clean, tmp_path, kill_when):
+def test_kill_minus_9_then_resume_equals_clean_run(crawl, clean, tmp_path, kill_when, executor):
     run = tmp_path / "crashed"
     folder = run / ("work/measure" if kill_when == "measure" else "stats")
-    p = _driver(crawl, run)
+    p = _driver(crawl, run, executor)
     deadline = time.time() + 300
     while time.time() < deadline and p.poll() is None and len(list(folder.glob("*"))) < 2:
         time.sleep(0.02)
     assert p.poll() is None, f"the run ended before it could be killed: {p.stderr.read()[-2000:]}"
-    os.killpg(p.pid, signal.SIGKILL)  # the driver and the local Ray it started, like a lost machine
+    os.killpg(p.pid, signal.SIGKILL)  # the driver and its Ray or worker processes, like a lost machine
     p.wait()
     done = len(list((run / "stats").glob("*.json")))
     assert done < UNITS, "killed after the end: nothing to resume"
-    p = _driver(crawl, run)
+    p = _driver(crawl, run, executor)
     assert p.wait(timeout=600) == 0, p.stderr.read()[-3000:]
     a, b = clean, _catalog(run)
     assert a[0].num_rows == UNITS * 5
