@@ -88,6 +88,11 @@ def _init_worker(storage: dict, driver_pid: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != driver_pid:  # it died before the line above
             os._exit(1)
+    # one process per core: numpy's BLAS (the pHash resize's products, pipeline/inputs/resample.py) runs one
+    # thread, as in Ray's workers (OMP_NUM_THREADS=1); a second thread per worker only spins against the other
+    import numpy  # noqa: F401  (loads the BLAS library the limit applies to)
+    from threadpoolctl import threadpool_limits
+    threadpool_limits(1, user_api="blas")
     from catalog.storage import retry
     retry.configure(storage)
 
