@@ -199,8 +199,10 @@ def driver(crawl: str, run: str, num_cpus: int, min_side: int = 300, sets: list[
     from pipeline.engine.driver import curate
     from pipeline.engine.ray_setup import init_ray
     cfg = load_config(sets=["stages=[decode,size,dedup]", f"ray.num_cpus={num_cpus}", f"size.min_short_side={min_side}", *sets])
-    if cfg["engine"]["executor"] != "local":  # Ray's start outside the clock (auto: Ray is then up, so Ray)
-        init_ray(cfg)
+    from pipeline.engine.local import use_local
+    shards = len(list(Path(crawl).glob("*.tar"))) if Path(crawl).is_dir() else 0
+    if not use_local(cfg, shards * int(cfg["input"]["files_per_unit"])):  # as `humanset curate` decides (a
+        init_ray(cfg)  # shard weighs files_per_unit inputs); Ray's start outside the clock
     t0 = time.perf_counter()
     manifest = curate([crawl], run, cfg, progress=False)
     s = time.perf_counter() - t0
