@@ -17,7 +17,8 @@ each; the report gives per model the median over rounds of the round's median st
 forward + backward and clip + optimiser, and `speedup` = reference time / humanset time (> 1: humanset is
 faster). The reference steps with plain AdamW as its main_pretrain.py builds it, clipped by
 `clip_grad_norm_`; humanset with the fused AdamW and `clip_and_step` its training loop uses
-(`speedup_forward_backward` compares the models alone).
+(`speedup_forward_backward` compares the models alone). On a CPU both run in fp32; --bf16 runs both under
+bf16 autocast (a CPU with AVX512-BF16 or AMX), as on a GPU.
 """
 from __future__ import annotations
 
@@ -137,9 +138,14 @@ def stepper(model, opt, x, device, bf16: bool, mask_ratio: float, reference: boo
     return step
 
 
+def use_bf16(args, device) -> bool:
+    """bf16 autocast: by default on a GPU (--fp32 turns it off), on a CPU only with --bf16."""
+    return (not args.fp32) if device.type == "cuda" else args.bf16
+
+
 def bench_model(args, device) -> dict:
     model, opt = humanset_model(args, device)
-    bf16 = device.type == "cuda" and not args.fp32
+    bf16 = use_bf16(args, device)
     x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
     step = stepper(model, opt, x, device, bf16, args.mask_ratio, False)
     for _ in range(args.warmup):
@@ -172,7 +178,7 @@ def bench_model(args, device) -> dict:
 def bench_against_reference(args, device) -> dict:
     """Interleaved rounds of humanset vs the reference on one batch; medians of round medians."""
     ref_module = load_reference(args.ref)
-    bf16 = device.type == "cuda" and not args.fp32
+    bf16 = use_bf16(args, device)
     x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
     ours, ours_opt = humanset_model(args, device)
     ref, ref_opt = reference_model(args, device, ref_module)
@@ -245,6 +251,7 @@ def main(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast on GPU")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast on CPU too (both models with --ref)")
     p.add_argument("--grad-checkpointing", action="store_true")
     p.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
     p.add_argument("--ref", metavar="PATH/models_mae.py",

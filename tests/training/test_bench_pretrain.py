@@ -29,6 +29,16 @@ def test_report_on_cpu(capsys):
     assert "mfu" not in out
 
 
+def test_bf16_on_cpu_only_when_asked(capsys):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert bench.use_bf16(Namespace(fp32=False, bf16=False), cuda) and not bench.use_bf16(Namespace(fp32=True, bf16=False), cuda)
+    assert not bench.use_bf16(Namespace(fp32=False, bf16=False), cpu) and bench.use_bf16(Namespace(fp32=False, bf16=True), cpu)
+    bench.main(["--model", "micro", "--image-size", "32", "--batch-size", "2", "--steps", "1", "--warmup", "0",
+                "--device", "cpu", "--bf16"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["precision"] == "bf16-autocast" and out["images_per_s"] > 0
+
+
 def test_peak_flops_by_gpu_name(monkeypatch):
     cuda = torch.device("cuda")
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
@@ -61,7 +71,7 @@ def test_interleaved_rounds_against_a_peer(monkeypatch):
 
     monkeypatch.setattr(bench, "load_reference", lambda path: types.SimpleNamespace(MaskedAutoencoderViT=Peer))
     args = Namespace(model="micro", image_size=64, batch_size=2, mask_ratio=0.75, grad_checkpointing=False,
-                     compile=False, fp32=True, ref="peer", rounds=3, steps=2, warmup=0)
+                     compile=False, fp32=True, bf16=False, ref="peer", rounds=3, steps=2, warmup=0)
     out = bench.bench_against_reference(args, torch.device("cpu"))
     assert out["humanset"]["params"] == out["reference"]["params"]
     for name in ("humanset", "reference"):
