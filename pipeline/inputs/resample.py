@@ -25,8 +25,9 @@ BLOCK = 8                     # output columns per product: a band's block again
 MAX_SIDE = 2048               # larger inputs go to Pillow (the float64 copy would be > 32 MB)
 
 
-def _coefficients(in_size: int, out_size: int) -> np.ndarray:
-    """Resample.c's integer LANCZOS coefficients as a dense (in_size, out_size) int64 matrix."""
+def _coefficients(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Resample.c's integer LANCZOS coefficients: (k, xmin, xmax), where output j reads input pixels
+    xmin[j] .. xmin[j] + xmax[j] - 1 with the weights k[j, :xmax[j]] (k's other entries are 0)."""
     scale = in_size / out_size
     filterscale = max(scale, 1.0)
     support = SUPPORT * filterscale
@@ -45,23 +46,24 @@ def _coefficients(in_size: int, out_size: int) -> np.ndarray:
     ww = np.cumsum(w, axis=1)[:, -1:]          # summed left to right, as the C loop does
     w = np.where(ww != 0.0, w / np.where(ww == 0.0, 1.0, ww), w)
     k = np.trunc(np.where(w < 0, -0.5 + w * (1 << PRECISION_BITS), 0.5 + w * (1 << PRECISION_BITS)))
-    dense = np.zeros((in_size, out_size), np.int64)
-    rows = xmin[:, None] + x[None, :]
-    cols = np.broadcast_to(np.arange(out_size)[:, None], rows.shape)
-    dense[rows[used], cols[used]] = k.astype(np.int64)[used]
-    return dense
+    return np.where(used, k, 0.0), xmin, xmax
 
 
 @lru_cache(maxsize=256)  # per input size: a block list is ~40 KB at 320 px, ~110 KB at 1,024
 def _blocks(in_size: int, out_size: int) -> tuple[tuple[int, int, int, int, np.ndarray], ...]:
-    """(out_lo, out_hi, in_lo, in_hi, float64 coefficients) per block of BLOCK output columns."""
-    dense = _coefficients(in_size, out_size)
+    """(out_lo, out_hi, in_lo, in_hi, float64 coefficients) per block of BLOCK output columns: the
+    block's rows are the input pixels its outputs read (xmin grows with the output index)."""
+    k, xmin, xmax = _coefficients(in_size, out_size)
+    ksize = k.shape[1]
     out = []
-    for j in range(0, out_size, BLOCK):
-        sub = dense[:, j:j + BLOCK]
-        rows = np.flatnonzero(sub.any(axis=1))
-        lo, hi = (int(rows[0]), int(rows[-1]) + 1) if rows.size else (0, 1)
-        out.append((j, j + sub.shape[1], lo, hi, np.ascontiguousarray(sub[lo:hi], dtype=np.float64)))
+    for j0 in range(0, out_size, BLOCK):
+        j1 = min(j0 + BLOCK, out_size)
+        lo = int(xmin[j0])
+        hi = max(int((xmin[j0:j1] + xmax[j0:j1]).max()), lo + 1)
+        m = np.zeros((hi - lo + ksize, j1 - j0))  # room for k's zero tail past xmax
+        for j in range(j0, j1):
+            m[xmin[j] - lo:xmin[j] - lo + ksize, j - j0] = k[j]
+        out.append((j0, j1, lo, hi, np.ascontiguousarray(m[:hi - lo])))
     return tuple(out)
 
 
