@@ -319,6 +319,7 @@ def main(argv=None) -> int:
     ap.add_argument("--grey", action=argparse.BooleanOptionalAction, default=True,
                     help="every photo also as a plain black-and-white sample (default; the shipped probe's)")
     ap.add_argument("--lopo", action="store_true", help="also score each package with a probe fitted without it")
+    ap.add_argument("--scores", type=Path, help="CSV of every tune image's out-of-fold score (id, category, score)")
     ap.add_argument("--out", type=Path, help=f"probe to write (the shipped one: {PROBE_FILE.relative_to(ROOT)})")
     a = ap.parse_args(argv)
 
@@ -362,6 +363,13 @@ def main(argv=None) -> int:
                                       "at_cut": cut, "categories": per_category(oof, cats, cut),
                                       "rejected_photos": sorted(r["bench_id"] for r, s in zip(tune, oof)
                                                                 if r["category"] in PHOTO_CATEGORIES and s > cut)}
+        if a.scores:
+            with open(a.scores, "w", newline="") as f:
+                out = csv.writer(f, lineterminator="\n")
+                out.writerow(["id", "category", "art_score_out_of_fold"])
+                for r, s in sorted(zip(tune, oof), key=lambda t: -t[1]):
+                    out.writerow([r["bench_id"], r["category"], f"{s:.4f}"])
+            report["scores_written"] = str(a.scores)
     cut = 0.5 if cut is None else cut
     report["cut"] = cut
     if a.lopo:
