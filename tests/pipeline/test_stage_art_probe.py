@@ -133,6 +133,30 @@ def test_black_and_white_and_dark_photos_stay_photos(stage):
     assert all(s <= CUT for s in out["art_score"]), out["art_score"]
 
 
+def test_video_frames_of_photos_stay_photos(stage):
+    """Low-bit-rate video or webcam frames (styles.video_frame: shrunk, blocky, colour at half resolution)
+    of the shipped photos stay under the cut, colour and black-and-white alike."""
+    from training.filters import styles
+
+    frames = []
+    for n in ("astronaut", "bus", "zidane"):
+        rgb = load_rgb(PHOTOS[n].read_bytes())[0]
+        frames += [styles.video_frame(rgb, np.random.default_rng(s)) for s in (0, 3)]
+    assert any(np.ptp(f.astype(int) - f[..., :1], axis=None) == 0 for f in frames)  # a black-and-white one
+    out = stage.measure({"image": [_png(f) for f in frames]})
+    assert all(s <= CUT for s in out["art_score"]), out["art_score"]
+
+
+def test_video_frame_is_a_pure_function_of_the_generator():
+    from training.filters import styles
+
+    rgb = load_rgb(PHOTOS["chelsea"].read_bytes())[0]
+    a, b = (styles.video_frame(rgb, np.random.default_rng(7)) for _ in range(2))
+    np.testing.assert_array_equal(a, b)
+    assert a.shape == rgb.shape and a.dtype == np.uint8
+    assert np.abs(a.astype(int) - rgb).mean() > 2  # softened and re-coded, not a copy
+
+
 def test_a_broken_image_costs_its_own_row(stage):
     out = stage.measure({"image": [b"not an image", PHOTOS["bus"].read_bytes()]})
     assert out["art_score"][0] is None and out["art_error"][0].startswith("decode")

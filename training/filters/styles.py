@@ -235,6 +235,28 @@ def processed(rgb: np.ndarray, rng) -> np.ndarray:
     return np.clip(x * _vignette(rgb.shape[:2], rng)[..., None], 0, 255).astype(np.uint8)
 
 
+def video_frame(rgb: np.ndarray, rng) -> np.ndarray:
+    """A frame of a low-bit-rate video or webcam stream: shrunk to 240-480 lines and blown back up (soft),
+    colour at half resolution, coded in 8 px blocks at a low JPEG quality (10-35) while small, contrast
+    and gamma slightly off; a quarter of them in black and white (archival footage, a filmed print)."""
+    h, w = rgb.shape[:2]
+    lines = int(rng.integers(240, 481))
+    f = min(1.0, lines / h)
+    small = cv2.resize(rgb, (max(16, round(w * f)), max(16, round(h * f))), interpolation=cv2.INTER_AREA)
+    if rng.random() < .25:
+        small = np.repeat(cv2.cvtColor(small, cv2.COLOR_RGB2GRAY)[..., None], 3, axis=2)
+    ycc = cv2.cvtColor(small, cv2.COLOR_RGB2YCrCb)
+    sh, sw = ycc.shape[:2]
+    chroma = cv2.resize(cv2.resize(ycc[..., 1:], (max(8, sw // 2), max(8, sh // 2)), interpolation=cv2.INTER_AREA),
+                        (sw, sh), interpolation=cv2.INTER_LINEAR)
+    small = cv2.cvtColor(np.dstack([ycc[..., :1], chroma]), cv2.COLOR_YCrCb2RGB)
+    ok, buf = cv2.imencode(".jpg", small[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, int(rng.integers(10, 36))])
+    small = cv2.imdecode(buf, cv2.IMREAD_COLOR)[..., ::-1]
+    x = cv2.resize(small, (w, h), interpolation=cv2.INTER_LINEAR).astype(np.float32) / 255.0
+    x = x ** rng.uniform(.8, 1.25) * rng.uniform(.85, 1.1) + rng.uniform(-.04, .06)
+    return np.clip(x * 255.0, 0, 255).astype(np.uint8)
+
+
 def _vignette(shape, rng) -> np.ndarray:
     h, w = shape
     yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
@@ -242,4 +264,5 @@ def _vignette(shape, rng) -> np.ndarray:
     return (1 - rng.uniform(0, .5) * r ** 2).astype(np.float32)
 
 
-PHOTO_VARIANTS = {"old_photo": old_photo, "low_light": low_light, "processed": processed, "grey": grey}
+PHOTO_VARIANTS = {"old_photo": old_photo, "low_light": low_light, "processed": processed, "grey": grey,
+                  "video_frame": video_frame}
