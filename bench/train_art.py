@@ -3,20 +3,20 @@
     python bench/art_pool.py --exclude bench/quality/images.csv --out POOL.csv     # photos and non-photos
     python bench/train_art.py --pool POOL.csv --bench-tune DIR [--lopo] --out pipeline/stages/art_probe.npz
 
-Samples: every pool image with its label; every photo also once as a photo variant (old black-and-white
-or sepia print, low light, heavy editing: training/filters/styles.py, still "photo"), once in plain black
-and white (`grey`: luma only, as a digital B/W portrait or a clean scan; --no-grey leaves it out), once as a
+Samples: every pool image with its label; every photo also once as a photo variant (old black-and-white or
+sepia print, low light, heavy editing: training/filters/styles.py, still "photo"), once in plain black and
+white (`grey`: luma only, as a digital B/W portrait or a clean scan; --no-grey leaves it out), once as a
 low-bit-rate video or webcam frame (`video_frame`: shrunk and blown up, blocky, a quarter in black and white;
---no-video leaves it out) and once stylised into a non-photo (cartoon, pencil drawing, painterly, clip art, document), so the probe sees the same content
-on both sides. Each sample is then shrunk by a random factor and re-encoded twice, as a JPEG of random
-quality (30-95) and as a PNG, and both files go through the stage's own decoding: every image is seen with
-and without JPEG artefacts, so neither the file format nor compression tells a photo from a non-photo
-(most packaged photos are JPEGs, most packaged non-photos PNGs). Features: the pooled backbone of the
-person model on the probe's views, the whole image and its centre window at the decoded resolution
-(pipeline/stages/art_probe.py), cached per (sha256, variant, encoding, input size, AUGMENT, view).
-Model: standardisation + multinomial logistic regression (scikit-learn, L2, balanced class weights, the tune images
-weighted --bench-weight times); C is chosen on a validation split of 20 % of the groups, then the shipped
-probe is fitted on every sample.
+--no-video leaves it out) and once stylised into a non-photo (cartoon, pencil drawing, painterly, clip art,
+document), so the probe sees the same content on both sides. Each sample is then shrunk by a random factor and
+re-encoded twice, as a JPEG of random quality (30-95) and as a PNG, and both files go through the stage's own
+decoding: every image is seen with and without JPEG artefacts, so neither the file format nor compression
+tells a photo from a non-photo (most packaged photos are JPEGs, most packaged non-photos PNGs). Features: the
+pooled backbone of the person model on the probe's views, the whole image and its centre window at the decoded
+resolution (pipeline/stages/art_probe.py), cached per (sha256, variant, encoding, input size, AUGMENT, view).
+Model: standardisation + multinomial logistic regression (scikit-learn, L2, balanced class weights, the tune
+images weighted --bench-weight times); C is chosen on a validation split of 20 % of the groups, then the
+shipped probe is fitted on every sample.
 
 --bench-tune DIR adds the quality bench's TUNE split (bench/quality/labels.csv, split == tune; images from
 its cache, DIR = ~/.cache/humanset/quality/images): person_clear, person_small and no_person as photo,

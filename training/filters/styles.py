@@ -244,13 +244,15 @@ def video_frame(rgb: np.ndarray, rng) -> np.ndarray:
     f = min(1.0, lines / h)
     small = cv2.resize(rgb, (max(16, round(w * f)), max(16, round(h * f))), interpolation=cv2.INTER_AREA)
     if rng.random() < .25:
-        small = np.repeat(cv2.cvtColor(small, cv2.COLOR_RGB2GRAY)[..., None], 3, axis=2)
+        small = grey(small, rng)
     ycc = cv2.cvtColor(small, cv2.COLOR_RGB2YCrCb)
     sh, sw = ycc.shape[:2]
     chroma = cv2.resize(cv2.resize(ycc[..., 1:], (max(8, sw // 2), max(8, sh // 2)), interpolation=cv2.INTER_AREA),
                         (sw, sh), interpolation=cv2.INTER_LINEAR)
     small = cv2.cvtColor(np.dstack([ycc[..., :1], chroma]), cv2.COLOR_YCrCb2RGB)
     ok, buf = cv2.imencode(".jpg", small[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, int(rng.integers(10, 36))])
+    if not ok:
+        raise ValueError(f"video_frame: OpenCV could not encode a {small.shape} frame as JPEG")
     small = cv2.imdecode(buf, cv2.IMREAD_COLOR)[..., ::-1]
     x = cv2.resize(small, (w, h), interpolation=cv2.INTER_LINEAR).astype(np.float32) / 255.0
     x = x ** rng.uniform(.8, 1.25) * rng.uniform(.85, 1.1) + rng.uniform(-.04, .06)
