@@ -37,6 +37,7 @@ import csv
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -147,11 +148,52 @@ def rcc_files(blob: bytes):
 
 
 # --- fetching ------------------------------------------------------------------------------------------
-def _run(cmd: list[str], cwd: Path) -> None:
-    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
     if done.returncode:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {' | '.join(tail)}")
+        out = (done.stderr or done.stdout).strip()
+        missing = re.search(r"No module named '([A-Za-z0-9_]+)'", out)
+        tail = " | ".join(out.splitlines()[-3:])
+        raise BuildModuleMissing(missing.group(1), cmd, tail) if missing else RuntimeError(
+            f"{' '.join(cmd)} failed ({done.returncode}): {tail}")
+
+
+class BuildModuleMissing(RuntimeError):
+    def __init__(self, module: str, cmd: list[str], tail: str):
+        super().__init__(f"{' '.join(cmd)} failed: no module {module!r}: {tail}")
+        self.module = module
+
+
+# the distribution that provides a module an sdist's setup.py imports to report its metadata
+BUILD_MODULES = {"skbuild": "scikit-build"}
+
+
+def _sdist(pip: list[str], spec: str, tmp: Path) -> None:
+    """pip download of an sdist. pip reads its metadata: without build isolation it uses the build
+    backend installed here (some face packages' build requirements cannot be installed); a backend that
+    is not installed here (hatchling, ...) is fetched into an isolated environment instead; a setup.py
+    that imports a module the isolated build cannot install either (opencv's skbuild) gets that module
+    in a throwaway folder on PYTHONPATH. Nothing is built."""
+    cmd = [*pip, "--no-build-isolation", "--no-binary", ":all:", spec]
+    try:
+        _run(cmd, cwd=tmp)
+        return
+    except RuntimeError as first:
+        module = getattr(first, "module", None)
+        try:
+            _run([*pip, "--no-binary", ":all:", spec], cwd=tmp)
+            return
+        except RuntimeError:
+            if module not in BUILD_MODULES:
+                raise first from None
+    helpers = tmp.with_name(tmp.name + ".build")
+    shutil.rmtree(helpers, ignore_errors=True)
+    try:
+        _run([sys.executable, "-m", "pip", "install", "-q", "--target", str(helpers), BUILD_MODULES[module]],
+             cwd=tmp)
+        _run(cmd, cwd=tmp, env={**os.environ, "PYTHONPATH": str(helpers)})
+    finally:
+        shutil.rmtree(helpers, ignore_errors=True)
 
 
 def download(kind: str, package: str, version: str, packages_dir: Path) -> Path:
@@ -168,17 +210,14 @@ def download(kind: str, package: str, version: str, packages_dir: Path) -> Path:
     elif kind == "npm":
         _run(["npm", "pack", "--silent", f"{package}@{version}"], cwd=tmp)
     else:
-        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(tmp)]
+        # the images do not depend on the Python a package requires (labelme 7 needs 3.12): pip is told
+        # not to pick versions by it
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--ignore-requires-python",
+               "-d", str(tmp)]
         if kind != "pypi-sdist":
             _run([*pip, "--only-binary", ":all:", *WHEEL_PLATFORM, f"{package}=={version}"], cwd=tmp)
         else:
-            # pip reads an sdist's metadata: without build isolation it uses the build backend installed
-            # here (some face packages' build requirements cannot be installed); a backend that is not
-            # installed here (hatchling, ...) is fetched into an isolated environment instead
-            try:
-                _run([*pip, "--no-build-isolation", "--no-binary", ":all:", f"{package}=={version}"], cwd=tmp)
-            except RuntimeError:
-                _run([*pip, "--no-binary", ":all:", f"{package}=={version}"], cwd=tmp)
+            _sdist(pip, f"{package}=={version}", tmp)
     files = [f for f in tmp.glob("*") if f.is_file()]
     if len(files) != 1:
         raise RuntimeError(f"{kind} {package}=={version}: expected one downloaded file, got {[f.name for f in files]}")
