@@ -142,3 +142,45 @@ def test_fetch_with_a_warm_cache_downloads_nothing(tmp_path, monkeypatch):
     (images / qd.image_name(rows[0])).write_bytes(b"changed")
     with pytest.raises(pytest.fail.Exception):
         qd.fetch(tmp_path, rows, log=lambda *a: None)
+
+
+def test_run_names_the_module_a_setup_script_misses(tmp_path):
+    script = "import sys; sys.stderr.write(\"ModuleNotFoundError: No module named 'skbuild'\\n\"); sys.exit(1)"
+    with pytest.raises(qd.BuildModuleMissing) as err:
+        qd._run([qd.sys.executable, "-c", script], cwd=tmp_path)
+    assert err.value.module == "skbuild"
+    with pytest.raises(RuntimeError, match="failed \\(3\\)") as other:
+        qd._run([qd.sys.executable, "-c", "raise SystemExit(3)"], cwd=tmp_path)
+    assert not isinstance(other.value, qd.BuildModuleMissing)
+
+
+def _fake_pip(monkeypatch, outcomes):
+    """_run replaced by a script of outcomes, in call order: None succeeds, an exception is raised."""
+    calls = []
+
+    def run(cmd, cwd, env=None):
+        calls.append((cmd, env))
+        outcome = outcomes[len(calls) - 1]
+        if outcome is not None:
+            raise outcome
+    monkeypatch.setattr(qd, "_run", run)
+    return calls
+
+
+def test_sdist_fallbacks_in_order(tmp_path, monkeypatch):
+    pip = ["pip", "download"]
+    # a backend not installed here (hatchling): the isolated build fetches it
+    calls = _fake_pip(monkeypatch, [qd.BuildModuleMissing("hatchling", ["x"], ""), None])
+    qd._sdist(pip, "sahi==0.12.8", tmp_path)
+    assert "--no-build-isolation" in calls[0][0] and "--no-build-isolation" not in calls[1][0]
+    # a setup.py that imports skbuild, whose isolated build fails too: scikit-build in a throwaway folder
+    calls = _fake_pip(monkeypatch, [qd.BuildModuleMissing("skbuild", ["x"], ""), RuntimeError("isolated"), None, None])
+    qd._sdist(pip, "opencv-contrib-python==3.4.18.65", tmp_path)
+    assert calls[2][0][-1] == "scikit-build" and "--target" in calls[2][0]
+    assert calls[3][1]["PYTHONPATH"] == calls[2][0][calls[2][0].index("--target") + 1]
+    assert not any(p.name.endswith(".build") for p in tmp_path.parent.iterdir() if p.name.startswith(tmp_path.name))
+    # anything else: the first attempt's error, not the fallback's
+    first = RuntimeError("no build isolation failed")
+    _fake_pip(monkeypatch, [first, RuntimeError("isolated failed")])
+    with pytest.raises(RuntimeError, match="no build isolation failed"):
+        qd._sdist(pip, "x==1", tmp_path)
