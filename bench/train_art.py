@@ -295,11 +295,18 @@ def per_category(scores: np.ndarray, categories: list[str], cut: float) -> dict:
 
 
 def out_of_fold(x: np.ndarray, samples: list[dict], tune: list[dict], x_tune: np.ndarray, c: float,
-                w: np.ndarray, full, folds: int) -> np.ndarray:
-    """Each tune image's score (its file as it is) by a probe fitted on the pool and the other folds."""
+                w: np.ndarray, full, folds: int, by: str = "image") -> np.ndarray:
+    """Each tune image's score (its file as it is) by a probe fitted on the pool and the other folds.
+    by="image": folds of tune images. by="package": folds of packages; a fold's probe is fitted without
+    any tune or pool image of its packages, so every tune image is scored as one of an unseen package."""
     y = [s["label"] for s in samples]
-    fold_of = {r["bench_id"]: int(unit(f"fold:{r['bench_id']}") * folds) for r in tune}
-    sample_fold = np.array([fold_of.get(s.get("bench_id") or "", -1) for s in samples])
+    if by == "package":
+        pkg_fold = {p: int(unit(f"fold:{p}") * folds) for p in {r["package"] for r in tune}}
+        fold_of = {r["bench_id"]: pkg_fold[r["package"]] for r in tune}
+        sample_fold = np.array([pkg_fold.get(s["package"], -1) for s in samples])
+    else:
+        fold_of = {r["bench_id"]: int(unit(f"fold:{r['bench_id']}") * folds) for r in tune}
+        sample_fold = np.array([fold_of.get(s.get("bench_id") or "", -1) for s in samples])
     scores = np.zeros(len(tune))
     for k in range(folds):
         tr = sample_fold != k
@@ -322,6 +329,9 @@ def main(argv=None) -> int:
     ap.add_argument("--crop-px", type=int, default=320, help="side of the crop view's window, decoded pixels")
     ap.add_argument("--c", type=float, nargs="*", default=[0.01, 0.03, 0.1, 0.3], help="L2 strengths to try")
     ap.add_argument("--folds", type=int, default=5, help="out-of-fold folds of the tune images")
+    ap.add_argument("--fold-by", choices=("image", "package"), default="image",
+                    help="folds of tune images (default), or of packages: a fold is scored by a probe that saw "
+                         "no image of its packages, pool images included")
     ap.add_argument("--photo-reject", type=float, default=0.03,
                     help="share of the tune's photos of people (out of fold) the fitted cut may reject")
     ap.add_argument("--bench-weight", type=float, default=3.0, help="sample weight of the tune images")
@@ -383,7 +393,7 @@ def main(argv=None) -> int:
     cut = a.cut
     if tune:
         x_tune = original_features(tune, backbone, a.input_px, a.views, a.crop_px)
-        oof = out_of_fold(x, samples, tune, x_tune, best, w, full, a.folds)
+        oof = out_of_fold(x, samples, tune, x_tune, best, w, full, a.folds, a.fold_by)
         if held:
             oof = np.concatenate([oof, art_scores(*full, original_features(held, backbone, a.input_px, a.views,
                                                                            a.crop_px))])
@@ -391,7 +401,7 @@ def main(argv=None) -> int:
         cats = [r["category"] for r in scored]
         fitted = fit_cut(oof, cats, a.photo_reject)
         cut = fitted if cut is None else cut
-        report["tune_out_of_fold"] = {"folds": a.folds, "photo_reject": a.photo_reject, "fitted_cut": fitted,
+        report["tune_out_of_fold"] = {"folds": a.folds, "fold_by": a.fold_by, "photo_reject": a.photo_reject, "fitted_cut": fitted,
                                       "at_cut": cut, "categories": per_category(oof, cats, cut),
                                       "rejected_photos": sorted(r["bench_id"] for r, s in zip(scored, oof)
                                                                 if r["category"] in PHOTO_CATEGORIES and s > cut)}
