@@ -31,6 +31,9 @@ into --folds folds, each scored by a probe fitted without it; the cut is the low
 --tune-batches N trains on the tune images of batches 1..N only (the manifest's `batch`); the tune images of
 later batches are scored by the probe fitted on everything else (they are held out of it, as the out-of-fold
 scores are) and join the cut's fit: a new batch refits the cut of a probe without changing its weights.
+--fold-by package makes folds of packages instead of images: each tune image is scored by a probe that saw
+no image of its package (pool images included), as an image of a source never seen. Eval shares packages
+with tune, so folds of images are what eval measures, and folds of packages what a crawl would.
 """
 from __future__ import annotations
 
