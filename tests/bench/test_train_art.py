@@ -1,0 +1,46 @@
+"""bench/train_art.py's out-of-fold scoring: which images a fold's probe may have seen."""
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("train_art", ROOT / "bench" / "train_art.py")
+ta = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ta)
+
+
+def _data():
+    """Pool and tune samples of four packages; feature row i is [i], so a fit's rows name themselves."""
+    pool = [{"package": p, "label": "photo", "group": f"{p}:{k}"} for p in ("a", "b", "c", "d") for k in range(3)]
+    tune = [{"package": p, "label": "photo", "bench_id": f"{p}-{k}", "category": "person_clear"}
+            for p in ("a", "b", "c") for k in range(4)]
+    samples = pool + [dict(t, variant=v) for t in tune for v in ("none", "grey")]
+    return samples, tune
+
+
+@pytest.mark.parametrize("by", ["image", "package"])
+def test_a_fold_probe_never_saw_what_it_scores(monkeypatch, by):
+    samples, tune = _data()
+    x = np.arange(len(samples), dtype=float)[:, None]
+    x_tune = np.arange(len(tune), dtype=float)[:, None]
+    scored = {}
+
+    def fake_fit(xs, ys, c, w, start):
+        return set(xs[:, 0].astype(int)), None
+
+    def fake_scores(trained, model, xt):
+        for i in xt[:, 0].astype(int):
+            scored[i] = {samples[j]["package"] for j in trained}, {samples[j].get("bench_id") for j in trained}
+        return np.zeros(len(xt))
+    monkeypatch.setattr(ta, "fit", fake_fit)
+    monkeypatch.setattr(ta, "art_scores", fake_scores)
+    ta.out_of_fold(x, samples, tune, x_tune, 0.3, np.ones(len(samples)), None, 3, by)
+    assert sorted(scored) == list(range(len(tune)))  # every tune image scored once
+    for i, (packages, ids) in scored.items():
+        assert tune[i]["bench_id"] not in ids  # never its own image, in any variant
+        if by == "package":
+            assert tune[i]["package"] not in packages  # nor any image of its package, pool or tune
+    if by == "image":  # folds of images do share packages: that is the difference
+        assert any(tune[i]["package"] in packages for i, (packages, _) in scored.items())
