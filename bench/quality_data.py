@@ -176,16 +176,15 @@ def _sdist(pip: list[str], spec: str, tmp: Path) -> None:
     in a throwaway folder on PYTHONPATH. Nothing is built."""
     cmd = [*pip, "--no-build-isolation", "--no-binary", ":all:", spec]
     try:
-        _run(cmd, cwd=tmp)
-        return
-    except RuntimeError as first:
+        return _run(cmd, cwd=tmp)
+    except RuntimeError as e:
+        first = e
+    try:
+        return _run([*pip, "--no-binary", ":all:", spec], cwd=tmp)
+    except RuntimeError:
         module = getattr(first, "module", None)
-        try:
-            _run([*pip, "--no-binary", ":all:", spec], cwd=tmp)
-            return
-        except RuntimeError:
-            if module not in BUILD_MODULES:
-                raise first from None
+        if module not in BUILD_MODULES:
+            raise first from None
     helpers = tmp.with_name(tmp.name + ".build")
     shutil.rmtree(helpers, ignore_errors=True)
     try:

@@ -10,8 +10,8 @@ low-bit-rate video or webcam frame (`video_frame`: shrunk and blown up, blocky, 
 --no-video leaves it out) and once stylised into a non-photo (cartoon, pencil drawing, painterly, clip art,
 document), so the probe sees the same content on both sides. Which variant and which style a photo gets is
 drawn by --seed, and the draw alone moved the fitted cut from 0.79 to 0.98; --every-variant uses every
-variant and every style of every photo instead (measured, not shipped: docs/quality.md). Each sample is then shrunk by a random factor and
-re-encoded twice, as a JPEG of random quality (30-95) and as a PNG, and both files go through the stage's own
+variant and every style of every photo instead (measured, not shipped: docs/quality.md). Each sample is
+then shrunk by a random factor and re-encoded twice, as a JPEG of random quality (30-95) and as a PNG, and both files go through the stage's own
 decoding: every image is seen with and without JPEG artefacts, so neither the file format nor compression
 tells a photo from a non-photo (most packaged photos are JPEGs, most packaged non-photos PNGs). Features: the
 pooled backbone of the person model on the probe's views, the whole image and its centre window at the decoded
@@ -303,13 +303,10 @@ def out_of_fold(x: np.ndarray, samples: list[dict], tune: list[dict], x_tune: np
     by="image": folds of tune images. by="package": folds of packages; a fold's probe is fitted without
     any tune or pool image of its packages, so every tune image is scored as one of an unseen package."""
     y = [s["label"] for s in samples]
-    if by == "package":
-        pkg_fold = {p: int(unit(f"fold:{p}") * folds) for p in {r["package"] for r in tune}}
-        fold_of = {r["bench_id"]: pkg_fold[r["package"]] for r in tune}
-        sample_fold = np.array([pkg_fold.get(s["package"], -1) for s in samples])
-    else:
-        fold_of = {r["bench_id"]: int(unit(f"fold:{r['bench_id']}") * folds) for r in tune}
-        sample_fold = np.array([fold_of.get(s.get("bench_id") or "", -1) for s in samples])
+    key = "package" if by == "package" else "bench_id"  # what a fold holds out whole
+    fold_by_key = {r[key]: int(unit(f"fold:{r[key]}") * folds) for r in tune}
+    fold_of = {r["bench_id"]: fold_by_key[r[key]] for r in tune}
+    sample_fold = np.array([fold_by_key.get(s.get(key) or "", -1) for s in samples])
     scores = np.zeros(len(tune))
     for k in range(folds):
         tr = sample_fold != k
@@ -404,8 +401,8 @@ def main(argv=None) -> int:
         cats = [r["category"] for r in scored]
         fitted = fit_cut(oof, cats, a.photo_reject)
         cut = fitted if cut is None else cut
-        report["tune_out_of_fold"] = {"folds": a.folds, "fold_by": a.fold_by, "photo_reject": a.photo_reject, "fitted_cut": fitted,
-                                      "at_cut": cut, "categories": per_category(oof, cats, cut),
+        report["tune_out_of_fold"] = {"folds": a.folds, "fold_by": a.fold_by, "photo_reject": a.photo_reject,
+                                      "fitted_cut": fitted, "at_cut": cut, "categories": per_category(oof, cats, cut),
                                       "rejected_photos": sorted(r["bench_id"] for r, s in zip(scored, oof)
                                                                 if r["category"] in PHOTO_CATEGORIES and s > cut)}
         if a.scores:

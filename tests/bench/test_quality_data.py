@@ -160,6 +160,8 @@ def _fake_pip(monkeypatch, outcomes):
 
     def run(cmd, cwd, env=None):
         calls.append((cmd, env))
+        if "--target" in cmd:  # pip install --target DIR makes DIR, as the real one does
+            Path(cmd[cmd.index("--target") + 1]).mkdir(parents=True)
         outcome = outcomes[len(calls) - 1]
         if outcome is not None:
             raise outcome
@@ -178,7 +180,8 @@ def test_sdist_fallbacks_in_order(tmp_path, monkeypatch):
     qd._sdist(pip, "opencv-contrib-python==3.4.18.65", tmp_path)
     assert calls[2][0][-1] == "scikit-build" and "--target" in calls[2][0]
     assert calls[3][1]["PYTHONPATH"] == calls[2][0][calls[2][0].index("--target") + 1]
-    assert not any(p.name.endswith(".build") for p in tmp_path.parent.iterdir() if p.name.startswith(tmp_path.name))
+    target = Path(calls[2][0][calls[2][0].index("--target") + 1])
+    assert target.parent == tmp_path.parent and not target.exists()  # the throwaway folder is gone
     # anything else: the first attempt's error, not the fallback's
     first = RuntimeError("no build isolation failed")
     _fake_pip(monkeypatch, [first, RuntimeError("isolated failed")])
