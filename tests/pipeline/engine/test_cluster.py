@@ -16,15 +16,10 @@ import pytest
 import yaml
 
 import catalog
+from s3server import free_ports  # tests/s3server.py (tests/ is on sys.path: tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _need(tool: str) -> str:
@@ -122,7 +117,9 @@ def _submit_job(ray: str, env: dict, dash: int, entrypoint: list[str], deadline_
 def test_ray_up_submit_job_submit_down_on_loopback(sshd, tmp_path, demo_crawl):
     config = yaml.safe_load((ROOT / "cluster" / "local.yaml").read_text())
     assert config["provider"]["head_ip"] == "127.0.0.1"
-    port, dash, agent, agent_grpc, metrics, runtime_env = (_free_port() for _ in range(6))
+    # distinct: ports drawn one at a time, each released before the next, can repeat (CI drew the
+    # same port for the GCS and the dashboard once, and `ray start` refused it)
+    port, dash, agent, agent_grpc, metrics, runtime_env = free_ports(6)
     config["auth"]["ssh_private_key"] = str(sshd)
     config["cluster_name"] = f"humanset-test-{port}"
     # free ports, and the dashboard (the job server of `ray job submit`) on loopback
