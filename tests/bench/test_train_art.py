@@ -44,3 +44,20 @@ def test_a_fold_probe_never_saw_what_it_scores(monkeypatch, by):
             assert tune[i]["package"] not in packages  # nor any image of its package, pool or tune
     if by == "image":  # folds of images do share packages: that is the difference
         assert any(tune[i]["package"] in packages for i, (packages, _) in scored.items())
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_cold_folds_start_from_nothing_the_whole_probe_saw(monkeypatch, warm):
+    """--no-warm-folds: no fold's fit starts from the whole probe (which saw the fold); --warm-folds: each does."""
+    samples, tune = _data()
+    whole = ("scaler of the whole probe", "model of the whole probe")
+    starts = []
+
+    def fake_fit(xs, ys, c, w, start):
+        starts.append(start)
+        return None, None
+    monkeypatch.setattr(ta, "fit", fake_fit)
+    monkeypatch.setattr(ta, "art_scores", lambda scaler, model, xt: np.zeros(len(xt)))
+    ta.out_of_fold(np.zeros((len(samples), 1)), samples, tune, np.zeros((len(tune), 1)), 0.3,
+                   np.ones(len(samples)), whole if warm else None, 3)
+    assert starts == [whole if warm else None] * 3
