@@ -216,11 +216,7 @@ def fetch_zero_ad(cache: Path) -> list[dict]:
     package, version, archive = ZERO_AD
     out = cache / "x" / package / "png"
     if not (out / ".done").exists():
-        debs = cache / "debs"
-        debs.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["apt-get", "download", f"{package}={version}"], cwd=debs, check=True,
-                       stdout=subprocess.DEVNULL)
-        deb = sorted(debs.glob(f"{package}_*.deb"))[-1]
+        deb = deb_file(package, version, cache)
         out.mkdir(parents=True, exist_ok=True)
         zip_path = out.parent / "public.zip"
         proc = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE)
@@ -289,20 +285,25 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def deb_file(package: str, version: str, cache: Path) -> Path:
+    """CACHE/debs/PACKAGE_*.deb, fetched with `apt-get download` of the pinned version if not there yet."""
+    debs = cache / "debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    found = sorted(debs.glob(f"{package}_*.deb"))
+    if not found:
+        subprocess.run(["apt-get", "download", f"{package}={version}"], cwd=debs, check=True,
+                       stdout=subprocess.DEVNULL)
+        found = sorted(debs.glob(f"{package}_*.deb"))
+    return found[-1]
+
+
 def fetch_deb(src: Source, cache: Path) -> Path:
     """CACHE/x/PACKAGE: the package unpacked (apt-get download of the pinned version, dpkg-deb -x)."""
     root = cache / "x" / src.package
     if (root / ".done").exists():
         return root
-    debs = cache / "debs"
-    debs.mkdir(parents=True, exist_ok=True)
-    found = sorted(debs.glob(f"{src.package}_*.deb"))
-    if not found:
-        subprocess.run(["apt-get", "download", f"{src.package}={src.version}"], cwd=debs, check=True,
-                       stdout=subprocess.DEVNULL)
-        found = sorted(debs.glob(f"{src.package}_*.deb"))
     root.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["dpkg-deb", "-x", str(found[-1]), str(root)], check=True)
+    subprocess.run(["dpkg-deb", "-x", str(deb_file(src.package, src.version, cache)), str(root)], check=True)
     (root / ".done").write_text(src.version)
     return root
 

@@ -22,6 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from bench.art_cost import clip_input  # noqa: E402  the CLIP input bench/art_cost.py times
+from bench.train_art import fit_cut, unit  # noqa: E402  the shipped probe's fold keys and cut rule
 from pipeline.inputs.images import load_rgb  # noqa: E402
 
 PHOTO = {"photo", "person_clear", "person_small", "no_person"}
@@ -59,10 +60,6 @@ def features(rows: list[dict], onnx: Path, cache: Path) -> np.ndarray:
     x = np.array(out, np.float32)
     np.save(path, x)
     return x
-
-
-def unit(key: str) -> float:
-    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 16 ** 8
 
 
 def out_of_fold(x: np.ndarray, rows: list[dict], c: float, by: str, folds: int = 5) -> np.ndarray:
@@ -104,15 +101,11 @@ def main(argv=None) -> int:
     score = out_of_fold(x, rows, a.c, a.fold_by)
     cat = {c: [i for i, r in enumerate(rows) if r["split"] == "tune" and r["label"] == c]
            for c in ("person_clear", "person_small", "no_person", "non_photo", "painted_person")}
-    people = np.sort(score[cat["person_clear"] + cat["person_small"]])
-    cut = math_ceil(people[len(people) - 1 - int(a.photo_reject * len(people))])
+    tune = [i for i, r in enumerate(rows) if r["split"] == "tune"]
+    cut = fit_cut(score[tune], [rows[i]["label"] for i in tune], a.photo_reject)
     figures = " ".join(f"{c} {int((score[i] > cut).sum())}/{len(i)}" for c, i in cat.items() if i)
     print(f"{a.readout} C={a.c} folds by {a.fold_by}: cut {cut:.2f}, rejected out of fold: {figures}")
     return 0
-
-
-def math_ceil(v: float) -> float:
-    return float(np.ceil(v * 100) / 100)
 
 
 if __name__ == "__main__":
