@@ -9,8 +9,9 @@ white (`grey`: luma only, as a digital B/W portrait or a clean scan; --no-grey l
 low-bit-rate video or webcam frame (`video_frame`: shrunk and blown up, blocky, a quarter in black and white;
 --no-video leaves it out) and once stylised into a non-photo (cartoon, pencil drawing, painterly, clip art,
 document), so the probe sees the same content on both sides. Which variant and which style a photo gets is
-drawn by --seed, and the draw alone moved the fitted cut from 0.79 to 0.98; --every-variant uses every
-variant and every style of every photo instead (measured, not shipped: docs/quality.md). Each sample is
+drawn by --seed, and the draw alone moved the fitted cut from 0.87 to 0.94 (C 0.01, folds from scratch);
+--every-variant uses every variant and every style of every photo instead (the shipped probe's since
+2026-12-06: docs/quality.md). Each sample is
 then shrunk by a random factor and re-encoded twice, as a JPEG of random quality (30-95) and as a PNG, and both files go through the stage's own
 decoding: every image is seen with and without JPEG artefacts, so neither the file format nor compression
 tells a photo from a non-photo (most packaged photos are JPEGs, most packaged non-photos PNGs). Features: the
@@ -27,7 +28,7 @@ out). The eval split is never read: the pool is checked against the bench's mani
 image of the manifest but the tune images added here) and the check is recorded in the probe.
 The threshold (`art.max_score`) is fitted on tune scores that are out of fold: the tune images are split
 into --folds folds, each scored by a probe fitted without it, from scratch (--warm-folds starts from the
-whole probe, which saw the fold, and flatters it; the shipped cut was fitted that way); the cut is the lowest
+whole probe, which saw the fold, and flatters it; the cut shipped until 2026-12-06 was fitted that way); the cut is the lowest
 that rejects at most --photo-reject of the tune's photos of people (person_clear, person_small), rounded up
 to 0.01.
 --tune-batches N trains on the tune images of batches 1..N only (the manifest's `batch`); the tune images of
@@ -348,12 +349,11 @@ def main(argv=None) -> int:
                          "the shipped probe's)")
     ap.add_argument("--every-variant", action=argparse.BooleanOptionalAction, default=False,
                     help="every photo as each of its three photo variants and five styles, instead of one of "
-                         "each drawn by --seed (the shipped probe's; docs/quality.md: better on tune out of fold, "
-                         "worse on eval)")
+                         "each drawn by --seed (the shipped probe's since 2026-12-06, with --c 0.01: docs/quality.md)")
     ap.add_argument("--warm-folds", action=argparse.BooleanOptionalAction, default=False,
                     help="start each out-of-fold (and --lopo) fit from the whole probe's: fast, but that probe saw "
                          "the fold and a fit that stops early stays near it, so the scores flatter the probe "
-                         "(the default before 2026-12-06, which fitted the shipped cut: docs/benchmarks.md)")
+                         "(the default before 2026-12-06, which fitted the cut shipped until then: docs/benchmarks.md)")
     ap.add_argument("--lopo", action="store_true", help="also score each package with a probe fitted without it")
     ap.add_argument("--tune-batches", type=int, metavar="N",
                     help="train on the tune images of batches 1..N; later batches' tune images are held out, "
