@@ -42,17 +42,18 @@ def rows_of(pool: Path, tune_dir: Path) -> list[dict]:
     return rows
 
 
-def features(rows: list[dict], onnx: Path, cache: Path) -> np.ndarray:
+def features(rows: list[dict], onnx: Path, cache: Path, decode_side: int = 1024) -> np.ndarray:
     import onnxruntime as ort
 
-    key = hashlib.sha256("".join(r["key"] for r in rows).encode()).hexdigest()[:16]
+    tower = hashlib.sha256(onnx.read_bytes()).hexdigest()  # another tower (clip_tokens.py's) is another cache
+    key = hashlib.sha256((tower + str(decode_side) + "".join(r["key"] for r in rows)).encode()).hexdigest()[:16]
     path = cache / f"clip-features-{key}.npy"
     if path.exists():
         return np.load(path, allow_pickle=False)
     session = ort.InferenceSession(str(onnx), providers=["CPUExecutionProvider"])
     out = []
     for k, r in enumerate(rows):
-        rgb, _ = load_rgb(Path(r["file"]).read_bytes(), max_side=1024)
+        rgb, _ = load_rgb(Path(r["file"]).read_bytes(), max_side=decode_side)
         emb, tokens = session.run(None, {"pixel_values": clip_input(rgb)[None]})
         out.append(np.concatenate([emb[0], tokens[0, 0], tokens[0, 1:].mean(0)]))
         if k % 200 == 0:
@@ -93,9 +94,10 @@ def main(argv=None) -> int:
     ap.add_argument("--c", type=float, default=0.01)
     ap.add_argument("--fold-by", choices=("image", "package"), default="package")
     ap.add_argument("--photo-reject", type=float, default=0.03)
+    ap.add_argument("--decode-side", type=int, default=1024, help="longer side decoded before the 224-px crop")
     a = ap.parse_args(argv)
     rows = rows_of(a.pool, a.bench_tune)
-    x = features(rows, a.onnx, a.features)[:, READOUT[a.readout]]
+    x = features(rows, a.onnx, a.features, a.decode_side)[:, READOUT[a.readout]]
     if a.readout == "emb":
         x = x / np.linalg.norm(x, axis=1, keepdims=True)
     score = out_of_fold(x, rows, a.c, a.fold_by)
