@@ -61,29 +61,13 @@ def read_images(spec: str | None, n: int) -> list[bytes]:
     return [f.read_bytes() for f in files[:n]]
 
 
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-
-
-def clip_input(rgb):
-    """CLIP's input for an RGB array: shortest side to 224 (bicubic), centre crop, CLIP's mean and std."""
-    import numpy as np
-    from PIL import Image
-
-    im = Image.fromarray(rgb)
-    scale = 224 / min(im.size)
-    im = im.resize((max(224, round(im.size[0] * scale)), max(224, round(im.size[1] * scale))), Image.BICUBIC)
-    left, top = (im.size[0] - 224) // 2, (im.size[1] - 224) // 2
-    a = np.asarray(im.crop((left, top, left + 224, top + 224)), np.float32).transpose(2, 0, 1) / 255.0
-    return (a - np.array(CLIP_MEAN, np.float32)[:, None, None]) / np.array(CLIP_STD, np.float32)[:, None, None]
-
-
 def clip_tower(onnx: Path, threads: int, decode_side: int = 1024):
     """measure(batch) of a CLIP image tower: each image decoded as the stages decode it, its centre crop."""
     import numpy as np
     import onnxruntime as ort
 
     from pipeline.inputs.images import load_rgb
+    from pipeline.stages.art_clip import clip_input
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = opts.inter_op_num_threads = threads
@@ -102,6 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="num_cpus of each stage (its threads)")
+    ap.add_argument("--art-method", help="the art stage's method to time (default: the config's, probe)")
     ap.add_argument("--clip", type=Path, help="a CLIP image tower (ONNX) to time as well")
     ap.add_argument("--clip-side", type=int, default=1024,
                     help="longer side the CLIP peer decodes to before its 224-px crop (JPEG draft mode below it)")
@@ -109,7 +94,8 @@ def main(argv=None) -> int:
     images = read_images(a.images, a.n)
     cfg = default_config()
     res = {"resources": {"num_cpus": a.threads, "num_gpus": 0}}
-    person, art = PersonStage(cfg["person"] | res), ArtStage(cfg["art"] | res)
+    method = {"method": a.art_method} if a.art_method else {}
+    person, art = PersonStage(cfg["person"] | res), ArtStage(cfg["art"] | res | method)
     person.setup()
     art.setup()
     peers = [("person", person.measure), ("art", art.measure)]

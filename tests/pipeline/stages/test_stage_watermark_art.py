@@ -141,7 +141,7 @@ def test_art_method_follows_the_weights(art_ckpt, tmp_path):
     assert ArtStage({"method": "clip"}).skip_reason() == "art.method=clip needs art.weights: stage skipped, columns null"
     with pytest.raises(ValueError, match="art.method=probe takes no weights"):
         ArtStage({"method": "probe", "weights": str(art_ckpt)})
-    with pytest.raises(ValueError, match="art.method='openclip': expected one of auto, probe, clip, card"):
+    with pytest.raises(ValueError, match="art.method='openclip': expected one of auto, probe, clip_probe, clip, card"):
         ArtStage({"method": "openclip"})
     with pytest.raises(RuntimeError, match="art.method=card: .* is not a humanset filter card"):
         ArtStage({"method": "card", "weights": str(art_ckpt)}).setup()
