@@ -34,8 +34,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.train_art import (PHOTO_CATEGORIES, bench_tune_rows, check_pool, fit_cut,  # noqa: E402
-                             per_category, read_manifest, unit)
+from bench.train_art import (PHOTO_CATEGORIES, art_scores, bench_tune_rows, check_pool, fit,  # noqa: E402
+                             fit_cut, out_of_fold, per_category, read_manifest, weights_of)
 from catalog.rules import ART  # noqa: E402
 from pipeline.inputs.images import load_rgb  # noqa: E402
 from pipeline.stages.art_clip import (DECODE_PX, INSTALL_HINT, PROBE_FILE, PROBE_FORMAT, Tower,  # noqa: E402
@@ -60,37 +60,6 @@ def features(rows: list[dict], tower: Tower, tower_sha: str, stride: int, cache:
         if k % 200 == 0:
             print(f"features {k}/{len(rows)}", file=sys.stderr)
     return np.array(out, np.float32)
-
-
-def fit(x: np.ndarray, y: np.ndarray, w: np.ndarray, c: float):
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.preprocessing import StandardScaler
-
-    balanced = np.where(y == 1, len(y) / (2 * y.sum()), len(y) / (2 * (len(y) - y.sum())))
-    scaler = StandardScaler().fit(x)
-    model = LogisticRegression(C=c, max_iter=3000).fit(scaler.transform(x), y, sample_weight=w * balanced)
-    return scaler, model
-
-
-def scores(scaler, model, x: np.ndarray) -> np.ndarray:
-    return model.predict_proba(scaler.transform(x))[:, 1]
-
-
-def out_of_fold(x, y, w, rows, c: float, folds: int, by: str) -> np.ndarray:
-    """Each tune row's score by a probe fitted from scratch without its fold (of images, or of packages:
-    then without any pool or tune image of its packages)."""
-    key = [r["package"] if by == "package" else r.get("bench_id", "") for r in rows]
-    tune = np.array([bool(r.get("bench_id")) for r in rows])
-    held = {k for k, t in zip(key, tune) if t}
-    fold = np.array([int(unit(f"fold:{k}") * folds) if k in held else -1 for k in key])
-    out = np.full(len(rows), np.nan)
-    for k in range(folds):
-        tr = fold != k
-        scaler, model = fit(x[tr], y[tr], w[tr], c)
-        te = (fold == k) & tune
-        out[te] = scores(scaler, model, x[te])
-        print(f"out of fold ({by}): fold {k + 1}/{folds} done", file=sys.stderr)
-    return out
 
 
 def main(argv=None) -> int:
@@ -120,17 +89,18 @@ def main(argv=None) -> int:
     rows = pool + tune
     tower_sha = file_sha256(path)
     x = features(rows, Tower(path, a.stride), tower_sha, a.stride, a.cache)
-    y = np.array([0 if r["label"] == "photo" else 1 for r in rows])
-    w = np.array([a.bench_weight if r.get("bench_id") else 1.0 for r in rows])
-    is_tune = np.array([bool(r.get("bench_id")) for r in rows])
+    samples = [dict(r, label="photo" if r["label"] == "photo" else "non_photo") for r in rows]  # binary
+    y = [s["label"] for s in samples]
+    w = weights_of(samples, a.bench_weight)  # classes balanced, tune images weighted
+    x_tune = x[len(pool):]
     cats = [r["category"] for r in tune]
     report = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "tower": path.name,
               "tower_sha256": tower_sha, "stride": a.stride, "decode_px": DECODE_PX, "readout": "class token",
               "c": a.c, "bench_weight": a.bench_weight, "rows": {"pool": len(pool), "tune": len(tune)},
-              "labels": {"photo": int((y == 0).sum()), "non_photo": int(y.sum())},
+              "labels": {k: y.count(k) for k in ("photo", "non_photo")},
               "packages": sorted({f"{r['package']} {r.get('version', '')}".strip() for r in rows}),
               "pool_excludes": excluded, "bench_tune_images": len(tune)}
-    oof = {by: out_of_fold(x, y, w, rows, a.c, a.folds, by)[is_tune] for by in ("image", "package")}
+    oof = {by: out_of_fold(x, samples, tune, x_tune, a.c, w, None, a.folds, by) for by in ("image", "package")}
     cut = fit_cut(oof["image"], cats, a.photo_reject)
     report["tune_out_of_fold"] = {
         "folds": a.folds, "photo_reject": a.photo_reject, "fitted_cut": cut,
@@ -141,14 +111,18 @@ def main(argv=None) -> int:
                                   if r["category"] in PHOTO_CATEGORIES and s > cut)}
     shift = math.log(a.at / (1 - a.at)) - math.log(cut / (1 - cut))
     report["cut"], report["intercept_shift"] = a.at, round(shift, 4)
-    scaler, model = fit(x, y, w, a.c)
+    scaler, model = fit(x, y, a.c, w)
+    sign = 1.0 if list(model.classes_).index("non_photo") == 1 else -1.0  # the model's z is for classes_[1]
+    z = scaler.transform(x_tune) @ model.coef_[0] + model.intercept_[0]
+    assert np.allclose(art_scores(scaler, model, x_tune), 1 / (1 + np.exp(-sign * z)), atol=1e-5)  # what ships
     if a.out:
         trained = np.array(sorted({int(r["sha256"][:16], 16) for r in rows}), np.uint64)
         a.out.parent.mkdir(parents=True, exist_ok=True)
         np.savez_compressed(
             a.out, format=np.array(PROBE_FORMAT), mean=scaler.mean_.astype(np.float32),
-            scale=scaler.scale_.astype(np.float32), coef=model.coef_.reshape(-1).astype(np.float32),
-            intercept=np.array(float(model.intercept_[0]) + shift, np.float32), shift=np.array(shift, np.float32),
+            scale=scaler.scale_.astype(np.float32), coef=(sign * model.coef_[0]).astype(np.float32),
+            intercept=np.array(sign * float(model.intercept_[0]) + shift, np.float32),
+            shift=np.array(shift, np.float32),
             stride=np.array(a.stride),
             tower_sha256=np.array(tower_sha), trained_sha256_64=trained, provenance=np.array(json.dumps(report)))
         report["written"] = a.out.name

