@@ -17,12 +17,11 @@ bench's tune split falls on `art.max_score`'s default (one cut serves both shipp
 from __future__ import annotations
 
 import importlib.util
-import logging
 from pathlib import Path
 
 import numpy as np
 
-log = logging.getLogger(__name__)
+from pipeline.stages.art_probe import load_npz
 
 PROBE_FILE = Path(__file__).with_name("art_clip_probe.npz")
 PROBE_FORMAT = "humanset-art-clip-probe-1"
@@ -106,13 +105,12 @@ class Tower:
         outputs = self.session.get_outputs()
         if len(outputs) < 2:
             raise ValueError(f"{path}: expected the CLIP export's two outputs (image_embeds, tokens)")
-        self.tokens = outputs[1].name
+        self.input, self.tokens = self.session.get_inputs()[0].name, outputs[1].name
 
     def features(self, x: np.ndarray) -> np.ndarray:
         """One image per run: the INT8 export quantises each layer's input dynamically, with one scale over
         the whole tensor, so in a batch an image's features would depend on the images beside it."""
-        name = self.session.get_inputs()[0].name
-        return np.concatenate([self.session.run([self.tokens], {name: x[i:i + 1].astype(np.float32)})[0][:, 0]
+        return np.concatenate([self.session.run([self.tokens], {self.input: x[i:i + 1].astype(np.float32)})[0][:, 0]
                                for i in range(len(x))])
 
 
@@ -120,14 +118,12 @@ class ClipProbe:
     """The fitted probe (numpy .npz, no pickle): standardisation, then P(non-photo) by a logistic regression."""
 
     def __init__(self, path: Path = PROBE_FILE):
-        from pipeline.stages.art_probe import load_npz
-
         data = load_npz(path, PROBE_FORMAT, "art clip probe", "rebuild it with bench/train_art_clip.py, or set "
                         "art.method=probe")
         self.path = path
         self.mean, self.scale = data["mean"], data["scale"]
         self.coef, self.intercept = data["coef"].reshape(-1), float(data["intercept"])
-        self.shift = float(data["shift"]) if "shift" in data else 0.0  # added to the fitted intercept
+        self.shift = float(data["shift"])  # added to the fitted intercept: label() undoes it
         self.stride = int(data["stride"])
         self.tower_sha256 = str(data["tower_sha256"])
         if self.coef.shape != self.mean.shape:
