@@ -30,7 +30,8 @@ The threshold (`art.max_score`) is fitted on tune scores that are out of fold: t
 into --folds folds, each scored by a probe fitted without it, from scratch (--warm-folds starts from the
 whole probe, which saw the fold, and flatters it; the cut shipped until 2026-12-06 was fitted that way); the cut is the lowest
 that rejects at most --photo-reject of the tune's photos of people (person_clear, person_small), rounded up
-to 0.01.
+to 0.01. It does so by construction on the photos it was fitted on; `cut_held_out` reports each fold judged at
+the cut fitted on the other folds (held_out_cut), the figure to quote.
 --tune-batches N trains on the tune images of batches 1..N only (the manifest's `batch`); the tune images of
 later batches are scored by the probe fitted on everything else (they are held out of it, as the out-of-fold
 scores are) and join the cut's fit: a new batch refits the cut of a probe without changing its weights.
@@ -293,6 +294,24 @@ def fit_cut(scores: np.ndarray, categories: list[str], photo_reject: float) -> f
     return min(0.99, math.floor(float(people[k]) * 100 + 1) / 100)
 
 
+def held_out_cut(scores: np.ndarray, tune: list[dict], photo_reject: float, folds: int) -> dict:
+    """What a fitted cut rejects on images it was not fitted on. fit_cut on out-of-fold scores rejects at most
+    `photo_reject` of the very photos it was fitted on, by construction; here each fold of tune images (the
+    folds of out_of_fold by image) is judged at the cut fitted on the other folds' scores, so the figure
+    carries the cut's own noise (a cut at the 3rd-highest of 98 photos moves with one photo)."""
+    fold = np.array([int(unit(f"fold:{r['bench_id']}") * folds) for r in tune])
+    cats = [r["category"] for r in tune]
+    rejected = np.zeros(len(tune), bool)
+    cuts = []
+    for k in range(folds):
+        out = fold != k
+        cut = fit_cut(scores[out], [c for c, o in zip(cats, out) if o], photo_reject)
+        cuts.append(cut)
+        rejected[~out] = scores[~out] > cut
+    return {"cuts": cuts, "categories": {c: {"n": cats.count(c), "rejected": int(rejected[[k == c for k in cats]].sum())}
+                                         for c in sorted(set(cats))}}
+
+
 def per_category(scores: np.ndarray, categories: list[str], cut: float) -> dict:
     out = {}
     for c in sorted(set(categories)):
@@ -411,6 +430,7 @@ def main(argv=None) -> int:
         cut = fitted if cut is None else cut
         report["tune_out_of_fold"] = {"folds": a.folds, "fold_by": a.fold_by, "photo_reject": a.photo_reject,
                                       "fitted_cut": fitted, "at_cut": cut, "categories": per_category(oof, cats, cut),
+                                      "cut_held_out": held_out_cut(oof, scored, a.photo_reject, a.folds),
                                       "rejected_photos": sorted(r["bench_id"] for r, s in zip(scored, oof)
                                                                 if r["category"] in PHOTO_CATEGORIES and s > cut)}
         if a.scores:

@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.train_art import (AUGMENT, ENCODINGS, PHOTO_CATEGORIES, art_scores, bench_tune_rows,  # noqa: E402
-                             check_pool, encodings, fit, fit_cut, out_of_fold, per_category, read_manifest,
-                             samples_of, weights_of)
+                             check_pool, encodings, fit, fit_cut, held_out_cut, out_of_fold, per_category,
+                             read_manifest, samples_of, weights_of)
 from catalog.rules import ART  # noqa: E402
 from pipeline.inputs.images import load_rgb  # noqa: E402
 from pipeline.stages.art_clip import (DECODE_PX, INSTALL_HINT, LAYERS, PROBE_FILE, PROBE_FORMAT,  # noqa: E402
@@ -161,6 +161,7 @@ def main(argv=None) -> int:
         "by_image": per_category(oof["image"][:len(tune)], cats, cut),
         "by_package": per_category(oof["package"][:len(tune)], cats, cut),
         "by_package_fitted_cut": fit_cut(oof["package"][:len(tune)], cats, a.photo_reject),
+        "cut_held_out": held_out_cut(oof["image"][:len(tune)], tune, a.photo_reject, a.folds),
         "rejected_photos": sorted(r["bench_id"] for r, s in zip(tune, oof["image"])
                                   if r["category"] in PHOTO_CATEGORIES and s > cut)}
     if mine:  # share of the tune photos' variants (photo) and styles (non-photo) rejected, both encodings

@@ -24,8 +24,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from bench.train_art import (bench_tune_rows, check_pool, fit_cut, out_of_fold, per_category,  # noqa: E402
-                             read_manifest, weights_of)
+from bench.train_art import (bench_tune_rows, check_pool, fit_cut, held_out_cut, out_of_fold,  # noqa: E402
+                             per_category, read_manifest, weights_of)
 from pipeline.inputs.images import load_rgb  # noqa: E402
 from pipeline.stages.art_clip import DECODE_PX, clip_input, cut_after, thin, tower_file  # noqa: E402
 from pipeline.stages.person_model import file_sha256  # noqa: E402
@@ -95,7 +95,9 @@ def main(argv=None) -> int:
         c = fit_cut(oof["image"], cats, 0.03)
         out[layer] = {"tower_ms": round(ms, 1), "cut": c,
                       "by_image": {k: v["rejected"] for k, v in per_category(oof["image"], cats, c).items()},
-                      "by_package": {k: v["rejected"] for k, v in per_category(oof["package"], cats, c).items()}}
+                      "by_package": {k: v["rejected"] for k, v in per_category(oof["package"], cats, c).items()},
+                      "cut_held_out": {k: v["rejected"] for k, v in
+                                       held_out_cut(oof["image"], tune, 0.03, 5)["categories"].items()}}
         print(layer, json.dumps(out[layer]), file=sys.stderr)
     print(json.dumps(out, indent=1))
     return 0

@@ -61,3 +61,16 @@ def test_cold_folds_start_from_nothing_the_whole_probe_saw(monkeypatch, warm):
     ta.out_of_fold(np.zeros((len(samples), 1)), samples, tune, np.zeros((len(tune), 1)), 0.3,
                    np.ones(len(samples)), whole if warm else None, 3)
     assert starts == [whole if warm else None] * 3
+
+
+def test_the_held_out_cut_judges_each_fold_at_a_cut_fitted_without_it():
+    """On its own photos fit_cut rejects at most 3 % by construction; held out, a fold whose photos score above
+    every other fold's is judged at the others' cut and rejected whole."""
+    tune = [{"bench_id": f"img-{k}", "category": "person_clear"} for k in range(60)]
+    fold = np.array([int(ta.unit(f"fold:{r['bench_id']}") * 5) for r in tune])
+    scores = np.where(fold == 0, 0.95, np.linspace(0.1, 0.5, len(tune)))
+    cats = [r["category"] for r in tune]
+    assert ta.per_category(scores, cats, ta.fit_cut(scores, cats, 0.03))["person_clear"]["rejected"] <= 1
+    held = ta.held_out_cut(scores, tune, 0.03, 5)
+    assert held["categories"]["person_clear"] == {"n": 60, "rejected": int((fold == 0).sum())} and (fold == 0).any()
+    assert held["cuts"][0] < 0.95 and all(c >= 0.95 for c in held["cuts"][1:])
