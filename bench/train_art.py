@@ -294,12 +294,17 @@ def fit_cut(scores: np.ndarray, categories: list[str], photo_reject: float) -> f
     return min(0.99, math.floor(float(people[k]) * 100 + 1) / 100)
 
 
+def fold_number(key: str, folds: int) -> int:
+    """The out-of-fold fold of a tune image or package (by its id or name, so a rerun draws the same folds)."""
+    return int(unit(f"fold:{key}") * folds)
+
+
 def held_out_cut(scores: np.ndarray, tune: list[dict], photo_reject: float, folds: int) -> dict:
     """What a fitted cut rejects on images it was not fitted on. fit_cut on out-of-fold scores rejects at most
     `photo_reject` of the very photos it was fitted on, by construction; here each fold of tune images (the
     folds of out_of_fold by image) is judged at the cut fitted on the other folds' scores, so the figure
     carries the cut's own noise (a cut at the 3rd-highest of 98 photos moves with one photo)."""
-    fold = np.array([int(unit(f"fold:{r['bench_id']}") * folds) for r in tune])
+    fold = np.array([fold_number(r["bench_id"], folds) for r in tune])
     cats = [r["category"] for r in tune]
     rejected = np.zeros(len(tune), bool)
     cuts = []
@@ -327,7 +332,7 @@ def out_of_fold(x: np.ndarray, samples: list[dict], tune: list[dict], x_tune: np
     any tune or pool image of its packages, so every tune image is scored as one of an unseen package."""
     y = [s["label"] for s in samples]
     key = "package" if by == "package" else "bench_id"  # what a fold holds out whole
-    fold_by_key = {r[key]: int(unit(f"fold:{r[key]}") * folds) for r in tune}
+    fold_by_key = {r[key]: fold_number(r[key], folds) for r in tune}
     fold_of = {r["bench_id"]: fold_by_key[r[key]] for r in tune}
     sample_fold = np.array([fold_by_key.get(s.get(key) or "", -1) for s in samples])
     scores = np.zeros(len(tune))

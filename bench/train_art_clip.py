@@ -53,20 +53,25 @@ def layer_key(layer: int) -> str:
     return "" if layer == LAYERS else f"layer{layer}:"
 
 
+def cached(cache: Path, key: str, compute) -> np.ndarray:
+    """One feature vector from the cache (named by the sha256 of `key`), computed and stored when missing."""
+    path = cache / f"clip-{hashlib.sha256(key.encode()).hexdigest()[:24]}.npy"
+    if path.is_file():
+        return np.load(path, allow_pickle=False)
+    f = compute().astype(np.float32)
+    np.save(path, f)
+    return f
+
+
 def features(rows: list[dict], tower: Tower, tower_sha: str, stride: int, layer: int, cache: Path) -> np.ndarray:
-    """Each row's class token (cached per tower, stride, layer and image)."""
+    """Each row's class token, its file decoded as the stage decodes it (cached per tower, stride, layer and
+    image)."""
     cache.mkdir(parents=True, exist_ok=True)
     out = []
     for k, r in enumerate(rows):
-        key = hashlib.sha256(f"{tower_sha}:{stride}:{layer_key(layer)}{DECODE_PX}:{r['sha256']}".encode()).hexdigest()[:24]
-        path = cache / f"clip-{key}.npy"
-        if path.is_file():
-            out.append(np.load(path, allow_pickle=False))
-            continue
-        rgb, _ = load_rgb(Path(r["file"]).read_bytes(), max_side=DECODE_PX)
-        f = tower.features(clip_input(rgb)[None])[0].astype(np.float32)
-        np.save(path, f)
-        out.append(f)
+        def decoded(r=r) -> np.ndarray:
+            return tower.features(clip_input(load_rgb(Path(r["file"]).read_bytes(), max_side=DECODE_PX)[0])[None])[0]
+        out.append(cached(cache, f"{tower_sha}:{stride}:{layer_key(layer)}{DECODE_PX}:{r['sha256']}", decoded))
         if k % 200 == 0:
             print(f"features {k}/{len(rows)}", file=sys.stderr)
     return np.array(out, np.float32)
@@ -80,17 +85,15 @@ def variant_features(samples: list[dict], tower: Tower, tower_sha: str, stride: 
     cache.mkdir(parents=True, exist_ok=True)
     out = np.zeros((len(samples) * len(ENCODINGS), 768), np.float32)
     for i, s in enumerate(samples):
-        keys = [hashlib.sha256(f"{tower_sha}:{stride}:{layer_key(layer)}{DECODE_PX}:{s['sha256']}:{s['variant']}:{enc}:{AUGMENT}"
-                               .encode()).hexdigest()[:24] for enc in ENCODINGS]
-        paths = [cache / f"clip-{k}.npy" for k in keys]
-        if all(p.is_file() for p in paths):
-            vs = [np.load(p, allow_pickle=False) for p in paths]
-        else:
-            pix = encodings(s, DECODE_PX)
-            vs = [tower.features(clip_input(pix[enc])[None])[0].astype(np.float32) for enc in ENCODINGS]
-            for p, v in zip(paths, vs):
-                np.save(p, v)
-        out[i * len(ENCODINGS):(i + 1) * len(ENCODINGS)] = vs
+        pix: dict = {}  # the sample's encodings, made once and only when one of them is not cached
+
+        def encoded(enc: str, s=s, pix=pix) -> np.ndarray:
+            if not pix:
+                pix.update(encodings(s, DECODE_PX))
+            return tower.features(clip_input(pix[enc])[None])[0]
+        for e, enc in enumerate(ENCODINGS):
+            key = f"{tower_sha}:{stride}:{layer_key(layer)}{DECODE_PX}:{s['sha256']}:{s['variant']}:{enc}:{AUGMENT}"
+            out[i * len(ENCODINGS) + e] = cached(cache, key, lambda enc=enc: encoded(enc))
         if i % 500 == 0:
             print(f"variant features {i}/{len(samples)}", file=sys.stderr)
     return out
@@ -137,9 +140,9 @@ def main(argv=None) -> int:
     extra = [dict(s, encoding=enc) for s in samples_of(rows, 0, every=True) if s["variant"] != "none"
              for enc in ENCODINGS] if a.styles else []
     x_extra = variant_features(extra[::len(ENCODINGS)], tower, tower_sha, a.stride, a.layer, a.cache) if extra else x[:0]
-    trained = extra if a.style_weight > 0 else []  # weight 0: the variants and styles are only scored
-    x = np.concatenate([x, x_extra[:len(trained)]])
-    samples = [dict(r, label="photo" if r["label"] == "photo" else "non_photo") for r in rows + trained]  # binary
+    fitted_extra = extra if a.style_weight > 0 else []  # weight 0: the variants and styles are only scored
+    x = np.concatenate([x, x_extra[:len(fitted_extra)]])
+    samples = [dict(r, label="photo" if r["label"] == "photo" else "non_photo") for r in rows + fitted_extra]
     y = [s["label"] for s in samples]
     w = weights_of(samples, a.bench_weight)  # classes balanced, tune images weighted
     w[len(rows):] *= a.style_weight
@@ -150,7 +153,7 @@ def main(argv=None) -> int:
     report = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "tower": path.name,
               "tower_sha256": tower_sha, "stride": a.stride, "layer": a.layer, "decode_px": DECODE_PX, "readout": "class token",
               "c": a.c, "bench_weight": a.bench_weight, "styles": a.styles, "style_weight": a.style_weight,
-              "rows": {"pool": len(pool), "tune": len(tune), "variants_and_styles": len(trained)},
+              "rows": {"pool": len(pool), "tune": len(tune), "variants_and_styles": len(fitted_extra)},
               "labels": {k: y.count(k) for k in ("photo", "non_photo")},
               "packages": sorted({f"{r['package']} {r.get('version', '')}".strip() for r in rows}),
               "pool_excludes": excluded, "bench_tune_images": len(tune)}

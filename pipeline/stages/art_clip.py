@@ -7,7 +7,7 @@ deps/filters.nodeps.txt). The file is found through importlib's spec; the packag
 (`thin`), so its transformer sees the class token and every third patch of the 14 x 14 grid in both
 directions, each with its own position embedding: 26 of 197 tokens, about a fifth of the cost, with the
 accuracy of the whole tower on paintings of sources it never saw (research/notes/art-clip.md). The tower is
-then cut after the layer the probe was fitted on (`cut_after`; the shipped probe reads the last, 12: an earlier
+then cut after the layer the probe was fitted on (`keep_until`; the shipped probe reads the last, 12: an earlier
 one costs less and measured worse on eval, docs/benchmarks.md).
 
 Input: the image decoded as the person stage decodes it (longer side `DECODE_PX`, JPEG draft mode), shortest
@@ -53,10 +53,12 @@ def kept_tokens(stride: int) -> np.ndarray:
     return np.array([0] + [1 + r * GRID + c for r in grid for c in grid], np.int64)
 
 
-def thin(tower: Path, stride: int) -> bytes:
+def thin(tower: Path, stride: int, layer: int | None = None) -> bytes:
     """The tower as an ONNX model whose transformer sees kept_tokens(stride) only: one Gather on the token
     axis after the embeddings, every weight untouched. The export reads the sequence length from the tensor's
-    shape; its stored shapes (197 tokens) are dropped for the runtime to infer again."""
+    shape; its stored shapes (197 tokens) are dropped for the runtime to infer again. With `layer`, it is also
+    cut after that layer (`keep_until`) in the same pass: the 90 MB file is parsed and written once per set-up;
+    without, its outputs stay the export's (`image_embeds` and the tokens: research copies)."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -79,17 +81,18 @@ def thin(tower: Path, stride: int) -> bytes:
             dims = out.type.tensor_type.shape.dim
             if len(dims) == 3:
                 dims[1].dim_param = "tokens"
+    if layer is not None:
+        keep_until(model, layer)
     return model.SerializeToString()
 
 
-def cut_after(model: bytes, layer: int) -> bytes:
-    """The tower (ONNX bytes, thinned or not) cut after its `layer`-th encoder layer (1-based): one output,
-    the residual stream after that layer (batch, tokens, 768); every node it does not need is dropped."""
-    import onnx
+def keep_until(model, layer: int) -> None:
+    """Cut an ONNX ModelProto of the tower (thinned or not), in place, after its `layer`-th encoder layer
+    (1-based): one output, the residual stream after that layer (batch, tokens, 768); every node and weight
+    it does not need is dropped, and the stored shapes with them."""
     from onnx import TensorProto, helper
 
-    m = onnx.load_from_string(model)
-    g = m.graph
+    g = model.graph
     name = f"/vision_model/encoder/layers.{layer - 1}/Add_1"
     node = next((n for n in g.node if n.name == name), None)
     if node is None:
@@ -108,6 +111,14 @@ def cut_after(model: bytes, layer: int) -> bytes:
     del g.output[:]
     g.output.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, ["batch", "tokens", 768]))
     del g.value_info[:]
+
+
+def cut_after(model: bytes, layer: int) -> bytes:
+    """keep_until on a serialised model (research and tests: one thinned tower cut at several layers)."""
+    import onnx
+
+    m = onnx.load_from_string(model)
+    keep_until(m, layer)
     return m.SerializeToString()
 
 
@@ -133,8 +144,7 @@ class Tower:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = opts.inter_op_num_threads = max(1, threads)
         opts.log_severity_level = 3  # the export's shape notes are not the user's business
-        self.session = ort.InferenceSession(cut_after(thin(path, stride), layer), opts,
-                                            providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(thin(path, stride, layer), opts, providers=["CPUExecutionProvider"])
         self.input, self.tokens = self.session.get_inputs()[0].name, self.session.get_outputs()[0].name
 
     def features(self, x: np.ndarray) -> np.ndarray:
