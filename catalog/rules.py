@@ -125,7 +125,7 @@ PERSON_SCORE = Rule("person", "min_score", "person_score_max", ">", 0.9, "score"
 PERSON_BOX = Rule("person", "min_box_px", "person_box_max_px", ">", 300, "box", unit="px", low=0)
 TEXT_AREA = Rule("text", "max_area_frac", "text_area_frac", "<=", 0.03, "text_area", low=0, high=1)
 WATERMARK = Rule("watermark", "max_score", "watermark_score", "<=", 0.8, "watermark", low=0, high=1)
-ART = Rule("art", "max_score", "art_score", "<=", 0.89, "art", low=0, high=1)
+ART = Rule("art", "max_score", "art_score", "<=", 0.84, "art", low=0, high=1)
 
 RULES: dict[str, tuple[Rule, ...]] = {
     "size": (SHORT_SIDE, ASPECT),
