@@ -27,9 +27,14 @@ The images are real files from registry packages, labelled by eye into six categ
      stages_scored   {stage: samples it measured}, errors {stage: samples with an inference error}
      stage_seconds   work seconds per stage from RUN/stats/*.json where the run wrote them
      targets         each issue-38 target: value, target, met (read them on eval)
+     compare         with --compare BASELINE (a run of the same split): image by image, per category the
+                     ids this run keeps and the baseline does not (newly_kept) and the reverse
+                     (newly_rejected); wins (images this run gets right and the baseline wrong), losses,
+                     and sign_test_p: how often chance alone would split the discordant images so unevenly
 
 usage: python bench/quality.py [--split tune|eval] [--cache DIR] [--output RUN | --run RUN]
                                [--config FILE] [--set KEY=VALUE ...] [--cascade] [--write-labels CSV]
+                               [--compare BASELINE_RUN]
 Eval is scored once per change (docs/quality.md); thresholds and models are fitted on tune only.
 """
 from __future__ import annotations
@@ -38,6 +43,7 @@ import argparse
 import datetime as dt
 import importlib.util
 import json
+import math
 import os
 import re
 import shutil
@@ -176,6 +182,40 @@ def score(samples: list[dict], categories: dict[str, str]) -> dict:
     return out
 
 
+def sign_test(wins: int, losses: int) -> float:
+    """Two-sided exact sign test: how often a split of wins + losses discordant images at least this uneven
+    would come if each went either way with even odds (1.0 with none)."""
+    n, k = wins + losses, min(wins, losses)
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+
+
+def compare(samples: list[dict], baseline: list[dict], categories: dict[str, str]) -> dict:
+    """This run against a baseline run of the same split, image by image. Pure.
+
+    Per category, the ids this run keeps and the baseline rejects (newly_kept) and the reverse
+    (newly_rejected). A win is an image this run gets right and the baseline wrong (a person_clear newly
+    kept, any other category newly rejected), a loss the reverse; sign_test_p is the chance of a split of
+    the discordant images at least as uneven if the change did nothing. Images only one run holds are
+    listed, not counted."""
+    mine, base = {s["id"]: bool(s["keep"]) for s in samples}, {s["id"]: bool(s["keep"]) for s in baseline}
+    cats: dict[str, dict[str, list[str]]] = defaultdict(lambda: {"newly_kept": [], "newly_rejected": []})
+    wins = losses = 0
+    for i in sorted(set(mine) & set(base)):
+        if mine[i] == base[i]:
+            continue
+        cat = categories[i]
+        cats[cat]["newly_kept" if mine[i] else "newly_rejected"].append(i)
+        if mine[i] == (cat == "person_clear"):
+            wins += 1
+        else:
+            losses += 1
+    return {"categories": {k: cats[k] for k in quality_data.CATEGORIES if k in cats},
+            "wins": wins, "losses": losses, "sign_test_p": round(sign_test(wins, losses), 4),
+            "only_in_one_run": sorted(set(mine) ^ set(base))}
+
+
 # --- the run: curate, read -------------------------------------------------------------------------------
 SAMPLE_COLUMNS = ["source_uri", "keep", "reject_reason", "reject_reasons", "scored_stages", "person_n_pass",
                   "person_error", "text_error", "watermark_error", "art_error"]
@@ -252,6 +292,8 @@ def main(argv=None) -> int:
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--cascade", action="store_true", help="curate without --score-all (later stages see survivors)")
     ap.add_argument("--write-labels", type=Path, metavar="CSV", help="also write the run's labels for humanset calibrate")
+    ap.add_argument("--compare", type=Path, metavar="BASELINE_RUN",
+                    help="also compare with a curated run of the same split, image by image (wins, losses, sign test)")
     args = ap.parse_args(argv)
 
     load_before = os.getloadavg()
@@ -279,6 +321,13 @@ def main(argv=None) -> int:
                      "score_all": None if args.run else not args.cascade, "effective": effective}
     out.update(score(samples, categories))
     out["stage_seconds"] = stage_seconds(run)
+    if args.compare:
+        baseline = read_samples(args.compare)
+        stray = sorted({s["id"] for s in baseline} - set(categories))
+        if stray:
+            raise SystemExit(f"{args.compare}: {len(stray)} samples are not {args.split} bench images (e.g. {stray[0]}): "
+                             f"compare with a run of --split {args.split}")
+        out["compare"] = {"baseline": str(args.compare), **compare(samples, baseline, categories)}
     if args.write_labels:
         from catalog.duck import connect
 

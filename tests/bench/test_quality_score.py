@@ -108,3 +108,26 @@ def test_written_labels_read_back_by_calibrate(tmp_path):
     assert got["person"]["sid-pc-kept"] == 1 and got["person"]["sid-ps-kept"] == 0
     assert got["art"]["sid-pp-1"] == 1 and got["text"]["sid-tm-1"] == 1
     assert "sid-tm-1" not in got["watermark"] and got["watermark"]["sid-np-1"] == 0
+
+
+def test_compare_counts_wins_and_losses_image_by_image(tmp_path):
+    cats = {k: v[0] for k, v in ROWS.items()}
+    base = quality.read_samples(_run(tmp_path / "a"))
+    changed = dict(ROWS)
+    changed["pc-lost"] = ("person_clear", True, [], ALL, 1)                       # a win: a person kept
+    changed["pp-1"] = ("painted_person", False, ["art:art_score>0.84"], ALL, 1)   # a win: a painting rejected
+    changed["pc-kept2"] = ("person_clear", False, ["art:art_score>0.84"], ALL, 2)  # a loss: a person rejected
+    del changed["np-2"]                                                            # only in the baseline
+    out = quality.compare(quality.read_samples(_run(tmp_path / "b", changed)), base, cats)
+    assert out["categories"] == {"person_clear": {"newly_kept": ["pc-lost"], "newly_rejected": ["pc-kept2"]},
+                                 "painted_person": {"newly_kept": [], "newly_rejected": ["pp-1"]}}
+    assert (out["wins"], out["losses"]) == (2, 1) and out["only_in_one_run"] == ["np-2"]
+    assert out["sign_test_p"] == 1.0  # 2 against 1 is what chance gives
+    assert quality.compare(base, base, cats)["wins"] == 0
+
+
+def test_sign_test_is_the_exact_two_sided_binomial():
+    assert quality.sign_test(0, 0) == 1.0
+    assert quality.sign_test(5, 0) == quality.sign_test(0, 5) == 2 / 32
+    assert quality.sign_test(9, 2) == 2 * (1 + 11 + 55) / 2 ** 11
+    assert quality.sign_test(3, 3) == 1.0
