@@ -12,10 +12,7 @@ the two passes' calibrated image scores (> 0.9, with a box over 300 px in either
 """
 from __future__ import annotations
 
-import argparse
-import csv
 import io
-import json
 import os
 import sys
 import time
@@ -27,9 +24,8 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.config import load_config  # noqa: E402
 from pipeline.inputs.images import load_rgb  # noqa: E402
-from pipeline.stages.person import PersonStage  # noqa: E402
+from research.person.common import parser, report, shipped_person_stage, tune_images  # noqa: E402
 
 
 def mirrored_png(data: bytes) -> tuple[bytes, int, int]:
@@ -40,18 +36,11 @@ def mirrored_png(data: bytes) -> tuple[bytes, int, int]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cache", type=Path, default=Path("~/.cache/humanset/quality").expanduser())
-    ap.add_argument("--rows", type=Path)
-    ap.add_argument("--batch", type=int, default=8)
+    ap = parser(__doc__)
     args = ap.parse_args(argv)
 
-    labels = {r["id"]: r for r in csv.DictReader(open(ROOT / "bench/quality/labels.csv", newline=""))}
-    files = sorted((args.cache / "splits" / "tune").iterdir())
-    files = [f for f in files if labels.get(f.stem, {}).get("split") == "tune"]
-    cfg = load_config()["person"]
-    stage = PersonStage(cfg)
-    stage.setup()
+    labels, files = tune_images(args.cache)
+    stage, cfg = shipped_person_stage()
     seconds = {"plain": 0.0, "mirrored": 0.0}
     rows = []
     for i in range(0, len(files), args.batch):
@@ -89,21 +78,15 @@ def main(argv=None) -> int:
         big = max(r["person_box_max_px_plain"] or 0, r["person_box_max_px_mirrored"] or 0) > float(cfg["min_box_px"])
         return mean > float(cfg["min_score"]) and big
 
-    report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load": os.getloadavg(),
+    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load": os.getloadavg(),
               "images": len(rows), "cpu_seconds": {k: round(v, 1) for k, v in seconds.items()}, "rules": {}}
     cats = sorted({r["category"] for r in rows})
     for rule in ("plain", "either", "mean"):
         res = {c: f"{sum(passes(r, rule) for r in rows if r['category'] == c)}/"
                   f"{sum(r['category'] == c for r in rows)}" for c in cats}
         changed = [r["id"] for r in rows if passes(r, rule) != passes(r, "plain")]
-        report["rules"][rule] = {"passing": res, "changed_vs_plain": changed}
-    print(json.dumps(report, indent=1))
-    if args.rows:
-        with open(args.rows, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0]), lineterminator="\n")
-            w.writeheader()
-            w.writerows(rows)
-    return 0
+        out["rules"][rule] = {"passing": res, "changed_vs_plain": changed}
+    return report(out, rows, args.rows)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,8 @@ each pass). Tune only: eval is not read.
 """
 from __future__ import annotations
 
-import argparse
-import csv
 import importlib.util
 import io
-import json
 import os
 import sys
 import time
@@ -31,9 +28,8 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.config import load_config  # noqa: E402
 from pipeline.inputs.images import load_rgb  # noqa: E402
-from pipeline.stages.person import PersonStage  # noqa: E402
+from research.person.common import parser, report, shipped_person_stage, tune_images  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("bench_quality", ROOT / "bench" / "quality.py")
 quality = importlib.util.module_from_spec(_spec)
@@ -64,21 +60,14 @@ def best_box(out: dict, j: int, min_px: float, min_raw: float):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cache", type=Path, default=Path("~/.cache/humanset/quality").expanduser())
-    ap.add_argument("--rows", type=Path)
-    ap.add_argument("--batch", type=int, default=8)
+    ap = parser(__doc__)
     ap.add_argument("--margin", type=float, default=0.15)
     ap.add_argument("--min-raw", type=float, default=0.25)
     args = ap.parse_args(argv)
 
-    labels = {r["id"]: r for r in csv.DictReader(open(ROOT / "bench/quality/labels.csv", newline=""))}
-    files = [f for f in sorted((args.cache / "splits" / "tune").iterdir())
-             if labels.get(f.stem, {}).get("split") == "tune"]
-    cfg = load_config()["person"]
+    labels, files = tune_images(args.cache)
+    stage, cfg = shipped_person_stage()
     min_px = float(cfg["min_box_px"])
-    stage = PersonStage(cfg)
-    stage.setup()
     seconds = {"plain": 0.0, "zoom": 0.0}
     rows = []
     for i in range(0, len(files), args.batch):
@@ -113,7 +102,7 @@ def main(argv=None) -> int:
     cats = sorted({r["category"] for r in rows})
     gained = [r for r in rows if r["zoom_pass"] and not r["plain_pass"]]
     wins = sum(r["category"] == "person_clear" for r in gained)
-    report = {
+    out = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load": os.getloadavg(), "images": len(rows),
         "margin": args.margin, "min_raw": args.min_raw, "zoomed": sum(r["zoomed"] for r in rows),
         "cpu_seconds": {k: round(v, 1) for k, v in seconds.items()},
@@ -124,13 +113,7 @@ def main(argv=None) -> int:
         "losses_not_painted": sum(r["category"] not in ("person_clear", "painted_person") for r in gained),
         "sign_test_p": round(quality.sign_test(wins, len(gained) - wins), 4),
     }
-    print(json.dumps(report, indent=1))
-    if args.rows:
-        with open(args.rows, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0]), lineterminator="\n")
-            w.writeheader()
-            w.writerows(rows)
-    return 0
+    return report(out, rows, args.rows)
 
 
 if __name__ == "__main__":

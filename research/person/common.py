@@ -1,0 +1,54 @@
+"""What research/person's scripts share: the tune split's images with their labels, the rows CSV."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tune_images(cache: Path) -> tuple[dict[str, dict], list[Path]]:
+    """The bench's labels (id -> row) and the tune split's image files in the cache, sorted."""
+    labels = {r["id"]: r for r in csv.DictReader(open(ROOT / "bench/quality/labels.csv", newline=""))}
+    files = [f for f in sorted((cache / "splits" / "tune").iterdir()) if labels.get(f.stem, {}).get("split") == "tune"]
+    return labels, files
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """Each image's scores as CSV (\\n line endings)."""
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def parser(doc: str):
+    """The scripts' shared options: the bench cache, a rows CSV to write, the batch size."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cache", type=Path, default=Path("~/.cache/humanset/quality").expanduser())
+    ap.add_argument("--rows", type=Path, help="also write each image's scores here (CSV)")
+    ap.add_argument("--batch", type=int, default=8)
+    return ap
+
+
+def report(out: dict, rows: list[dict], rows_path: Path | None) -> int:
+    """Print the JSON report, write the rows where asked; the exit status."""
+    import json
+
+    print(json.dumps(out, indent=1))
+    if rows_path:
+        write_rows(rows_path, rows)
+    return 0
+
+
+def shipped_person_stage():
+    """The person stage as the default config sets it up, and that config's person section."""
+    from pipeline.config import load_config
+    from pipeline.stages.person import PersonStage
+
+    cfg = load_config()["person"]
+    stage = PersonStage(cfg)
+    stage.setup()
+    return stage, cfg
