@@ -239,6 +239,16 @@ def read_samples(run: Path) -> list[dict]:
     return [{"id": bench_id(r[0]), **dict(zip(got, r))} for r in rows]
 
 
+def split_samples(run: Path, categories: dict[str, str], split: str) -> list[dict]:
+    """read_samples of a run that must be of this split's bench images (a clear error otherwise)."""
+    samples = read_samples(run)
+    foreign = sorted({s["id"] for s in samples} - set(categories))
+    if foreign:
+        raise SystemExit(f"{run}: {len(foreign)} samples are not {split} bench images (e.g. {foreign[0]}): "
+                         f"pass a run of --split {split}")
+    return samples
+
+
 def stage_seconds(run: Path) -> dict:
     """Work seconds per stage summed over the run's per-unit stats files, where they record them."""
     total: dict[str, float] = defaultdict(float)
@@ -308,11 +318,7 @@ def main(argv=None) -> int:
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
         run = args.output or args.cache / "runs" / f"{args.split}-{stamp}"
         curate_s = curate(folder, run, args.config, args.sets, not args.cascade)
-    samples = read_samples(run)
-    foreign = sorted({s["id"] for s in samples} - set(categories))
-    if foreign:
-        raise SystemExit(f"{run}: {len(foreign)} samples are not {args.split} bench images (e.g. {foreign[0]}): "
-                         f"pass the run of --split {args.split}")
+    samples = split_samples(run, categories, args.split)
     out = {"bench": "quality", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "split": args.split, "run": str(run), "cpus": os.cpu_count(), "curate_s": curate_s}
     manifest = run / "manifest.json"
@@ -322,11 +328,7 @@ def main(argv=None) -> int:
     out.update(score(samples, categories))
     out["stage_seconds"] = stage_seconds(run)
     if args.compare:
-        baseline = read_samples(args.compare)
-        stray = sorted({s["id"] for s in baseline} - set(categories))
-        if stray:
-            raise SystemExit(f"{args.compare}: {len(stray)} samples are not {args.split} bench images (e.g. {stray[0]}): "
-                             f"compare with a run of --split {args.split}")
+        baseline = split_samples(args.compare, categories, args.split)
         out["compare"] = {"baseline": str(args.compare), **compare(samples, baseline, categories)}
     if args.write_labels:
         from catalog.duck import connect

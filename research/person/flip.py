@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from pipeline.inputs.images import load_rgb  # noqa: E402
-from research.person.common import parser, report, shipped_person_stage, tune_images  # noqa: E402
+from research.bench_tune import parser, report, shipped_person_stage, tune_images  # noqa: E402
 
 
 def mirrored_png(data: bytes) -> tuple[bytes, int, int]:

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from pipeline.inputs.images import load_rgb  # noqa: E402
-from research.person.common import parser, report, shipped_person_stage, tune_images  # noqa: E402
+from research.bench_tune import parser, report, shipped_person_stage, tune_images  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("bench_quality", ROOT / "bench" / "quality.py")
 quality = importlib.util.module_from_spec(_spec)
@@ -89,8 +89,9 @@ def main(argv=None) -> int:
             zoom = stage.measure({"image": list(todo.values()), "width": [None] * len(todo),
                                   "height": [None] * len(todo)})
             seconds["zoom"] += time.process_time() - t0
+        position = {j: k for k, j in enumerate(todo)}  # image j's row in the zoom pass
         for j, f in enumerate(part):
-            k = list(todo).index(j) if j in todo else None
+            k = position.get(j)
             rows.append({"id": f.stem, "category": labels[f.stem]["category"],
                          "plain_pass": (plain["person_n_pass"][j] or 0) > 0,
                          "plain_calibrated": plain["person_score_calibrated"][j],

@@ -41,7 +41,8 @@ from pipeline.settings import DEFAULTS  # noqa: E402
 from pipeline.stages.ocr import OCR, TEXT_BOX_THRESH, crop_box  # noqa: E402
 from pipeline.stages.text import confirmed  # noqa: E402
 from pipeline.stages.watermark.marks import family_fonts, font  # noqa: E402
-from research.person.common import parser, report, tune_images  # noqa: E402
+from research.bench_tune import parser, report, tune_images  # noqa: E402
+from training.filters.thresholds import roc_auc  # noqa: E402
 
 CAPTIONS = ["Champions league final tonight", "SUMMER SALE 50% OFF", "Meet the team behind the project",
             "Breaking news from the city centre", "When you finally fix the bug", "Happy birthday grandma",
@@ -116,14 +117,6 @@ def read_boxes(ocr: OCR, rgb: np.ndarray) -> list[tuple[np.ndarray, str]]:
     return [(np.asarray(boxes[keep[k]], np.float64).reshape(4, 2), str(texts[k])) for k in ok]
 
 
-def auc(pos: list[float], neg: list[float]) -> float | None:
-    """P(a caption box scores above a scene-text box), ties half (Mann-Whitney)."""
-    if not pos or not neg:
-        return None
-    p, n = np.asarray(pos)[:, None], np.asarray(neg)[None, :]
-    return round(float((p > n).mean() + 0.5 * (p == n).mean()), 3)
-
-
 def quartiles(values: list[float]) -> list[float] | None:
     return [round(float(x), 3) for x in np.percentile(values, [25, 50, 75])] if values else None
 
@@ -163,7 +156,9 @@ def main(argv=None) -> int:
     for k in ("flat", "band", "tilt"):
         cap = [r[k] for r in rows if r["set"] == "caption"]
         sc = [r[k] for r in rows if r["set"] == "scene"]
-        out["features"][k] = {"auc_caption_vs_scene": auc(cap, sc), "caption_quartiles": quartiles(cap),
+        auc = roc_auc(np.array(cap + sc, np.float64), np.arange(len(cap) + len(sc)) < len(cap))
+        out["features"][k] = {"auc_caption_vs_scene": None if auc is None else round(auc, 3),
+                              "caption_quartiles": quartiles(cap),
                               "scene_quartiles": quartiles(sc)}
     return report(out, rows, args.rows)
 

@@ -1,10 +1,11 @@
-"""What research/person's scripts share: the tune split's images with their labels, the rows CSV."""
+"""The quality bench's tune split for research scripts: its images and labels, the shipped person stage, the
+scripts' shared options and report (one JSON object, each image's rows as CSV)."""
 from __future__ import annotations
 
 import csv
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def tune_images(cache: Path) -> tuple[dict[str, dict], list[Path]]:
