@@ -183,14 +183,13 @@ def _run_config(run: Path) -> dict:
 L2_GRID = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 
 
-def person_training_set(run: str | Path, labels: dict[str, int], cfg: dict, box_ref_px: float = 300.0):
-    """(X, y, sample_ids): one row per labelled sample with a box passing the box rule (where the score
-    decides), the FEATURES of its box with the highest raw score. Samples with no such box are left
-    out: the box rule rejects them whatever the score."""
+def person_training_rows(run: str | Path, labels: dict[str, int], cfg: dict) -> list[tuple]:
+    """(sample_id, raw score, box in judged pixels, keypoints) of each labelled sample's box with the highest raw
+    score among those passing the box rule (where the score decides). Samples with no such box are left out:
+    the box rule rejects them whatever the score."""
     from catalog import connect
 
     from pipeline.stages.person import box_passes, judged_boxes, thresholds
-    from pipeline.stages.person_calibration import box_features
 
     _, min_box, rule = thresholds(cfg.get("person") or {})
     con = connect(run)
@@ -198,7 +197,7 @@ def person_training_set(run: str | Path, labels: dict[str, int], cfg: dict, box_
     scale = "resolution_scale" if "resolution_scale" in have else "NULL"
     rows = con.execute(f"SELECT sample_id, person_boxes, person_scores, person_keypoints, {scale} FROM samples "
                        f"WHERE person_scores IS NOT NULL").fetchall()
-    X, y, ids = [], [], []
+    out = []
     for sid, boxes, scores, kpts, sc in rows:
         if sid not in labels or not scores:
             continue
@@ -207,7 +206,17 @@ def person_training_set(run: str | Path, labels: dict[str, int], cfg: dict, box_
         if not big:
             continue
         j = max(big, key=lambda k: scores[k])
-        x = box_features(scores[j], boxes[j], kpts[j] if kpts else None, box_ref_px)
+        out.append((sid, scores[j], boxes[j], kpts[j] if kpts else None))
+    return out
+
+
+def person_training_set(run: str | Path, labels: dict[str, int], cfg: dict, box_ref_px: float = 300.0):
+    """(X, y, sample_ids): the FEATURES of person_training_rows' boxes and their labels."""
+    from pipeline.stages.person_calibration import box_features
+
+    X, y, ids = [], [], []
+    for sid, score, box, kpts in person_training_rows(run, labels, cfg):
+        x = box_features(score, box, kpts, box_ref_px)
         if x is None:
             raise ValueError(f"{run}: sample {sid} has no person keypoints; the calibrated score needs a run "
                              f"curated with a pose model")

@@ -45,29 +45,20 @@ def sign_test_p(wins: int, losses: int) -> float:
 
 
 def rows_of(run: Path, labels: dict[str, int]):
-    """(ids, X3, legs, y): the shipped fit's training rows of a curated run, with the chosen box's legs_conf."""
+    """(ids, X3, legs, y): the shipped fit's training rows of a curated run (bench ids), with the chosen box's
+    legs_conf."""
     from catalog import connect
-    from pipeline.select.calibrate import _run_config
-    from pipeline.stages.person import box_passes, judged_boxes, thresholds
+    from pipeline.select.calibrate import _run_config, person_training_rows
     from pipeline.stages.person_calibration import box_features
 
-    _, min_box, rule = thresholds(_run_config(run).get("person") or {})
-    con = connect(run)
-    got = con.execute("SELECT sample_id, source_uri, person_boxes, person_scores, person_keypoints, resolution_scale "
-                      "FROM samples WHERE person_scores IS NOT NULL").fetchall()
+    bench = {sid: Path(str(uri)).stem for sid, uri in connect(run).execute(
+        "SELECT sample_id, source_uri FROM samples").fetchall()}
     ids, X, legs, y = [], [], [], []
-    for sid, uri, boxes, scores, kpts, sc in got:
-        key = Path(str(uri)).stem  # the bench's image id
-        if sid not in labels or not scores or key in ids:
+    for sid, score, box, k in person_training_rows(run, labels, _run_config(run)):
+        if bench[sid] in ids:  # a sample's rows in several units: once
             continue
-        boxes = judged_boxes(boxes, sc)
-        big = [j for j, b in enumerate(boxes) if b is not None and box_passes(b, min_box, rule)]
-        if not big:
-            continue
-        j = max(big, key=lambda k: scores[k])
-        k = kpts[j]
-        ids.append(key)
-        X.append(box_features(scores[j], boxes[j], k, 300.0))
+        ids.append(bench[sid])
+        X.append(box_features(score, box, k, 300.0))
         legs.append(sum(float(k[3 * i + 2]) for i in LEGS) / len(LEGS))
         y.append(labels[sid])
     return ids, np.asarray(X, np.float64), np.asarray(legs, np.float64), np.asarray(y, np.int64)
