@@ -1,5 +1,5 @@
-"""The quality bench's tune split for research scripts: its images and labels, the shipped person stage, the
-scripts' shared options and report (one JSON object, each image's rows as CSV)."""
+"""The quality bench's tune split for research scripts: its images and labels, bench/quality.py, the shipped person
+stage, the scripts' shared options and report (one JSON object, each image's rows as CSV)."""
 from __future__ import annotations
 
 import csv
@@ -13,6 +13,16 @@ def tune_images(cache: Path) -> tuple[dict[str, dict], list[Path]]:
     labels = {r["id"]: r for r in csv.DictReader(open(ROOT / "bench/quality/labels.csv", newline=""))}
     files = [f for f in sorted((cache / "splits" / "tune").iterdir()) if labels.get(f.stem, {}).get("split") == "tune"]
     return labels, files
+
+
+def bench_quality():
+    """bench/quality.py as a module (bench/ is scripts, not a package): its scoring, compare and sign_test."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_quality", ROOT / "bench" / "quality.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -30,21 +29,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from research.bench_tune import write_rows  # noqa: E402
+from research.bench_tune import bench_quality, write_rows  # noqa: E402
 
 LEGS = tuple(range(11, 17))  # COCO-17: hips, knees, ankles
 CUT = 0.9
 
 
-def sign_test_p(wins: int, losses: int) -> float:
-    """Two-sided exact sign test: how often a fair coin splits wins + losses at least this unevenly."""
-    n, k = wins + losses, min(wins, losses)
-    if n == 0:
-        return 1.0
-    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
-
-
-def rows_of(run: Path, labels: dict[str, int]):
+def rows_of(run: Path, labels: dict[str, int], box_ref_px: float):
     """(ids, X3, legs, y): the shipped fit's training rows of a curated run (bench ids), with the chosen box's
     legs_conf."""
     from catalog import connect
@@ -55,10 +46,8 @@ def rows_of(run: Path, labels: dict[str, int]):
         "SELECT sample_id, source_uri FROM samples").fetchall()}
     ids, X, legs, y = [], [], [], []
     for sid, score, box, k in person_training_rows(run, labels, _run_config(run)):
-        if bench[sid] in ids:  # a sample's rows in several units: once
-            continue
         ids.append(bench[sid])
-        X.append(box_features(score, box, k, 300.0))
+        X.append(box_features(score, box, k, box_ref_px))
         legs.append(sum(float(k[3 * i + 2]) for i in LEGS) / len(LEGS))
         y.append(labels[sid])
     return ids, np.asarray(X, np.float64), np.asarray(legs, np.float64), np.asarray(y, np.int64)
@@ -74,8 +63,9 @@ def main() -> int:
     ap.add_argument("--rows", type=Path)
     a = ap.parse_args()
     labels = read_labels(a.labels)["person"]
-    ids, X3, legs, y = rows_of(a.run, labels)
+    quality = bench_quality()
     shipped = load_calibration()
+    ids, X3, legs, y = rows_of(a.run, labels, shipped.box_ref_px)
     ship = np.array([shipped.probability(list(x)) for x in X3])
     out = {"run": a.run.name, "rows": len(y), "positives": int(y.sum()), "cut": CUT,
            "shipped": {"positives_over": int((ship[y == 1] > CUT).sum()),
@@ -93,7 +83,7 @@ def main() -> int:
         out[name] = {"l2": l2, "loo_log_loss": round(float(loss[l2]), 4),
                      "loo_positives_over": int((held[y == 1] > CUT).sum()),
                      "loo_negatives_over": int((held[y == 0] > CUT).sum()),
-                     "wins": wins, "losses": losses, "sign_test_p": round(sign_test_p(len(wins), len(losses)), 4),
+                     "wins": wins, "losses": losses, "sign_test_p": round(quality.sign_test(len(wins), len(losses)), 4),
                      "coef": [round(float(c), 3) for c in coef]}
         for r, h in zip(rows, held):
             r[name] = round(float(h), 4)

@@ -15,7 +15,6 @@ each pass). Tune only: eval is not read.
 """
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
 import sys
@@ -29,11 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from pipeline.inputs.images import load_rgb  # noqa: E402
-from research.bench_tune import parser, report, shipped_person_stage, tune_images  # noqa: E402
+from research.bench_tune import bench_quality, parser, report, shipped_person_stage, tune_images  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("bench_quality", ROOT / "bench" / "quality.py")
-quality = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(quality)
+quality = bench_quality()
 
 
 def crop_png(data: bytes, box, margin: float) -> bytes:
