@@ -165,7 +165,7 @@ class BuildModuleMissing(RuntimeError):
 
 
 # the distribution that provides a module an sdist's setup.py imports to report its metadata
-BUILD_MODULES = {"skbuild": "scikit-build"}
+BUILD_MODULES = {"skbuild": "scikit-build", "pkg_resources": "setuptools<81"}  # setuptools 81 dropped pkg_resources
 
 
 def _sdist(pip: list[str], spec: str, tmp: Path) -> None:
