@@ -15,7 +15,7 @@ passes if P >= 0.9. Wins are person_clear rows it newly passes, losses label-0 r
     python research/person/clip_look.py RUN labels.csv [--rows FILE.csv]
 
 Result (tune batches 1-11, 2026-12-06, rule written first): 2 wins, 2 losses (a heron, a polar bear), p 1.0;
-not taken. docs/benchmarks.md, "a CLIP second look at the person box".
+batches 1-12: 1 win, 3 losses (a dachshund too), p 0.63. Not taken. docs/benchmarks.md, "a CLIP second look at the person box".
 """
 from __future__ import annotations
 
