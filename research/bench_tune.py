@@ -44,6 +44,18 @@ def parser(doc: str):
     return ap
 
 
+def run_labels_parser(doc: str):
+    """The person scripts' options: a curated tune run, its `bench/quality.py --write-labels` CSV, a rows CSV to
+    write."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", type=Path)
+    ap.add_argument("labels", type=Path, help="bench/quality.py --write-labels CSV of the run")
+    ap.add_argument("--rows", type=Path, help="also write each row's scores here (CSV)")
+    return ap
+
+
 def report(out: dict, rows: list[dict], rows_path: Path | None) -> int:
     """Print the JSON report, write the rows where asked; the exit status."""
     import json

@@ -19,7 +19,6 @@ batches 1-12: 1 win, 3 losses (a dachshund too), p 0.63. Not taken. docs/benchma
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 import time
@@ -30,7 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from research.bench_tune import bench_quality, write_rows  # noqa: E402
+from research.bench_tune import bench_quality, run_labels_parser, write_rows  # noqa: E402
 
 CUT, LOOK, MARGIN, DECODE, EXTRA_MIN_RAW = 0.9, 0.9, 0.10, 1024, 0.25
 C_GRID = (0.1, 1.0, 10.0)
@@ -56,11 +55,7 @@ def main() -> int:
     from pipeline.stages.art_clip import clip_input, tower_file
     from pipeline.stages.person_calibration import box_features, load_calibration
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run", type=Path)
-    ap.add_argument("labels", type=Path, help="bench/quality.py --write-labels CSV of the run")
-    ap.add_argument("--rows", type=Path)
-    a = ap.parse_args()
+    a = run_labels_parser(__doc__).parse_args()
     quality = bench_quality()
     person = read_labels(a.labels)["person"]
     bench = {r["id"]: r for r in csv.DictReader(open(ROOT / "bench/quality/labels.csv", newline=""))}

@@ -19,7 +19,6 @@ fit's verdict on it, and so is a refit of the three shipped features: wins, loss
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from research.bench_tune import bench_quality, write_rows  # noqa: E402
+from research.bench_tune import bench_quality, run_labels_parser, write_rows  # noqa: E402
 
 LEGS = tuple(range(11, 17))  # COCO-17: hips, knees, ankles
 CUT = 0.9
@@ -57,11 +56,7 @@ def main() -> int:
     from pipeline.select.calibrate import L2_GRID, fit_logistic, log_losses, loo_predictions, read_labels
     from pipeline.stages.person_calibration import load_calibration
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run", type=Path)
-    ap.add_argument("labels", type=Path, help="bench/quality.py --write-labels CSV of the run")
-    ap.add_argument("--rows", type=Path)
-    a = ap.parse_args()
+    a = run_labels_parser(__doc__).parse_args()
     labels = read_labels(a.labels)["person"]
     quality = bench_quality()
     shipped = load_calibration()
