@@ -20,6 +20,7 @@ batches 1-12: 1 win, 3 losses (a dachshund too), p 0.63. Not taken. docs/benchma
 from __future__ import annotations
 
 import csv
+import json
 import sys
 import time
 from pathlib import Path
@@ -51,8 +52,9 @@ def main() -> int:
 
     from catalog import connect
     from pipeline.inputs.images import load_rgb
-    from pipeline.select.calibrate import _run_config, person_training_rows, read_labels
+    from pipeline.select.calibrate import _run_config, log_losses, person_training_rows, read_labels
     from pipeline.stages.art_clip import clip_input, tower_file
+    from pipeline.stages.person import judged_boxes
     from pipeline.stages.person_calibration import box_features, load_calibration
 
     a = run_labels_parser(__doc__).parse_args()
@@ -65,24 +67,24 @@ def main() -> int:
         "SELECT sample_id, source_uri, resolution_scale FROM samples").fetchall()}
     shipped = load_calibration()
 
-    rows = []  # (id, label, calibrated, box, role)
-    for sid, score, box, k in person_training_rows(a.run, person, _run_config(a.run)):
-        rows.append(dict(sid=sid, id=meta[sid][0].stem, y=person[sid], box=box, role="row",
-                         shipped=shipped.probability(list(box_features(score, box, k, shipped.box_ref_px)))))
+    # role "row": the shipped fit's training rows; "painted": painted_person's rows, scored, never trained on;
+    # "extra": the other boxes of no_person and text_or_mark images, trained on as negatives. Boxes in judged pixels.
     painted = {sid: 0 for sid, (path, _) in meta.items()
                if bench.get(path.stem, {}).get("category") == "painted_person"}
-    for sid, score, box, k in person_training_rows(a.run, painted, _run_config(a.run)):
-        rows.append(dict(sid=sid, id=meta[sid][0].stem, y=0, box=box, role="painted",
-                         shipped=shipped.probability(list(box_features(score, box, k, shipped.box_ref_px)))))
+    rows, cfg = [], _run_config(a.run)
+    for role, labels in (("row", person), ("painted", painted)):
+        for sid, score, box, k in person_training_rows(a.run, labels, cfg):
+            rows.append(dict(sid=sid, id=meta[sid][0].stem, y=labels[sid], box=box, role=role,
+                             shipped=shipped.probability(list(box_features(score, box, k, shipped.box_ref_px)))))
     row_box = {r["sid"]: r["box"] for r in rows}
     for sid, boxes, scores in con.execute("SELECT sample_id, person_boxes, person_scores FROM samples "
                                           "WHERE person_scores IS NOT NULL").fetchall():
         i = meta[sid][0].stem
         if bench.get(i, {}).get("category") not in ("no_person", "text_or_mark"):
             continue
-        for b, s in zip(boxes or [], scores or []):
-            if b is not None and s >= EXTRA_MIN_RAW and [v * meta[sid][1] for v in b] != row_box.get(sid):
-                rows.append(dict(sid=sid, id=i, y=0, box=[v * meta[sid][1] for v in b], role="extra", shipped=None))
+        for b, s in zip(judged_boxes(boxes, meta[sid][1]) or [], scores or []):
+            if b is not None and s >= EXTRA_MIN_RAW and b != row_box.get(sid):
+                rows.append(dict(sid=sid, id=i, y=0, box=b, role="extra", shipped=None))
 
     sess = ort.InferenceSession(str(tower_file()), providers=["CPUExecutionProvider"])
     emb, seconds, decoded = [], [], {}
@@ -113,12 +115,11 @@ def main() -> int:
     probs = {}
     for c in C_GRID:
         probs[c] = held_out(c)
-        pc, yt = np.clip(probs[c][train], 1e-6, 1 - 1e-6), y[train]
-        loss[c] = float(-(yt * np.log(pc) + (1 - yt) * np.log(1 - pc)).mean())
+        loss[c] = float(log_losses(probs[c][train], y[train]).mean())
     c = min(loss, key=loss.get)
     p = probs[c]
     main_rows = [k for k, r in enumerate(rows) if r["role"] == "row"]
-    wins, losses, painted = [], [], []
+    wins, losses = [], []
     for k in main_rows:
         r = rows[k]
         if r["shipped"] <= CUT and p[k] >= LOOK:
@@ -126,7 +127,7 @@ def main() -> int:
     painted_passing = [rows[k]["id"] for k in range(len(rows)) if rows[k]["role"] == "painted"
                        and rows[k]["shipped"] <= CUT and p[k] >= LOOK]
     out = {"run": a.run.name, "rows": len(main_rows), "positives": int(sum(rows[k]["y"] for k in main_rows)),
-           "extra_negatives": len(rows) - len(main_rows), "C": c,
+           "extra_negatives": sum(r["role"] == "extra" for r in rows), "C": c,
            "lopo_log_loss": {str(k): round(v, 4) for k, v in loss.items()},
            "shipped_positives_over": sum(rows[k]["shipped"] > CUT and rows[k]["y"] == 1 for k in main_rows),
            "shipped_negatives_over": sum(rows[k]["shipped"] > CUT and rows[k]["y"] == 0 for k in main_rows),
@@ -137,7 +138,6 @@ def main() -> int:
            "extra_negatives_at_or_over_look": int((p[[k for k in range(len(rows)) if rows[k]["role"] == "extra"]]
                                                    >= LOOK).sum()),
            "tower_cpu_s_per_crop_median": round(float(np.median(seconds)), 4)}
-    import json
     print(json.dumps(out, indent=1))
     if a.rows:
         write_rows(a.rows, [{"id": r["id"], "role": r["role"], "label": r["y"],

@@ -68,9 +68,10 @@ def main() -> int:
     rows = [{"id": i, "label": int(t), "legs_conf": round(float(g), 3), "shipped": round(float(s), 4)}
             for i, t, g, s in zip(ids, y, legs, ship)]
     for name, X in (("refit3", X3), ("legs4", np.c_[X3, legs])):
-        loss = {l2: log_losses(loo_predictions(X, y, l2), y).mean() for l2 in L2_GRID}
+        preds = {l2: loo_predictions(X, y, l2) for l2 in L2_GRID}
+        loss = {l2: log_losses(p, y).mean() for l2, p in preds.items()}
         l2 = min(loss, key=loss.get)
-        held = loo_predictions(X, y, l2)
+        held = preds[l2]
         right_new, right_old = (held > CUT) == (y == 1), (ship > CUT) == (y == 1)
         wins = [i for i, n, o in zip(ids, right_new, right_old) if n and not o]
         losses = [i for i, n, o in zip(ids, right_new, right_old) if o and not n]
