@@ -75,3 +75,49 @@ def shipped_person_stage():
     stage = PersonStage(cfg)
     stage.setup()
     return stage, cfg
+
+
+def person_look_rows(run: Path, labels_csv: Path):
+    """The rows a second look at the person box is judged on: the shipped calibration's training rows of a tune run
+    (role "row": each labelled image's top box over the size rule, person_clear = 1) and painted_person's rows
+    (role "painted": scored, never trained on), each with its box in judged pixels and the shipped calibrated
+    probability. Also: sample id -> (image file, resolution_scale), the bench's labels by id, package by id."""
+    from catalog import connect
+    from pipeline.select.calibrate import _run_config, person_training_rows, read_labels
+    from pipeline.stages.person_calibration import box_features, load_calibration
+
+    person = read_labels(labels_csv)["person"]
+    bench = {r["id"]: r for r in csv.DictReader(open(ROOT / "bench/quality/labels.csv", newline=""))}
+    package = {r["id"]: r["package"] for r in csv.DictReader(open(ROOT / "bench/quality/images.csv", newline=""))}
+    meta = {sid: (Path(str(uri)), sc or 1.0) for sid, uri, sc in connect(run).execute(
+        "SELECT sample_id, source_uri, resolution_scale FROM samples").fetchall()}
+    shipped = load_calibration()
+    painted = {sid: 0 for sid, (path, _) in meta.items()
+               if bench.get(path.stem, {}).get("category") == "painted_person"}
+    rows, cfg = [], _run_config(run)
+    for role, labels in (("row", person), ("painted", painted)):
+        for sid, score, box, k in person_training_rows(run, labels, cfg):
+            rows.append(dict(sid=sid, id=meta[sid][0].stem, y=labels[sid], box=box, role=role,
+                             shipped=shipped.probability(list(box_features(score, box, k, shipped.box_ref_px)))))
+    return rows, meta, bench, package
+
+
+def held_out_logistic(X, y, groups, train=None, c_grid=(0.1, 1.0, 10.0)):
+    """Each row's P(y = 1) from a logistic fit that saw no row of its group (package), fitted on the train rows
+    only; C from c_grid by the held-out log loss of the train rows. Returns (P, C, {C: log loss})."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+
+    from pipeline.select.calibrate import log_losses
+
+    train = np.ones(len(y), bool) if train is None else train
+    probs, loss = {}, {}
+    for c in c_grid:
+        p = np.zeros(len(y))
+        for g in np.unique(groups):
+            out = groups == g
+            fit = ~out & train
+            p[out] = LogisticRegression(C=c, max_iter=2000).fit(X[fit], y[fit]).predict_proba(X[out])[:, 1]
+        probs[c], loss[c] = p, float(log_losses(p[train], y[train]).mean())
+    c = min(loss, key=loss.get)
+    return probs[c], c, loss

@@ -19,7 +19,6 @@ batches 1-12: 1 win, 3 losses (a dachshund too), p 0.63. Not taken. docs/benchma
 """
 from __future__ import annotations
 
-import csv
 import json
 import sys
 import time
@@ -30,10 +29,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from research.bench_tune import bench_quality, run_labels_parser, write_rows  # noqa: E402
+from research.bench_tune import bench_quality, held_out_logistic, person_look_rows, run_labels_parser, write_rows  # noqa: E402
 
 CUT, LOOK, MARGIN, DECODE, EXTRA_MIN_RAW = 0.9, 0.9, 0.10, 1024, 0.25
-C_GRID = (0.1, 1.0, 10.0)
 
 
 def crop(rgb: np.ndarray, box, scale: float) -> np.ndarray:
@@ -48,34 +46,18 @@ def crop(rgb: np.ndarray, box, scale: float) -> np.ndarray:
 
 def main() -> int:
     import onnxruntime as ort
-    from sklearn.linear_model import LogisticRegression
 
     from catalog import connect
     from pipeline.inputs.images import load_rgb
-    from pipeline.select.calibrate import _run_config, log_losses, person_training_rows, read_labels
     from pipeline.stages.art_clip import clip_input, tower_file
     from pipeline.stages.person import judged_boxes
-    from pipeline.stages.person_calibration import box_features, load_calibration
 
     a = run_labels_parser(__doc__).parse_args()
     quality = bench_quality()
-    person = read_labels(a.labels)["person"]
-    bench = {r["id"]: r for r in csv.DictReader(open(ROOT / "bench/quality/labels.csv", newline=""))}
-    package = {r["id"]: r["package"] for r in csv.DictReader(open(ROOT / "bench/quality/images.csv", newline=""))}
+    rows, meta, bench, package = person_look_rows(a.run, a.labels)
     con = connect(a.run)
-    meta = {sid: (Path(str(uri)), sc or 1.0) for sid, uri, sc in con.execute(
-        "SELECT sample_id, source_uri, resolution_scale FROM samples").fetchall()}
-    shipped = load_calibration()
 
-    # role "row": the shipped fit's training rows; "painted": painted_person's rows, scored, never trained on;
-    # "extra": the other boxes of no_person and text_or_mark images, trained on as negatives. Boxes in judged pixels.
-    painted = {sid: 0 for sid, (path, _) in meta.items()
-               if bench.get(path.stem, {}).get("category") == "painted_person"}
-    rows, cfg = [], _run_config(a.run)
-    for role, labels in (("row", person), ("painted", painted)):
-        for sid, score, box, k in person_training_rows(a.run, labels, cfg):
-            rows.append(dict(sid=sid, id=meta[sid][0].stem, y=labels[sid], box=box, role=role,
-                             shipped=shipped.probability(list(box_features(score, box, k, shipped.box_ref_px)))))
+    # role "extra": the other boxes of no_person and text_or_mark images, trained on as negatives.
     row_box = {r["sid"]: r["box"] for r in rows}
     for sid, boxes, scores in con.execute("SELECT sample_id, person_boxes, person_scores FROM samples "
                                           "WHERE person_scores IS NOT NULL").fetchall():
@@ -102,22 +84,7 @@ def main() -> int:
     y = np.array([r["y"] for r in rows])
     groups = np.array([package[r["id"]] for r in rows])
 
-    def held_out(c: float) -> np.ndarray:
-        p = np.zeros(len(rows))
-        for g in np.unique(groups):
-            out = groups == g
-            fit = ~out & train
-            m = LogisticRegression(C=c, max_iter=2000).fit(X[fit], y[fit])
-            p[out] = m.predict_proba(X[out])[:, 1]
-        return p
-
-    loss = {}
-    probs = {}
-    for c in C_GRID:
-        probs[c] = held_out(c)
-        loss[c] = float(log_losses(probs[c][train], y[train]).mean())
-    c = min(loss, key=loss.get)
-    p = probs[c]
+    p, c, loss = held_out_logistic(X, y, groups, train)
     main_rows = [k for k, r in enumerate(rows) if r["role"] == "row"]
     wins, losses = [], []
     for k in main_rows:

@@ -1,0 +1,155 @@
+"""Does a second look by MediaPipe's BlazePose landmark model at the person box keep people the calibrated cut loses
+(seen from behind, from above, under water), without keeping boxes that are not people? Measured on the quality
+bench's tune split. Not used by the product.
+
+The model is pose_landmark_full.tflite from the mediapipe wheel (Apache-2.0); mediapipe itself pins numpy < 2, so
+the file is read from the wheel and run by ai-edge-litert in a separate interpreter (--litert-python). Its
+pose-presence output is the look: BlazePose's tracker drops a person when it falls under 0.5.
+
+The rows are research.bench_tune.person_look_rows (the shipped calibration's training rows; painted_person's rows
+reported apart). Each box becomes BlazePose's own kind of region: a square of side 1.25 x max(w, h) around the box's
+centre, zero-padded outside the image, from the image decoded at longer side 1024, resized to 256 x 256, RGB in
+[0, 1]. Three second looks, each a rule written before its figures: a row the shipped cut rejects (calibrated
+<= 0.9) passes if presence >= 0.5 ("presence"); if BlazePose's own detector (pose_detection.tflite, the region at
+224 x 224 in [-1, 1], its best anchor's sigmoid) also gives >= 0.5 ("presence_and_detector"); if a logistic fit of
+logit(calibrated) and logit(presence) on the main rows (C by leave-one-package-out log loss, every row held out by
+package, painted rows too) gives >= 0.9 ("refit_with_presence"). Wins are person_clear rows newly passing, losses
+label-0 rows; the exact sign test.
+
+    python bench/quality.py --split tune --run RUN --write-labels labels.csv
+    python research/person/blazepose_look.py RUN labels.csv --wheel mediapipe-0.10.18-...whl \\
+        --litert-python VENV/bin/python [--rows FILE.csv]
+
+Result (tune batches 1-12, 2026-12-06): presence 5 wins, 5 losses (a heron, a polar bear, a rhinoceros, two
+constellation figures), p 1.0; with the detector 4 wins, 1 loss (a constellation figure), p 0.375; the refit
+2 wins, 0 losses, p 0.5. Not taken. docs/benchmarks.md, "a BlazePose second look at the person box".
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+CUT, LOOK, SCALE, SIDE, DECODE = 0.9, 0.5, 1.25, 256, 1024
+LANDMARK = "mediapipe/modules/pose_landmark/pose_landmark_full.tflite"
+DETECTOR = "mediapipe/modules/pose_detection/pose_detection.tflite"
+
+
+def region(rgb: np.ndarray, box, scale: float) -> np.ndarray:
+    """BlazePose's region for a box (original pixels): a square of side SCALE x the longer side around its centre,
+    zero outside the image, resized to SIDE x SIDE, float32 in [0, 1]."""
+    x1, y1, x2, y2 = (float(v) * scale for v in box)
+    cx, cy, half = (x1 + x2) / 2, (y1 + y2) / 2, SCALE * max(x2 - x1, y2 - y1) / 2
+    a, b, n = int(round(cx - half)), int(round(cy - half)), max(1, int(round(2 * half)))
+    out = np.zeros((n, n, 3), np.uint8)
+    h, w = rgb.shape[:2]
+    sa, sb, ea, eb = max(0, a), max(0, b), min(w, a + n), min(h, b + n)
+    if ea > sa and eb > sb:
+        out[sb - b:eb - b, sa - a:ea - a] = rgb[sb:eb, sa:ea]
+    return resize(out.astype(np.float32) / 255.0, SIDE)
+
+
+def infer(regions_npz: str, folder: str, out_npy: str) -> None:
+    """Run in the ai-edge-litert interpreter: each region's landmark presence, the detector's best score, and the
+    landmark model's CPU seconds."""
+    import time
+
+    from ai_edge_litert.interpreter import Interpreter
+
+    models = []
+    for name in (LANDMARK, DETECTOR):
+        it = Interpreter(model_path=str(Path(folder) / Path(name).name), num_threads=1)
+        it.allocate_tensors()
+        models.append((it, it.get_input_details()[0]["index"], {tuple(d["shape"]): d["index"]
+                                                                  for d in it.get_output_details()}))
+    (lm, lm_in, lm_out), (det, det_in, det_out) = models
+    res = []
+    for x in np.load(regions_npz)["x"].astype(np.float32):
+        t = time.process_time()
+        lm.set_tensor(lm_in, x[None])
+        lm.invoke()
+        presence, seconds = float(lm.get_tensor(lm_out[(1, 1)])[0, 0]), time.process_time() - t
+        det.set_tensor(det_in, resize(x, 224)[None] * 2 - 1)
+        det.invoke()
+        logit = float(np.clip(det.get_tensor(det_out[(1, 2254, 1)]).max(), -100, 100))
+        res.append((presence, 1 / (1 + np.exp(-logit)), seconds))
+    np.save(out_npy, np.asarray(res))
+
+
+def resize(x: np.ndarray, side: int) -> np.ndarray:
+    """A float image in [0, 1] resized (bilinear) to side x side."""
+    from PIL import Image
+
+    return np.asarray(Image.fromarray((x * 255).round().astype(np.uint8)).resize((side, side), Image.BILINEAR),
+                      np.float32) / 255.0
+
+
+def main() -> int:
+    from pipeline.inputs.images import load_rgb
+    from research.bench_tune import bench_quality, held_out_logistic, person_look_rows, report, run_labels_parser
+
+    ap = run_labels_parser(__doc__)
+    ap.add_argument("--wheel", type=Path, required=True, help="a mediapipe wheel (its pose_landmark_full.tflite)")
+    ap.add_argument("--litert-python", type=Path, required=True, help="a Python with ai-edge-litert installed")
+    a = ap.parse_args()
+    quality = bench_quality()
+    rows, meta, bench, package = person_look_rows(a.run, a.labels)
+    x, decoded = [], {}
+    for r in rows:
+        path, judged = meta[r["sid"]]
+        if r["sid"] not in decoded:
+            decoded = {r["sid"]: load_rgb(path.read_bytes(), max_side=DECODE)}
+        rgb, scale = decoded[r["sid"]]
+        x.append(region(rgb, r["box"], scale / judged).astype(np.float16))
+    with tempfile.TemporaryDirectory() as tmp:
+        with zipfile.ZipFile(a.wheel) as z:
+            for name in (LANDMARK, DETECTOR):
+                (Path(tmp) / Path(name).name).write_bytes(z.read(name))
+        np.savez(Path(tmp) / "x.npz", x=np.asarray(x))
+        subprocess.run([str(a.litert_python), __file__, "--infer", str(Path(tmp) / "x.npz"), tmp,
+                        str(Path(tmp) / "p.npy")], check=True)
+        res = np.load(Path(tmp) / "p.npy")
+    p, det, seconds = res[:, 0], res[:, 1], res[:, 2]
+    main = np.array([r["role"] == "row" for r in rows])
+    logit = lambda v: np.log(np.clip(v, 1e-4, 1 - 1e-4) / (1 - np.clip(v, 1e-4, 1 - 1e-4)))  # noqa: E731
+    refit, c, loss = held_out_logistic(np.c_[logit(np.array([r["shipped"] for r in rows])), logit(p)],
+                                       np.array([r["y"] for r in rows]),
+                                       np.array([package[r["id"]] for r in rows]), main)
+    out = {"run": a.run.name, "refit_C": c, "refit_lopo_log_loss": {str(k): round(v, 4) for k, v in loss.items()}}
+    for rule, passes in (("presence", p >= LOOK), ("presence_and_detector", (p >= LOOK) & (det >= LOOK)),
+                         ("refit_with_presence", refit >= CUT)):
+        wins, losses, painted = [], [], []
+        for r, q, d, ok in zip(rows, p, det, passes):
+            if r["shipped"] <= CUT and ok:
+                s = f'{r["id"]} ({bench[r["id"]]["category"]}, presence {q:.3f}, detector {d:.3f})'
+                (painted if r["role"] == "painted" else wins if r["y"] == 1 else losses).append(s)
+        out[rule] = {"wins": wins, "losses": losses,
+                     "sign_test_p": round(quality.sign_test(len(wins), len(losses)), 4),
+                     "no_person_newly_passing": [s for s in losses if "no_person" in s],
+                     "painted_newly_passing": painted}
+    main_rows = [(r, q) for r, q, m in zip(rows, p, main) if m]
+    sweep = {str(t): [int(sum(r["shipped"] <= CUT and q >= t and r["y"] == y for r, q in main_rows)) for y in (1, 0)]
+             for t in (0.1, 0.3, 0.7, 0.9)}
+    out.update({"rows": len(main_rows), "positives": sum(r["y"] for r, _ in main_rows),
+                "shipped_positives_under": sum(r["shipped"] <= CUT and r["y"] == 1 for r, _ in main_rows),
+                "painted_rows": sum(r["role"] == "painted" for r in rows),
+                "presence_sweep_not_a_verdict_wins_losses": sweep,
+                "landmark_cpu_s_per_region_median": round(float(np.median(seconds)), 4)})
+    return report(out, [{"id": r["id"], "role": r["role"], "label": r["y"], "category": bench[r["id"]]["category"],
+                         "shipped": round(float(r["shipped"]), 4), "presence": round(float(q), 4),
+                         "detector": round(float(d), 4), "refit": round(float(f), 4)}
+                        for r, q, d, f in zip(rows, p, det, refit)], a.rows)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--infer"]:
+        infer(*sys.argv[2:5])
+        sys.exit(0)
+    sys.exit(main())
