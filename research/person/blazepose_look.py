@@ -3,8 +3,9 @@
 bench's tune split. Not used by the product.
 
 The model is pose_landmark_full.tflite from the mediapipe wheel (Apache-2.0); mediapipe itself pins numpy < 2, so
-the file is read from the wheel and run by ai-edge-litert in a separate interpreter (--litert-python). Its
-pose-presence output is the look: BlazePose's tracker drops a person when it falls under 0.5.
+the files are read from the wheel and run by ai-edge-litert (not a dependency of humanset) in a separate interpreter
+(--litert-python: a Python with ai-edge-litert and Pillow). Its pose-presence output is the look: BlazePose's
+tracker drops a person when it falls under 0.5.
 
 The rows are research.bench_tune.person_look_rows (the shipped calibration's training rows; painted_person's rows
 reported apart). Each box becomes BlazePose's own kind of region: a square of side 1.25 x max(w, h) around the box's
@@ -22,7 +23,8 @@ label-0 rows; the exact sign test.
 
 Result (tune batches 1-12, 2026-12-06): presence 5 wins, 5 losses (a heron, a polar bear, a rhinoceros, two
 constellation figures), p 1.0; with the detector 4 wins, 1 loss (a constellation figure), p 0.375; the refit
-2 wins, 0 losses, p 0.5. Not taken. docs/benchmarks.md, "a BlazePose second look at the person box".
+2 wins, 0 losses, p 0.5. With batch 13 (batches 1-13): with the detector 5 wins, 1 loss, p 0.22. Not taken.
+docs/benchmarks.md, "a BlazePose second look at the person box" and "batch 13".
 """
 from __future__ import annotations
 
@@ -91,13 +93,19 @@ def resize(x: np.ndarray, side: int) -> np.ndarray:
                       np.float32) / 255.0
 
 
+def logit(v: np.ndarray) -> np.ndarray:
+    """log(v / (1 - v)), v clipped to [1e-4, 1 - 1e-4]."""
+    v = np.clip(v, 1e-4, 1 - 1e-4)
+    return np.log(v / (1 - v))
+
+
 def main() -> int:
     from pipeline.inputs.images import load_rgb
     from research.bench_tune import bench_quality, held_out_logistic, person_look_rows, report, run_labels_parser
 
     ap = run_labels_parser(__doc__)
     ap.add_argument("--wheel", type=Path, required=True, help="a mediapipe wheel (its pose_landmark_full.tflite)")
-    ap.add_argument("--litert-python", type=Path, required=True, help="a Python with ai-edge-litert installed")
+    ap.add_argument("--litert-python", type=Path, required=True, help="a Python with ai-edge-litert and Pillow installed")
     a = ap.parse_args()
     quality = bench_quality()
     rows, meta, bench, package = person_look_rows(a.run, a.labels)
@@ -118,7 +126,6 @@ def main() -> int:
         res = np.load(Path(tmp) / "p.npy")
     p, det, seconds = res[:, 0], res[:, 1], res[:, 2]
     main = np.array([r["role"] == "row" for r in rows])
-    logit = lambda v: np.log(np.clip(v, 1e-4, 1 - 1e-4) / (1 - np.clip(v, 1e-4, 1 - 1e-4)))  # noqa: E731
     refit, c, loss = held_out_logistic(np.c_[logit(np.array([r["shipped"] for r in rows])), logit(p)],
                                        np.array([r["y"] for r in rows]),
                                        np.array([package[r["id"]] for r in rows]), main)
