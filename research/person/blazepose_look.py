@@ -23,7 +23,7 @@ label-0 rows; the exact sign test.
 
 Result (tune batches 1-12, 2026-12-06): presence 5 wins, 5 losses (a heron, a polar bear, a rhinoceros, two
 constellation figures), p 1.0; with the detector 4 wins, 1 loss (a constellation figure), p 0.375; the refit
-2 wins, 0 losses, p 0.5. With batch 13 (batches 1-13): with the detector 5 wins, 1 loss, p 0.22. Not taken.
+2 wins, 0 losses, p 0.5. With batches 13 and 14: with the detector 5 wins, 1 loss, p 0.22. Not taken.
 docs/benchmarks.md, "a BlazePose second look at the person box" and "batch 13".
 """
 from __future__ import annotations
