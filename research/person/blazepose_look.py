@@ -46,7 +46,7 @@ DETECTOR = "mediapipe/modules/pose_detection/pose_detection.tflite"
 
 def region(rgb: np.ndarray, box, scale: float) -> np.ndarray:
     """BlazePose's region for a box (original pixels): a square of side SCALE x the longer side around its centre,
-    zero outside the image, resized to SIDE x SIDE, float32 in [0, 1]."""
+    zero outside the image, resized to SIDE x SIDE (uint8 RGB)."""
     x1, y1, x2, y2 = (float(v) * scale for v in box)
     cx, cy, half = (x1 + x2) / 2, (y1 + y2) / 2, SCALE * max(x2 - x1, y2 - y1) / 2
     a, b, n = int(round(cx - half)), int(round(cy - half)), max(1, int(round(2 * half)))
@@ -55,7 +55,7 @@ def region(rgb: np.ndarray, box, scale: float) -> np.ndarray:
     sa, sb, ea, eb = max(0, a), max(0, b), min(w, a + n), min(h, b + n)
     if ea > sa and eb > sb:
         out[sb - b:eb - b, sa - a:ea - a] = rgb[sb:eb, sa:ea]
-    return resize(out.astype(np.float32) / 255.0, SIDE)
+    return resize(out, SIDE)
 
 
 def infer(regions_npz: str, folder: str, out_npy: str) -> None:
@@ -73,12 +73,12 @@ def infer(regions_npz: str, folder: str, out_npy: str) -> None:
                                                                   for d in it.get_output_details()}))
     (lm, lm_in, lm_out), (det, det_in, det_out) = models
     res = []
-    for x in np.load(regions_npz)["x"].astype(np.float32):
+    for x in np.load(regions_npz)["x"]:
         t = time.process_time()
-        lm.set_tensor(lm_in, x[None])
+        lm.set_tensor(lm_in, (x[None] / np.float32(255)).astype(np.float32))
         lm.invoke()
         presence, seconds = float(lm.get_tensor(lm_out[(1, 1)])[0, 0]), time.process_time() - t
-        det.set_tensor(det_in, resize(x, 224)[None] * 2 - 1)
+        det.set_tensor(det_in, (resize(x, 224)[None] / np.float32(127.5) - 1).astype(np.float32))
         det.invoke()
         logit = float(np.clip(det.get_tensor(det_out[(1, 2254, 1)]).max(), -100, 100))
         res.append((presence, 1 / (1 + np.exp(-logit)), seconds))
@@ -86,11 +86,10 @@ def infer(regions_npz: str, folder: str, out_npy: str) -> None:
 
 
 def resize(x: np.ndarray, side: int) -> np.ndarray:
-    """A float image in [0, 1] resized (bilinear) to side x side."""
+    """A uint8 RGB image resized (bilinear) to side x side."""
     from PIL import Image
 
-    return np.asarray(Image.fromarray((x * 255).round().astype(np.uint8)).resize((side, side), Image.BILINEAR),
-                      np.float32) / 255.0
+    return np.asarray(Image.fromarray(x).resize((side, side), Image.BILINEAR))
 
 
 def logit(v: np.ndarray) -> np.ndarray:
@@ -115,7 +114,7 @@ def main() -> int:
         if r["sid"] not in decoded:
             decoded = {r["sid"]: load_rgb(path.read_bytes(), max_side=DECODE)}
         rgb, scale = decoded[r["sid"]]
-        x.append(region(rgb, r["box"], scale / judged).astype(np.float16))
+        x.append(region(rgb, r["box"], scale / judged))
     with tempfile.TemporaryDirectory() as tmp:
         with zipfile.ZipFile(a.wheel) as z:
             for name in (LANDMARK, DETECTOR):
@@ -125,10 +124,10 @@ def main() -> int:
                         str(Path(tmp) / "p.npy")], check=True)
         res = np.load(Path(tmp) / "p.npy")
     p, det, seconds = res[:, 0], res[:, 1], res[:, 2]
-    main = np.array([r["role"] == "row" for r in rows])
+    is_row = np.array([r["role"] == "row" for r in rows])
     refit, c, loss = held_out_logistic(np.c_[logit(np.array([r["shipped"] for r in rows])), logit(p)],
                                        np.array([r["y"] for r in rows]),
-                                       np.array([package[r["id"]] for r in rows]), main)
+                                       np.array([package[r["id"]] for r in rows]), is_row)
     out = {"run": a.run.name, "refit_C": c, "refit_lopo_log_loss": {str(k): round(v, 4) for k, v in loss.items()}}
     for rule, passes in (("presence", p >= LOOK), ("presence_and_detector", (p >= LOOK) & (det >= LOOK)),
                          ("refit_with_presence", refit >= CUT)):
@@ -141,7 +140,7 @@ def main() -> int:
                      "sign_test_p": round(quality.sign_test(len(wins), len(losses)), 4),
                      "no_person_newly_passing": [s for s in losses if "no_person" in s],
                      "painted_newly_passing": painted}
-    main_rows = [(r, q) for r, q, m in zip(rows, p, main) if m]
+    main_rows = [(r, q) for r, q, m in zip(rows, p, is_row) if m]
     sweep = {str(t): [int(sum(r["shipped"] <= CUT and q >= t and r["y"] == y for r, q in main_rows)) for y in (1, 0)]
              for t in (0.1, 0.3, 0.7, 0.9)}
     out.update({"rows": len(main_rows), "positives": sum(r["y"] for r, _ in main_rows),

@@ -19,7 +19,6 @@ batches 1-12: 1 win, 3 losses (a dachshund too), p 0.63. Not taken. docs/benchma
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from research.bench_tune import bench_quality, held_out_logistic, person_look_rows, run_labels_parser, write_rows  # noqa: E402
+from research.bench_tune import bench_quality, held_out_logistic, person_look_rows, report, run_labels_parser  # noqa: E402
 
 CUT, LOOK, MARGIN, DECODE, EXTRA_MIN_RAW = 0.9, 0.9, 0.10, 1024, 0.25
 
@@ -105,13 +104,9 @@ def main() -> int:
            "extra_negatives_at_or_over_look": int((p[[k for k in range(len(rows)) if rows[k]["role"] == "extra"]]
                                                    >= LOOK).sum()),
            "tower_cpu_s_per_crop_median": round(float(np.median(seconds)), 4)}
-    print(json.dumps(out, indent=1))
-    if a.rows:
-        write_rows(a.rows, [{"id": r["id"], "role": r["role"], "label": r["y"],
-                             "category": bench[r["id"]]["category"],
-                             "shipped": "" if r["shipped"] is None else round(float(r["shipped"]), 4),
-                             "clip_p": round(float(q), 4)} for r, q in zip(rows, p)])
-    return 0
+    return report(out, [{"id": r["id"], "role": r["role"], "label": r["y"], "category": bench[r["id"]]["category"],
+                         "shipped": "" if r["shipped"] is None else round(float(r["shipped"]), 4),
+                         "clip_p": round(float(q), 4)} for r, q in zip(rows, p)], a.rows)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ fit's verdict on it, and so is a refit of the three shipped features: wins, loss
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from research.bench_tune import bench_quality, run_labels_parser, write_rows  # noqa: E402
+from research.bench_tune import bench_quality, report, run_labels_parser  # noqa: E402
 
 LEGS = tuple(range(11, 17))  # COCO-17: hips, knees, ankles
 CUT = 0.9
@@ -83,10 +82,7 @@ def main() -> int:
                      "coef": [round(float(c), 3) for c in coef]}
         for r, h in zip(rows, held):
             r[name] = round(float(h), 4)
-    print(json.dumps(out, indent=1))
-    if a.rows:
-        write_rows(a.rows, rows)
-    return 0
+    return report(out, rows, a.rows)
 
 
 if __name__ == "__main__":
