@@ -20,6 +20,7 @@ from PIL import Image
 
 from catalog import run_kind
 from humanset.cli import build_parser, main
+from ray_lines import ours
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXES = ("pass ", "check ", "rerun", "drop ", "choose ", "use ", "lower ", "wait ", "give ", "free ", "remove ", "resume")
@@ -150,7 +151,7 @@ def test_a_mistake_is_one_line_naming_the_input_and_the_fix(world, tmp_path, cap
     new = tmp_path / "new"
     status = main(fill(argv, world, new))
     out = capsys.readouterr()
-    lines = [line for line in out.err.splitlines() if line.strip()]
+    lines = ours(out.err)
     named = str(world[names[1:-1]]) if names.startswith("{") else names
     assert status in (2, 3), (status, out.err)
     assert len(lines) == 1, out.err
@@ -162,8 +163,8 @@ def test_a_mistake_is_one_line_naming_the_input_and_the_fix(world, tmp_path, cap
 @pytest.mark.parametrize("argv", EMPTY, ids=[" ".join(a) for a in EMPTY])
 def test_an_empty_string_is_named_as_one(world, tmp_path, capsys, argv):
     status = main(fill(argv, world, tmp_path / "new"))
-    err = capsys.readouterr().err.strip()
-    assert status == 2 and "is an empty string; pass a value" in err and "\n" not in err, err
+    lines = ours(capsys.readouterr().err)
+    assert status == 2 and len(lines) == 1 and "is an empty string; pass a value" in lines[0], lines
 
 
 def humanset(*args, stdout=subprocess.PIPE, timeout=300):

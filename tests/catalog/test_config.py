@@ -6,6 +6,7 @@ import pytest
 
 from catalog.config import Check, ConfigError, load
 from pipeline.config import apply_sets, default_config, load_config
+from ray_lines import ours
 
 
 @pytest.mark.parametrize("item", ["size.min_short_side=.nan", "size.min_short_side=.inf",
@@ -74,7 +75,7 @@ def test_curate_cli_refuses_nan_in_one_line_before_any_work(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["curate", "--input", str(tmp_path), "--output", str(out),
                  "--set", "size.min_short_side=.nan"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = ours(capsys.readouterr().err)
     assert err == ["humanset curate: error: config size.min_short_side must be a finite number, got nan"]
     assert not out.exists()
 
@@ -95,5 +96,5 @@ def test_unknown_key_is_one_unquoted_line(tmp_path, capsys):
 
     assert main(["curate", "--input", str(tmp_path), "--output", str(tmp_path / "run"),
                  "--set", "person.min_scor=1"]) == 2
-    (line,) = capsys.readouterr().err.strip().splitlines()
+    (line,) = ours(capsys.readouterr().err)
     assert line.startswith("humanset curate: error: --set 'person.min_scor=1': unknown key 'min_scor' (known here:")

@@ -9,6 +9,7 @@ from humanset.cli import main as humanset_main
 from training import checkpoint as ckpt
 from humanset.demo import pretrain_demo as demo
 from training.pretrain import PretrainConfig, pretrain
+from ray_lines import ours
 from training_fixtures import logged_losses, skimage_samples
 
 
@@ -93,8 +94,8 @@ def test_cli_pretrain_export_and_vis(shards, tmp_path):
 
 def test_cli_rejects_unknown_settings(shards, tmp_path, capsys):
     rc = humanset_main(["pretrain", "--data", str(shards), "--output", str(tmp_path), "--set", "learning_rate=1"])
-    err = capsys.readouterr().err.strip()
-    assert rc == 2 and "unknown settings" in err and len(err.splitlines()) == 1
+    err = ours(capsys.readouterr().err)
+    assert rc == 2 and len(err) == 1 and "unknown settings" in err[0], err
 
 
 def test_vis_masks_as_much_as_the_model_was_trained_to():

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 
 import pytest
 
 from humanset.cli import main
+from ray_lines import ours
 from training.config import YAML, default_config, load_config, load_settings
 
 
@@ -50,15 +50,6 @@ def test_order_yaml_then_config_then_set_then_flags(tmp_path):
     assert load_settings("pretrain", sets=["base_lr=1e-4"])["base_lr"] == 1e-4
 
 
-RAY_LINE = re.compile(r"^(\x1b\[[0-9;]*m)?\(\w+ pid=\d+")  # a Ray process's line, forwarded: "(Name pid=N) ..."
-
-
-def _ours(err: str) -> list[str]:
-    """stderr's lines without those Ray forwards: in the full suite a Ray process of an earlier test
-    (e.g. Ray Train's PlacementGroupCleaner) can print on this test's stderr."""
-    return [line for line in err.strip().splitlines() if not RAY_LINE.match(line)]
-
-
 @pytest.mark.parametrize("command, item, message", [
     ("pretrain", "base_lr=.nan", "config base_lr must be a finite number, got nan"),
     ("pretrain", "mask_ratio=1.5", "config mask_ratio must be <= 0.99, got 1.5"),
@@ -73,13 +64,13 @@ def test_bad_set_value_is_curates_one_line_and_exit_2(tmp_path, capsys, command,
             "finetune": ["finetune", "--task", "depth", "--data", str(tmp_path), "--output", str(out)],
             "train-filter": ["train-filter", "art", "--images", str(tmp_path), "--output", str(out)]}[command]
     assert main(argv + ["--set", item]) == 2
-    err = _ours(capsys.readouterr().err)
+    err = ours(capsys.readouterr().err)
     assert err == [f"humanset {command}: error: {message}"]
     assert not out.exists()
     # curate's line for the same kind of mistake has the same shape
     assert main(["curate", "--input", str(tmp_path), "--output", str(out), "--set", "size.min_short_side=.nan"]) == 2
     # (tests/catalog/test_config.py and tests/test_cli_console.py check the messages and the console)
-    curate = _ours(capsys.readouterr().err)
+    curate = ours(capsys.readouterr().err)
     assert curate == ["humanset curate: error: config size.min_short_side must be a finite number, got nan"]
 
 
@@ -88,7 +79,7 @@ def test_unknown_setting_in_a_config_file_names_the_file(tmp_path, capsys):
     f.write_text("learning_rate: 1\n")
     assert main(["finetune", "--task", "depth", "--data", str(tmp_path), "--output", str(tmp_path / "o"),
                  "--config", str(f)]) == 2
-    (line,) = _ours(capsys.readouterr().err)
+    (line,) = ours(capsys.readouterr().err)
     assert line.startswith(f"humanset finetune: error: --config {f}: unknown key 'learning_rate' (known here:")
     assert line.endswith("training/finetune.yaml lists them all")
 
