@@ -19,11 +19,14 @@ The images are real files from registry packages, labelled by eye into six categ
                      tp, fp, fn, tn, recall, precision (a sample the stage never scored counts as "no")
      confusion       first_reject: {stage: {category: n}} (the stage of reject_reason: what rejected it);
                      any_reject: {stage: {category: n}} (every failing stage, reject_reasons);
-                     reasons: {stage:rule: {category: n}} (the first reason, numbers dropped)
+                     reasons: {stage:rule: {category: n}} (the first reason, numbers dropped);
+                     person_clear_lost_to: {"art+person": n, ...}: the lost person_clear by the set of
+                     stages that failed each (with --score-all), so what one stage's change can win back
      watermark       on clean photos (person_clear, person_small, no_person): scored, rejected,
                      false_positive_rate (rejected / scored), ids; must_pass {id: passed} for the named
                      clean photos of WATERMARK_MUST_PASS in the split (the official portrait of issue 38)
-     ids             person_clear_rejected, kept_not_person_clear {category: ids}: the mistakes by name
+     ids             person_clear_rejected, person_clear_lost_to {id: stages}, kept_not_person_clear
+                     {category: ids}: the mistakes by name
      stages_scored   {stage: samples it measured}, errors {stage: samples with an inference error}
      stage_seconds   work seconds per stage from RUN/stats/*.json where the run wrote them
      targets         each issue-38 target: value, target, met (read them on eval)
@@ -122,21 +125,22 @@ def score(samples: list[dict], categories: dict[str, str]) -> dict:
     scored, errors = defaultdict(int), defaultdict(int)
     pr = {"tp": 0, "fp": 0, "fn": 0, "tn": 0}
     wm = {"clean_photos": 0, "scored": 0, "rejected": 0, "ids": []}
-    lost, wrongly_kept = [], defaultdict(list)
+    lost, lost_to, wrongly_kept = [], {}, defaultdict(list)
     for s in samples:
         cat = categories[s["id"]]
         c = cats[cat]
         c["n"] += 1
         c["kept"] += bool(s["keep"])
+        failing = {r.split(":", 1)[0] for r in (s.get("reject_reasons") or [])}
         if cat == "person_clear" and not s["keep"]:
             lost.append(s["id"])
+            lost_to[s["id"]] = "+".join(sorted(failing)) or "none"
         elif cat != "person_clear" and s["keep"]:
             wrongly_kept[cat].append(s["id"])
         if s.get("reject_reason"):
             stage = s["reject_reason"].split(":", 1)[0]
             first[stage][cat] += 1
             reasons[reason_kind(s["reject_reason"])][cat] += 1
-        failing = {r.split(":", 1)[0] for r in (s.get("reject_reasons") or [])}
         for stage in failing:
             anyr[stage][cat] += 1
         for stage in s.get("scored_stages") or []:
@@ -155,6 +159,11 @@ def score(samples: list[dict], categories: dict[str, str]) -> dict:
                 wm["rejected"] += 1
                 wm["ids"].append(s["id"])
     n_kept = sum(c["kept"] for c in cats.values())
+    # the lost people by the set of stages that failed each: a change to one stage can win back at most those
+    # that stage alone failed (a change to the person stage: "person", not "art+person")
+    lost_by = defaultdict(int)
+    for stages in lost_to.values():
+        lost_by[stages] += 1
     pc = cats.get("person_clear", {"n": 0, "kept": 0})
     out = {
         "n": len(samples),
@@ -165,11 +174,12 @@ def score(samples: list[dict], categories: dict[str, str]) -> dict:
                  "person_clear_recall": _rate(pc["kept"], pc["n"])},
         "person_rule": {**pr, "recall": _rate(pr["tp"], pr["tp"] + pr["fn"]),
                         "precision": _rate(pr["tp"], pr["tp"] + pr["fp"])},
-        "confusion": {name: {k: dict(v) for k, v in sorted(table.items())}
-                      for name, table in (("first_reject", first), ("any_reject", anyr), ("reasons", reasons))},
+        "confusion": {**{name: {k: dict(v) for k, v in sorted(table.items())}
+                         for name, table in (("first_reject", first), ("any_reject", anyr), ("reasons", reasons))},
+                      "person_clear_lost_to": dict(sorted(lost_by.items(), key=lambda kv: (-kv[1], kv[0])))},
         "watermark": {**wm, "ids": sorted(wm["ids"]), "false_positive_rate": _rate(wm["rejected"], wm["scored"]),
                       "must_pass": {i: i not in wm["ids"] for i in WATERMARK_MUST_PASS if i in categories}},
-        "ids": {"person_clear_rejected": sorted(lost),
+        "ids": {"person_clear_rejected": sorted(lost), "person_clear_lost_to": dict(sorted(lost_to.items())),
                 "kept_not_person_clear": {k: sorted(v) for k, v in sorted(wrongly_kept.items())}},
         "stages_scored": dict(scored),
         "errors": dict(errors),

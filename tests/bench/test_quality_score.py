@@ -69,12 +69,27 @@ def test_score_of_a_synthetic_catalog(tmp_path):
                             "reject_reason": "watermark:watermark>0.8", "reject_reasons": ["watermark:watermark>0.8"]}],
                           {"face-recognition-obama": "person_clear"})
     assert named["watermark"]["must_pass"] == {"face-recognition-obama": False}
-    assert out["ids"] == {"person_clear_rejected": ["pc-lost"],
+    assert conf["person_clear_lost_to"] == {"watermark": 1}
+    assert out["ids"] == {"person_clear_rejected": ["pc-lost"], "person_clear_lost_to": {"pc-lost": "watermark"},
                           "kept_not_person_clear": {"painted_person": ["pp-1"], "person_small": ["ps-kept"]}}
     t = out["targets"]
     assert t["person_clear_kept"] == {"value": 0.6667, "target": ">= 0.9", "met": False}
     assert t["non_photo_kept"]["met"] is True and t["painted_person_kept"]["met"] is False
     assert t["no_person_kept"]["met"] is True and t["watermark_false_positive_rate"]["met"] is False
+
+
+def test_lost_people_by_the_stages_that_failed_them():
+    """What one stage's change can win back: the people only that stage failed (with --score-all)."""
+    rows = {"a": ["person:calibrated_score<=0.9"], "b": ["person:calibrated_score<=0.9", "art:art>0.84"],
+            "c": ["art:art>0.84", "person:box<=300px"], "d": ["person:box<=300px"], "e": ["text:text_area>0.03"],
+            "f": [], "g": []}  # f lost with no failing stage recorded (a cascade run's dedup, say); g kept
+    samples = [{"id": i, "keep": i == "g", "reject_reasons": r, "scored_stages": ALL, "person_n_pass": 0}
+               for i, r in rows.items()]
+    out = quality.score(samples, dict.fromkeys(rows, "person_clear"))
+    assert out["confusion"]["person_clear_lost_to"] == {"art+person": 2, "person": 2, "none": 1, "text": 1}
+    assert list(out["confusion"]["person_clear_lost_to"]) == ["art+person", "person", "none", "text"]  # most first
+    assert out["ids"]["person_clear_lost_to"] == {"a": "person", "b": "art+person", "c": "art+person",
+                                                  "d": "person", "e": "text", "f": "none"}
 
 
 def test_score_refuses_rows_that_are_not_bench_images(tmp_path):
