@@ -53,7 +53,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -161,9 +161,7 @@ def score(samples: list[dict], categories: dict[str, str]) -> dict:
     n_kept = sum(c["kept"] for c in cats.values())
     # the lost people by the set of stages that failed each: a change to one stage can win back at most those
     # that stage alone failed (a change to the person stage: "person", not "art+person")
-    lost_by = defaultdict(int)
-    for stages in lost_to.values():
-        lost_by[stages] += 1
+    lost_by = Counter(lost_to.values())
     pc = cats.get("person_clear", {"n": 0, "kept": 0})
     out = {
         "n": len(samples),

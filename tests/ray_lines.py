@@ -18,5 +18,5 @@ RAY_LINE = re.compile(rf"^{_COLOUR}\((?:raylet|autoscaler [^)]*|(?:.*? )?pid=[^,
 
 
 def ours(err: str) -> list[str]:
-    """stderr's non-blank lines without Ray's forwarded ones."""
-    return [line for line in err.splitlines() if line.strip() and not RAY_LINE.match(line)]
+    """stderr's lines (blank ends stripped, as `err.strip().splitlines()`) without Ray's forwarded ones."""
+    return [line for line in err.strip().splitlines() if not RAY_LINE.match(line)]

@@ -151,7 +151,7 @@ def test_a_mistake_is_one_line_naming_the_input_and_the_fix(world, tmp_path, cap
     new = tmp_path / "new"
     status = main(fill(argv, world, new))
     out = capsys.readouterr()
-    lines = ours(out.err)
+    lines = [line for line in ours(out.err) if line.strip()]
     named = str(world[names[1:-1]]) if names.startswith("{") else names
     assert status in (2, 3), (status, out.err)
     assert len(lines) == 1, out.err
