@@ -24,7 +24,10 @@ The images are real files from registry packages, labelled by eye into six categ
                      stages that failed each (with --score-all), so what one stage's change can win back
      watermark       on clean photos (person_clear, person_small, no_person): scored, rejected,
                      false_positive_rate (rejected / scored), ids; must_pass {id: passed} for the named
-                     clean photos of WATERMARK_MUST_PASS in the split (the official portrait of issue 38)
+                     clean photos of WATERMARK_MUST_PASS in the split (the official portrait of issue 38);
+                     reaching: the same on the clean photos that reach the stage in a cascade run (no stage
+                     before it in the run's order failed them): clean_photos, rejected, ids,
+                     false_positive_rate, the photos a user's run loses to the stage
      ids             person_clear_rejected, person_clear_lost_to {id: stages}, kept_not_person_clear
                      {category: ids}: the mistakes by name
      stages_scored   {stage: samples it measured}, errors {stage: samples with an inference error}
@@ -64,6 +67,9 @@ quality_data = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(quality_data)
 
 CLEAN_PHOTOS = ("person_clear", "person_small", "no_person")
+# the stages before the watermark stage in the default order (pipeline/default.yaml): a clean photo one of them
+# rejects never reaches the watermark stage in a production (cascade) run
+BEFORE_WATERMARK = ("decode", "size", "dedup", "person", "text")
 # clean photos the watermark stage must pass, by name (issue 38): an official portrait whose jacket's
 # four cuff buttons were once read as the year "2000" in the bottom band
 WATERMARK_MUST_PASS = ("face-recognition-obama",)
@@ -113,9 +119,10 @@ def reason_kind(reason: str) -> str:
     return re.split(r"[<>=!]", reason, maxsplit=1)[0].strip()
 
 
-def score(samples: list[dict], categories: dict[str, str]) -> dict:
+def score(samples: list[dict], categories: dict[str, str], before_watermark=BEFORE_WATERMARK) -> dict:
     """The bench's figures from catalog rows (bench id, keep, reject_reason, reject_reasons,
-    scored_stages, person_n_pass and the *_error columns) and id -> category. Pure."""
+    scored_stages, person_n_pass and the *_error columns) and id -> category. Pure.
+    before_watermark: the stages that run before the watermark stage (watermark.reaching)."""
     missing = sorted(set(categories) - {s["id"] for s in samples})
     unknown = sorted({s["id"] for s in samples} - set(categories))
     if unknown:
@@ -125,6 +132,7 @@ def score(samples: list[dict], categories: dict[str, str]) -> dict:
     scored, errors = defaultdict(int), defaultdict(int)
     pr = {"tp": 0, "fp": 0, "fn": 0, "tn": 0}
     wm = {"clean_photos": 0, "scored": 0, "rejected": 0, "ids": []}
+    reach = {"clean_photos": 0, "rejected": 0, "ids": []}
     lost, lost_to, wrongly_kept = [], {}, defaultdict(list)
     for s in samples:
         cat = categories[s["id"]]
@@ -158,6 +166,11 @@ def score(samples: list[dict], categories: dict[str, str]) -> dict:
             if "watermark" in failing:
                 wm["rejected"] += 1
                 wm["ids"].append(s["id"])
+            if "watermark" in (s.get("scored_stages") or []) and not failing & set(before_watermark):
+                reach["clean_photos"] += 1
+                if "watermark" in failing:
+                    reach["rejected"] += 1
+                    reach["ids"].append(s["id"])
     n_kept = sum(c["kept"] for c in cats.values())
     # the lost people by the set of stages that failed each: a change to one stage can win back at most those
     # that stage alone failed (a change to the person stage: "person", not "art+person")
@@ -176,7 +189,9 @@ def score(samples: list[dict], categories: dict[str, str]) -> dict:
                          for name, table in (("first_reject", first), ("any_reject", anyr), ("reasons", reasons))},
                       "person_clear_lost_to": dict(sorted(lost_by.items(), key=lambda kv: (-kv[1], kv[0])))},
         "watermark": {**wm, "ids": sorted(wm["ids"]), "false_positive_rate": _rate(wm["rejected"], wm["scored"]),
-                      "must_pass": {i: i not in wm["ids"] for i in WATERMARK_MUST_PASS if i in categories}},
+                      "must_pass": {i: i not in wm["ids"] for i in WATERMARK_MUST_PASS if i in categories},
+                      "reaching": {**reach, "ids": sorted(reach["ids"]),
+                                   "false_positive_rate": _rate(reach["rejected"], reach["clean_photos"])}},
         "ids": {"person_clear_rejected": sorted(lost), "person_clear_lost_to": dict(sorted(lost_to.items())),
                 "kept_not_person_clear": {k: sorted(v) for k, v in sorted(wrongly_kept.items())}},
         "stages_scored": dict(scored),
@@ -333,7 +348,8 @@ def main(argv=None) -> int:
     effective = json.loads(manifest.read_text()).get("config") if manifest.is_file() else None
     out["config"] = {"file": str(args.config) if args.config else None, "set": args.sets,
                      "score_all": None if args.run else not args.cascade, "effective": effective}
-    out.update(score(samples, categories))
+    order = (effective or {}).get("stages") or []
+    out.update(score(samples, categories, order[:order.index("watermark")] if "watermark" in order else BEFORE_WATERMARK))
     out["stage_seconds"] = stage_seconds(run)
     if args.compare:
         baseline = split_samples(args.compare, categories, args.split)

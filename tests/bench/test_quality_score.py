@@ -59,8 +59,15 @@ def test_score_of_a_synthetic_catalog(tmp_path):
     assert conf["any_reject"]["text"] == {"text_or_mark": 1}
     assert conf["reasons"]["size:short_side"] == {"non_photo": 1}
     # every clean photo was scored by the watermark stage; two of six rejected
+    # reaching: np-1 and np-2 fail the person stage, which runs before the watermark stage, so four reach it
     assert out["watermark"] == {"clean_photos": 6, "scored": 6, "rejected": 2, "ids": ["np-1", "pc-lost"],
-                                "false_positive_rate": 0.3333, "must_pass": {}}
+                                "false_positive_rate": 0.3333, "must_pass": {},
+                                "reaching": {"clean_photos": 4, "rejected": 1, "ids": ["pc-lost"],
+                                             "false_positive_rate": 0.25}}
+    # in an order where the watermark stage runs first, every scored clean photo reaches it
+    first = quality.score(samples, {k: v[0] for k, v in ROWS.items()}, before_watermark=())
+    assert first["watermark"]["reaching"] == {"clean_photos": 6, "rejected": 2, "ids": ["np-1", "pc-lost"],
+                                              "false_positive_rate": 0.3333}
     # the official portrait of issue 38, by name: passed when the watermark stage did not fail it
     named = quality.score([{"id": "face-recognition-obama", "keep": True, "scored_stages": ALL, "person_n_pass": 1}],
                           {"face-recognition-obama": "person_clear"})
