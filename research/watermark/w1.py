@@ -21,6 +21,7 @@ marks at opacity >= 0.2) must not fall by more than 0.01.
 Result (tune batches 1-13, 2026-12-06, run once for the record: its rule asked for 5 clean tune photos read as
 marks, tune holds 4): 1 win (the radio board's URL), no loss; the generated family's recall fell by 0.017 (0.019 at
 opacity >= 0.2). Dropped. docs/benchmarks.md, "batch 13".
+Rerun 2026-12-07 on tune batches 1-15, after its comparison moved into compare() for w2.py: the same figures.
 """
 from __future__ import annotations
 
@@ -104,52 +105,61 @@ def wm_scores(wm, rows: list[dict], shared: list[dict], batch: int) -> list[floa
     return bw.measure(wm, rows, batch, shared)[0]["watermark_score"]
 
 
+def compare(rule, name: str, text, wm, cut: float, cache: Path, batch: int) -> dict:
+    """The tune bench's clean photos and text_or_mark images, and the generated tune family, each scored by the
+    watermark stage on the text stage's boxes under the shipped evidence and under rule `name` (`rule(name)` switches
+    it). Returns the report's common figures, the files, their categories, the scores and the bench's boxes."""
+    from research.bench_tune import bench_quality, tune_images
+
+    labels, files = tune_images(cache)
+    files = [f for f in files if labels[f.stem]["category"] in CLEAN + ("text_or_mark",)]
+    images = [f.read_bytes() for f in files]
+    family = bw.build_set("tune", 180, 60, bw.marks.SEEDS["tune"])
+    bench_set = text_boxes(text, images, batch)
+    family_set = text_boxes(text, [r["image"] for r in family], batch)
+    scores, recall = {}, {}
+    for variant in ("shipped", name):
+        with rule(variant):
+            scores[variant] = wm_scores(wm, *bench_set, batch)
+            fam = wm_scores(wm, *family_set, batch)
+        marked = [(r, s) for r, s in zip(family, fam) if r["label"] == 1]
+        recall[variant] = {"all": round(float(np.mean([s is not None and s > cut for _, s in marked])), 4),
+                           "opacity_ge_0.2": round(float(np.mean([s is not None and s > cut for r, s in marked
+                                                                  if r["opacity"] >= 0.2])), 4),
+                           "clean_rejected": sum(s is not None and s > cut for r, s in zip(family, fam)
+                                                 if r["label"] == 0)}
+    rej = {k: [v is not None and v > cut for v in s] for k, s in scores.items()}
+    cat = [labels[f.stem]["category"] for f in files]
+    wins = [f.stem for f, c, r0, r1 in zip(files, cat, rej["shipped"], rej[name]) if c in CLEAN and r0 and not r1]
+    losses = [f.stem for f, c, r0, r1 in zip(files, cat, rej["shipped"], rej[name])
+              if c == "text_or_mark" and r0 and not r1]
+    out = {"clean_photos": sum(c in CLEAN for c in cat), "text_or_mark": cat.count("text_or_mark"),
+           "clean_rejected": {k: [f.stem for f, c, r in zip(files, cat, v) if c in CLEAN and r]
+                              for k, v in rej.items()},
+           "text_or_mark_rejected": {k: sum(c == "text_or_mark" and r for c, r in zip(cat, v)) for k, v in rej.items()},
+           "wins": wins, "losses": losses, "sign_test_p": round(bench_quality().sign_test(len(wins), len(losses)), 4),
+           "family_tune": recall,
+           "family_recall_fall": {k: round(recall["shipped"][k] - recall[name][k], 4) for k in ("all", "opacity_ge_0.2")}}
+    rows = [{"id": f.stem, "category": c, "shipped": None if s0 is None else round(s0, 4),
+             name: None if s1 is None else round(s1, 4)}
+            for f, c, s0, s1 in zip(files, cat, scores["shipped"], scores[name])]
+    return {"out": out, "rows": rows, "files": files, "scores": scores, "bench_set": bench_set}
+
+
 def main() -> int:
     from catalog.rules import WATERMARK
     from pipeline.config import load_config
     from pipeline.stages.text import TextStage
     from pipeline.stages.watermark.stage import WatermarkStage
-    from research.bench_tune import bench_quality, parser, report, tune_images
+    from research.bench_tune import parser, report
 
     a = parser(__doc__).parse_args()
     cfg = load_config()
     text, wm = TextStage(cfg["text"]), WatermarkStage(cfg["watermark"])
     for s in (text, wm):
         s.setup()
-    cut = float(WATERMARK.threshold(cfg["watermark"]))
-    labels, files = tune_images(a.cache)
-    files = [f for f in files if labels[f.stem]["category"] in CLEAN + ("text_or_mark",)]
-    images = [f.read_bytes() for f in files]
-    family = bw.build_set("tune", 180, 60, bw.marks.SEEDS["tune"])
-    bench_set = text_boxes(text, images, a.batch)
-    family_set = text_boxes(text, [r["image"] for r in family], a.batch)
-    scores, recall = {}, {}
-    for name in ("shipped", "w1"):
-        with rule(name):
-            scores[name] = wm_scores(wm, *bench_set, a.batch)
-            fam = wm_scores(wm, *family_set, a.batch)
-        marked = [(r, s) for r, s in zip(family, fam) if r["label"] == 1]
-        recall[name] = {"all": round(float(np.mean([s is not None and s > cut for _, s in marked])), 4),
-                        "opacity_ge_0.2": round(float(np.mean([s is not None and s > cut for r, s in marked
-                                                               if r["opacity"] >= 0.2])), 4),
-                        "clean_rejected": sum(s is not None and s > cut for r, s in zip(family, fam)
-                                              if r["label"] == 0)}
-    rej = {k: [v is not None and v > cut for v in s] for k, s in scores.items()}
-    cat = [labels[f.stem]["category"] for f in files]
-    wins = [f.stem for f, c, r0, r1 in zip(files, cat, rej["shipped"], rej["w1"]) if c in CLEAN and r0 and not r1]
-    losses = [f.stem for f, c, r0, r1 in zip(files, cat, rej["shipped"], rej["w1"])
-              if c == "text_or_mark" and r0 and not r1]
-    quality = bench_quality()
-    out = {"clean_photos": sum(c in CLEAN for c in cat), "text_or_mark": cat.count("text_or_mark"),
-           "clean_rejected": {k: [f.stem for f, c, r in zip(files, cat, v) if c in CLEAN and r]
-                              for k, v in rej.items()},
-           "text_or_mark_rejected": {k: sum(c == "text_or_mark" and r for c, r in zip(cat, v)) for k, v in rej.items()},
-           "wins": wins, "losses": losses, "sign_test_p": round(quality.sign_test(len(wins), len(losses)), 4),
-           "family_tune": recall,
-           "family_recall_fall": {k: round(recall["shipped"][k] - recall["w1"][k], 4) for k in ("all", "opacity_ge_0.2")}}
-    return report(out, [{"id": f.stem, "category": c, "shipped": None if s0 is None else round(s0, 4),
-                         "w1": None if s1 is None else round(s1, 4)}
-                        for f, c, s0, s1 in zip(files, cat, scores["shipped"], scores["w1"])], a.rows)
+    got = compare(rule, "w1", text, wm, float(WATERMARK.threshold(cfg["watermark"])), a.cache, a.batch)
+    return report(got["out"], got["rows"], a.rows)
 
 
 if __name__ == "__main__":

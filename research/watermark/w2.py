@@ -33,15 +33,13 @@ import contextlib
 import sys
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-import watermark as bw  # noqa: E402
 
 from pipeline.stages.watermark import evidence as ev_mod  # noqa: E402
-from research.watermark.w1 import CLEAN, SHIPPED_EVIDENCE, domain_only, text_boxes, wm_scores  # noqa: E402
+from research.watermark.w1 import SHIPPED_EVIDENCE, compare, domain_only, wm_scores  # noqa: E402
 
 MIN_OTHERS = 3
 
@@ -107,7 +105,7 @@ def main() -> int:
     from pipeline.config import load_config
     from pipeline.stages.text import TextStage
     from pipeline.stages.watermark.stage import WatermarkStage
-    from research.bench_tune import bench_quality, parser, report, tune_images
+    from research.bench_tune import parser, report
 
     global MIN_OTHERS
     ap = parser(__doc__)
@@ -121,43 +119,13 @@ def main() -> int:
     for s in (text, wm_all, wm_needed):
         s.setup()
     cut = float(WATERMARK.threshold(cfg["watermark"]))
-    labels, files = tune_images(a.cache)
-    files = [f for f in files if labels[f.stem]["category"] in CLEAN + ("text_or_mark",)]
-    images = [f.read_bytes() for f in files]
-    family = bw.build_set("tune", 180, 60, bw.marks.SEEDS["tune"])
-    bench_set = text_boxes(text, images, a.batch)
-    family_set = text_boxes(text, [r["image"] for r in family], a.batch)
-    needed = wm_scores(wm_needed, *bench_set, a.batch)
-    scores, recall = {}, {}
-    for name in ("shipped", "w2"):
-        with rule(name):
-            scores[name] = wm_scores(wm_all, *bench_set, a.batch)
-            fam = wm_scores(wm_all, *family_set, a.batch)
-        marked = [(r, s) for r, s in zip(family, fam) if r["label"] == 1]
-        recall[name] = {"all": round(float(np.mean([s is not None and s > cut for _, s in marked])), 4),
-                        "opacity_ge_0.2": round(float(np.mean([s is not None and s > cut for r, s in marked
-                                                               if r["opacity"] >= 0.2])), 4),
-                        "clean_rejected": sum(s is not None and s > cut for r, s in zip(family, fam)
-                                              if r["label"] == 0)}
-    rej = {k: [v is not None and v > cut for v in s] for k, s in scores.items()}
-    rej_needed = [v is not None and v > cut for v in needed]
-    cat = [labels[f.stem]["category"] for f in files]
-    wins = [f.stem for f, c, r0, r1 in zip(files, cat, rej["shipped"], rej["w2"]) if c in CLEAN and r0 and not r1]
-    losses = [f.stem for f, c, r0, r1 in zip(files, cat, rej["shipped"], rej["w2"])
-              if c == "text_or_mark" and r0 and not r1]
-    quality = bench_quality()
-    out = {"rule": {"min_others": MIN_OTHERS}, "clean_photos": sum(c in CLEAN for c in cat),
-           "text_or_mark": cat.count("text_or_mark"),
-           "clean_rejected": {k: [f.stem for f, c, r in zip(files, cat, v) if c in CLEAN and r]
-                              for k, v in rej.items()},
-           "text_or_mark_rejected": {k: sum(c == "text_or_mark" and r for c, r in zip(cat, v)) for k, v in rej.items()},
-           "shipped_needed_differs": [f.stem for f, r0, r1 in zip(files, rej["shipped"], rej_needed) if r0 != r1],
-           "wins": wins, "losses": losses, "sign_test_p": round(quality.sign_test(len(wins), len(losses)), 4),
-           "family_tune": recall,
-           "family_recall_fall": {k: round(recall["shipped"][k] - recall["w2"][k], 4) for k in ("all", "opacity_ge_0.2")}}
-    return report(out, [{"id": f.stem, "category": c, "shipped": None if s0 is None else round(s0, 4),
-                         "w2": None if s1 is None else round(s1, 4)}
-                        for f, c, s0, s1 in zip(files, cat, scores["shipped"], scores["w2"])], a.rows)
+    got = compare(rule, "w2", text, wm_all, cut, a.cache, a.batch)
+    # the shipped verdicts as a run reads them (recognize: needed) against reading every box
+    needed = [v is not None and v > cut for v in wm_scores(wm_needed, *got["bench_set"], a.batch)]
+    read_all = [v is not None and v > cut for v in got["scores"]["shipped"]]
+    out = {"rule": {"min_others": MIN_OTHERS}, **got["out"],
+           "shipped_needed_differs": [f.stem for f, r0, r1 in zip(got["files"], read_all, needed) if r0 != r1]}
+    return report(out, got["rows"], a.rows)
 
 
 if __name__ == "__main__":
