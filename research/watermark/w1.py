@@ -54,12 +54,18 @@ def domain_only(s: str) -> bool:
     return not ev_mod.looks_like_mark(plain)
 
 
-def evidence_w1(gray, boxes, strings, rec_scores, min_rec_score=0.5):
-    """The shipped evidence, with W1 applied to watermark_mark_text."""
+def shipped_and_read(gray, boxes, strings, rec_scores, min_rec_score=0.5) -> tuple[dict, list]:
+    """The shipped evidence, and the (box, string) pairs it reads (as evidence.evidence filters them)."""
     out = SHIPPED_EVIDENCE(gray, boxes, strings, rec_scores, min_rec_score)
-    h, w = gray.shape[:2]
     read = [(b, s) for b, s, r in zip(boxes, strings, rec_scores)
             if r is not None and r >= min_rec_score and len(ev_mod.norm(s)) >= 2]
+    return out, read
+
+
+def evidence_w1(gray, boxes, strings, rec_scores, min_rec_score=0.5):
+    """The shipped evidence, with W1 applied to watermark_mark_text."""
+    out, read = shipped_and_read(gray, boxes, strings, rec_scores, min_rec_score)
+    h, w = gray.shape[:2]
     if not read:
         return out
 
@@ -81,13 +87,20 @@ def evidence_w1(gray, boxes, strings, rec_scores, min_rec_score=0.5):
 SHIPPED_EVIDENCE = ev_mod.evidence
 
 
-@contextlib.contextmanager
-def rule(name: str):
-    ev_mod.evidence = evidence_w1 if name == "w1" else SHIPPED_EVIDENCE
-    try:
-        yield
-    finally:
-        ev_mod.evidence = SHIPPED_EVIDENCE
+def evidence_rule(variants: dict):
+    """rule(name): a context in which the watermark stage reads variants[name] as its evidence (the shipped
+    evidence for any other name)."""
+    @contextlib.contextmanager
+    def rule(name: str):
+        ev_mod.evidence = variants.get(name, SHIPPED_EVIDENCE)
+        try:
+            yield
+        finally:
+            ev_mod.evidence = SHIPPED_EVIDENCE
+    return rule
+
+
+rule = evidence_rule({"w1": evidence_w1})
 
 
 def text_boxes(text, images: list[bytes], batch: int) -> tuple[list[dict], list[dict]]:

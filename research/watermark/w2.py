@@ -29,7 +29,6 @@ every box changed no shipped verdict. docs/benchmarks.md, "batch 15".
 """
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
 
@@ -39,7 +38,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 
 from pipeline.stages.watermark import evidence as ev_mod  # noqa: E402
-from research.watermark.w1 import SHIPPED_EVIDENCE, compare, domain_only, wm_scores  # noqa: E402
+from research.watermark.w1 import compare, domain_only, evidence_rule, shipped_and_read, wm_scores  # noqa: E402
 
 MIN_OTHERS = 3
 
@@ -64,10 +63,8 @@ def others(s: str, strings: list[str]) -> int:
 
 def evidence_w2(gray, boxes, strings, rec_scores, min_rec_score=0.5):
     """The shipped evidence, with W2 applied to watermark_mark_text and watermark_center_word."""
-    out = SHIPPED_EVIDENCE(gray, boxes, strings, rec_scores, min_rec_score)
+    out, read = shipped_and_read(gray, boxes, strings, rec_scores, min_rec_score)
     h, w = gray.shape[:2]
-    read = [(b, s) for b, s, r in zip(boxes, strings, rec_scores)
-            if r is not None and r >= min_rec_score and len(ev_mod.norm(s)) >= 2]
     if not read:
         return out
     texts = [s for _, s in read]
@@ -91,13 +88,7 @@ def evidence_w2(gray, boxes, strings, rec_scores, min_rec_score=0.5):
     return out
 
 
-@contextlib.contextmanager
-def rule(name: str):
-    ev_mod.evidence = evidence_w2 if name == "w2" else SHIPPED_EVIDENCE
-    try:
-        yield
-    finally:
-        ev_mod.evidence = SHIPPED_EVIDENCE
+rule = evidence_rule({"w2": evidence_w2})
 
 
 def main() -> int:
