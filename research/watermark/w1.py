@@ -104,8 +104,8 @@ rule = evidence_rule({"w1": evidence_w1})
 
 
 def text_boxes(text, images: list[bytes], batch: int) -> tuple[list[dict], list[dict]]:
-    """Each image's row and the text stage's boxes for it (the same under either rule: W1 changes only the
-    watermark evidence)."""
+    """Each image's row and the text stage's boxes for it (the same under every rule compared: a rule changes only
+    the watermark evidence)."""
     from pipeline.stages.watermark.ocr_rule import SHARED
 
     rows = [{"image": b} for b in images]
