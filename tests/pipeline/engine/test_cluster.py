@@ -83,6 +83,22 @@ SetEnv PATH={path} RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0{pythonpath}
     proc.wait()
 
 
+@pytest.fixture
+def head_home():
+    """The files `ray up` and `ray submit` leave in the head's home, which on loopback is this user's:
+    each is put back as it was (or removed) after the test, so a developer's own cluster files survive."""
+    names = ("ray_bootstrap_config.yaml", "ray_bootstrap_key.pem", "curate.py")
+    paths = [Path.home() / n for n in names]
+    before = {p: (p.read_bytes(), p.stat().st_mode) if p.is_file() else None for p in paths}
+    yield
+    for path, kept in before.items():
+        if kept is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_bytes(kept[0])
+            path.chmod(kept[1] & 0o7777)
+
+
 def _submit_job(ray: str, env: dict, dash: int, entrypoint: list[str], deadline_s: float = 420) -> str:
     """`ray job submit --no-wait`, retried until the head's job agent answers (it registers some
     time after `ray up` returns; on a cold machine that can take minutes), then poll the job."""
@@ -114,7 +130,7 @@ def _submit_job(ray: str, env: dict, dash: int, entrypoint: list[str], deadline_
     return logs.stdout + logs.stderr
 
 
-def test_ray_up_submit_job_submit_down_on_loopback(sshd, tmp_path, demo_crawl):
+def test_ray_up_submit_job_submit_down_on_loopback(sshd, head_home, tmp_path, demo_crawl):
     config = yaml.safe_load((ROOT / "cluster" / "local.yaml").read_text())
     assert config["provider"]["head_ip"] == "127.0.0.1"
     # distinct: ports drawn one at a time, each released before the next, can repeat (CI drew the
