@@ -325,6 +325,17 @@ def per_category(scores: np.ndarray, categories: list[str], cut: float) -> dict:
     return out
 
 
+def write_scores(path: Path, rows: list[dict], scores) -> str:
+    """Every tune image's out-of-fold score as CSV (id, category, score; highest first). Returns the file's
+    name for the report: a probe ships its report, so no path of this machine goes in it."""
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f, lineterminator="\n")
+        out.writerow(["id", "category", "art_score_out_of_fold"])
+        for r, s in sorted(zip(rows, scores), key=lambda t: -t[1]):
+            out.writerow([r["bench_id"], r["category"], f"{s:.4f}"])
+    return path.name
+
+
 def out_of_fold(x: np.ndarray, samples: list[dict], tune: list[dict], x_tune: np.ndarray, c: float,
                 w: np.ndarray, full, folds: int, by: str = "image") -> np.ndarray:
     """Each tune image's score (its file as it is) by a probe fitted on the pool and the other folds.
@@ -439,12 +450,7 @@ def main(argv=None) -> int:
                                       "rejected_photos": sorted(r["bench_id"] for r, s in zip(scored, oof)
                                                                 if r["category"] in PHOTO_CATEGORIES and s > cut)}
         if a.scores:
-            with open(a.scores, "w", newline="") as f:
-                out = csv.writer(f, lineterminator="\n")
-                out.writerow(["id", "category", "art_score_out_of_fold"])
-                for r, s in sorted(zip(scored, oof), key=lambda t: -t[1]):
-                    out.writerow([r["bench_id"], r["category"], f"{s:.4f}"])
-            report["scores_written"] = a.scores.name  # the probe ships: no path of this machine in it
+            report["scores_written"] = write_scores(a.scores, scored, oof)
     cut = 0.5 if cut is None else cut
     report["cut"] = cut
     if a.lopo:

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.train_art import (AUGMENT, ENCODINGS, PHOTO_CATEGORIES, art_scores, bench_tune_rows,  # noqa: E402
                              check_pool, encodings, fit, fit_cut, held_out_cut, out_of_fold, per_category,
-                             read_manifest, samples_of, weights_of)
+                             read_manifest, samples_of, weights_of, write_scores)
 from catalog.rules import ART  # noqa: E402
 from pipeline.inputs.images import load_rgb  # noqa: E402
 from pipeline.stages.art_clip import (DECODE_PX, INSTALL_HINT, LAYERS, PROBE_FILE, PROBE_FORMAT,  # noqa: E402
@@ -121,6 +121,7 @@ def main(argv=None) -> int:
                     help="sample weight of the variants and styles (--styles); 0 scores them out of fold only")
     ap.add_argument("--at", type=float, default=ART.default, help="where the fitted cut is put (art.max_score)")
     ap.add_argument("--cache", type=Path, default=Path("~/.cache/humanset/art-pool/clip-features").expanduser())
+    ap.add_argument("--scores", type=Path, help="CSV of every tune image's out-of-fold score by image (id, category, score)")
     ap.add_argument("--out", type=Path, help=f"probe to write (the shipped one: {PROBE_FILE.relative_to(ROOT)})")
     a = ap.parse_args(argv)
 
@@ -167,6 +168,8 @@ def main(argv=None) -> int:
         "cut_held_out": held_out_cut(oof["image"][:len(tune)], tune, a.photo_reject, a.folds),
         "rejected_photos": sorted(r["bench_id"] for r, s in zip(tune, oof["image"])
                                   if r["category"] in PHOTO_CATEGORIES and s > cut)}
+    if a.scores:
+        report["tune_out_of_fold"]["scores_written"] = write_scores(a.scores, tune, oof["image"][:len(tune)])
     if mine:  # share of the tune photos' variants (photo) and styles (non-photo) rejected, both encodings
         report["tune_out_of_fold"]["variants_rejected"] = {by: {v: round(float(np.mean(
             [sc > cut for r, sc in zip(scored[len(tune):], oof[by][len(tune):]) if r["variant"] == v])), 3)
