@@ -74,3 +74,13 @@ def test_the_held_out_cut_judges_each_fold_at_a_cut_fitted_without_it():
     held = ta.held_out_cut(scores, tune, 0.03, 5)
     assert held["categories"]["person_clear"] == {"n": 60, "rejected": int((fold == 0).sum())} and (fold == 0).any()
     assert held["cuts"][0] < 0.95 and all(c >= 0.95 for c in held["cuts"][1:])
+
+
+def test_write_scores_lists_every_image_highest_first_and_names_no_path(tmp_path):
+    rows = [{"bench_id": f"img-{k}", "category": c} for k, c in enumerate(("person_clear", "non_photo", "no_person"))]
+    name = ta.write_scores(tmp_path / "scores.csv", rows, np.array([0.2, 0.97, 0.5]))
+    assert name == "scores.csv"
+    text = (tmp_path / "scores.csv").read_bytes().decode()
+    assert "\r" not in text and text.splitlines() == [
+        "id,category,art_score_out_of_fold", "img-1,non_photo,0.9700", "img-2,no_person,0.5000",
+        "img-0,person_clear,0.2000"]
