@@ -4,6 +4,7 @@ sshd runs in its own PID namespace, so the `ray stop` that `ray up` and `ray dow
 only sees this cluster's processes, never another Ray on the machine.
 """
 import os
+import pwd
 import re
 import shutil
 import socket
@@ -62,7 +63,7 @@ SetEnv PATH={path} RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0{pythonpath}
     profile_d = keys / "profile.d"
     shutil.copytree("/etc/profile.d", profile_d) if os.path.isdir("/etc/profile.d") else profile_d.mkdir()
     (profile_d / "zz-humanset-test.sh").write_text(export)
-    bashrc = Path.home() / ".bashrc"
+    bashrc = head_home_dir() / ".bashrc"
     (keys / "bashrc").write_text((bashrc.read_text() if bashrc.exists() else "") + "\n" + export)
     script = (f"mount --bind {profile_d} /etc/profile.d && "
               f"{{ [ ! -f {bashrc} ] || mount --bind {keys / 'bashrc'} {bashrc}; }} && "
@@ -83,20 +84,45 @@ SetEnv PATH={path} RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0{pythonpath}
     proc.wait()
 
 
+def head_home_dir() -> Path:
+    """The home of cluster/local.yaml's ssh user on the head (loopback: this machine), from passwd, which is
+    where sshd logs it in whatever $HOME says."""
+    user = yaml.safe_load((ROOT / "cluster" / "local.yaml").read_text())["auth"]["ssh_user"]
+    return Path(pwd.getpwnam(user).pw_dir)
+
+
 @pytest.fixture
 def head_home():
-    """The files `ray up` and `ray submit` leave in the head's home, which on loopback is this user's:
-    each is put back as it was (or removed) after the test, so a developer's own cluster files survive."""
-    names = ("ray_bootstrap_config.yaml", "ray_bootstrap_key.pem", "curate.py")
-    paths = [Path.home() / n for n in names]
-    before = {p: (p.read_bytes(), p.stat().st_mode) if p.is_file() else None for p in paths}
-    yield
-    for path, kept in before.items():
-        if kept is None:
-            path.unlink(missing_ok=True)
+    """The files `ray up` and `ray submit` leave in the head's home, which on loopback is a user's of this
+    machine: each is put back as it was (a file with its bytes and mode, a link as the link) or removed after
+    the test, pass or fail, so a developer's own cluster files survive. Anything else there is left alone."""
+    before = {}
+    for name in ("ray_bootstrap_config.yaml", "ray_bootstrap_key.pem", "curate.py"):
+        path = head_home_dir() / name
+        if path.is_symlink():
+            before[path] = ("link", os.readlink(path))
+        elif path.is_file():
+            before[path] = ("file", path.read_bytes(), path.stat().st_mode & 0o7777)
         else:
-            path.write_bytes(kept[0])
-            path.chmod(kept[1] & 0o7777)
+            before[path] = None if not path.exists() else ("other",)
+    yield
+    failed = []
+    for path, was in before.items():
+        try:
+            if was and was[0] == "other":
+                continue
+            if path.is_symlink() or path.is_file():
+                path.unlink()
+            if was and was[0] == "link":
+                path.symlink_to(was[1])
+            elif was:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, was[2])
+                with os.fdopen(fd, "wb") as f:
+                    f.write(was[1])
+                path.chmod(was[2])
+        except OSError as e:
+            failed.append(f"{path}: {e}")
+    assert not failed, f"could not put back the head's files as they were: {failed}"
 
 
 def _submit_job(ray: str, env: dict, dash: int, entrypoint: list[str], deadline_s: float = 420) -> str:
