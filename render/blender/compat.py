@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import io
 import os
+import shutil
 import sys
 import tempfile
 import types
@@ -57,6 +58,8 @@ def import_blenderproc():
     finally:
         del sys.modules["blenderproc"]
     temp_dir = tempfile.mkdtemp(prefix="humanset-bproc-")
+    # BlenderProc's own CLI removes its temp folder after a run; in process, that is ours to do at exit
+    atexit.register(shutil.rmtree, temp_dir, ignore_errors=True)
 
     def setup(*_args, **_kwargs):
         from blenderproc.python.utility.Utility import Utility

@@ -55,6 +55,9 @@ except RuntimeError as e:
     assert "never installs packages" in str(e)
 else:
     raise AssertionError("setup_pip ran")
+with open(os.path.join(Utility.temp_dir, "rgb_0000.png"), "wb") as f:  # what a render leaves there
+    f.write(b"frame")
+print(Utility.temp_dir)
 print("ok")
 """
 
@@ -65,4 +68,6 @@ def test_import_blenderproc_loads_its_api_and_leaves_path_pip_and_cwd_alone(tmp_
                          timeout=300)
     assert out.returncode == 0 and out.stdout.split()[-1:] == ["ok"], out.stderr[-3000:]
     assert list(tmp_path.iterdir()) == []  # BlenderProc's temp folder is not made in the working directory
+    temp_dir = out.stdout.split()[-2]
+    assert not os.path.exists(temp_dir), f"{temp_dir} was left behind when the process exited"
     assert inspect.signature(compat.import_blenderproc).parameters == {}
