@@ -89,7 +89,8 @@ def start_weed(root: Path, timeout_s: float = 90):
         "name": "humanset-test", "credentials": [{"accessKey": key, "secretKey": secret}],
         "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
     ports = dict(zip(_PORTS, free_ports(len(_PORTS))))
-    cmd = [weed, "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+    # -logdir: glog's files go with the rest of the server's, not one set per start into the system's temp dir
+    cmd = [weed, f"-logdir={root}", "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
            f"-s3.config={root / 'identities.json'}", *(f"-{k}={v}" for k, v in ports.items()),
            f"-s3.localSocket={root / 's3.sock'}", f"-filer.localSocket={root / 'filer.sock'}",
            "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
