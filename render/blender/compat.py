@@ -29,6 +29,38 @@ def clear_typing_caches():
             clear()
 
 
+TEMP_PREFIX = "humanset-bproc-"  # BlenderProc's temp folder: TEMP_PREFIX + "<pid>-<random>" in the temp dir
+
+
+def bproc_temp_dir() -> str:
+    """A private temp folder for BlenderProc's intermediate files (each frame is written there before it is
+    read back), removed when this process exits. A process that is killed (a Ray actor at shutdown) runs no
+    exit hook, so the folders of this user's processes that are gone are removed here first: a render farm's
+    temp dir holds at most one folder per live process."""
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        pid = name[len(TEMP_PREFIX):].split("-", 1)[0]
+        if not (name.startswith(TEMP_PREFIX) and pid.isdigit()):
+            continue
+        path = os.path.join(root, name)
+        with contextlib.suppress(OSError):
+            if os.lstat(path).st_uid == os.getuid() and not _alive(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
+    temp_dir = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
+    atexit.register(shutil.rmtree, temp_dir, ignore_errors=True)
+    return temp_dir
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def import_blenderproc():
     """Import BlenderProc inside this Python process, past its gate for the `blenderproc run` CLI.
 
@@ -57,9 +89,7 @@ def import_blenderproc():
         setup_mod = importlib.import_module(SETUP_MODULE)
     finally:
         del sys.modules["blenderproc"]
-    temp_dir = tempfile.mkdtemp(prefix="humanset-bproc-")
-    # BlenderProc's own CLI removes its temp folder after a run; in process, that is ours to do at exit
-    atexit.register(shutil.rmtree, temp_dir, ignore_errors=True)
+    temp_dir = bproc_temp_dir()  # BlenderProc's own CLI removes its folder after a run; in process, ours to do
 
     def setup(*_args, **_kwargs):
         from blenderproc.python.utility.Utility import Utility
