@@ -330,9 +330,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     load_before = os.getloadavg()
-    labels = quality_data.read_labels()
-    rows = [r for r in quality_data.read_manifest() if r["split"] == args.split]
-    categories = {r["id"]: labels[r["id"]]["category"] for r in rows}
+    categories = quality_data.split_categories(args.split)
     curate_s = None
     if args.run:
         run = args.run

