@@ -121,8 +121,8 @@ def main(argv=None) -> int:
                     help="sample weight of the variants and styles (--styles); 0 scores them out of fold only")
     ap.add_argument("--at", type=float, default=ART.default, help="where the fitted cut is put (art.max_score)")
     ap.add_argument("--cache", type=Path, default=Path("~/.cache/humanset/art-pool/clip-features").expanduser())
-    ap.add_argument("--scores", type=Path, help="CSV of every tune image's out-of-fold score by image (id, category, score), before the "
-                         "intercept shift: compare with the report's fitted_cut")
+    ap.add_argument("--scores", type=Path, help="CSV of every tune image's out-of-fold score by image (id, category, "
+                    "score), before the intercept shift: compare with the report's fitted_cut")
     ap.add_argument("--out", type=Path, help=f"probe to write (the shipped one: {PROBE_FILE.relative_to(ROOT)})")
     a = ap.parse_args(argv)
 

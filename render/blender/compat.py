@@ -36,7 +36,8 @@ def bproc_temp_dir() -> str:
     """A private temp folder for BlenderProc's intermediate files (each frame is written there before it is
     read back), removed when this process exits. A process that is killed (a Ray actor at shutdown) runs no
     exit hook, so the folders of this user's processes that are gone are removed here first: a render farm's
-    temp dir holds at most one folder per live process."""
+    temp dir holds at most one folder per live process. Liveness is by process id, so a temp dir shared by
+    processes of one user in different PID namespaces (containers mounting one /tmp) is not supported."""
     root = tempfile.gettempdir()
     for name in os.listdir(root):
         pid = name[len(TEMP_PREFIX):].split("-", 1)[0]
@@ -53,11 +54,11 @@ def bproc_temp_dir() -> str:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # another user's process: alive
+        pass
     return True
 
 
