@@ -66,6 +66,13 @@ def report(out: dict, rows: list[dict], rows_path: Path | None) -> int:
     return 0
 
 
+def with_person_verdict(samples: list[dict], passes: dict[str, bool]) -> list[dict]:
+    """A run's samples (bench/quality.py's read_samples) with the person stage's verdict replaced by `passes` (id ->
+    passes) and every other stage's kept: the cascade's keep, for quality.compare against the run."""
+    return [dict(s, keep=passes[s["id"]] and not [r for r in s["reject_reasons"] if r.split(":")[0] != "person"])
+            for s in samples]
+
+
 def shipped_person_stage():
     """The person stage as the default config sets it up, and that config's person section."""
     from pipeline.config import load_config

@@ -46,7 +46,7 @@ def fit_mlp(x, y, c, w=None, start=None):
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if "--out" in argv:
+    if any(x == "--out" or x.startswith("--out=") for x in argv):
         raise SystemExit("--out: the probe file holds a linear model; this script measures only")
     train_art.fit = fit_mlp
     return train_art.main(argv)

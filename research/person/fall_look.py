@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from bench import quality, quality_data  # noqa: E402
 from pipeline.inputs.images import load_rgb  # noqa: E402
 from pipeline.stages import person_onnx  # noqa: E402
-from research.bench_tune import report  # noqa: E402
+from research.bench_tune import report, with_person_verdict  # noqa: E402
 
 CUTS = (0.5, 0.6, 0.7, 0.8, 0.9)
 
@@ -61,15 +61,6 @@ def best_score(session, name: str, rgb: np.ndarray, min_box_px: float = 300, siz
     longer = np.maximum(box[:, 2] - box[:, 0], box[:, 3] - box[:, 1])
     ok = conf[keep][longer > min_box_px]
     return float(ok.max()) if len(ok) else 0.0
-
-
-def cascade(samples: list[dict], passes: dict[str, bool]) -> list[dict]:
-    """The run's samples with the person stage's verdict replaced by `passes` (id -> passes)."""
-    out = []
-    for s in samples:
-        others = [r for r in s["reject_reasons"] if r.split(":")[0] != "person"]
-        out.append(dict(s, keep=passes[s["id"]] and not others))
-    return out
 
 
 def main(argv=None) -> int:
@@ -104,7 +95,7 @@ def main(argv=None) -> int:
         per = {}
         for c in CUTS:
             passes = {i: (use == "union" and shipped[i]) or scores[i] > c for i in scores}
-            cmp = quality.compare(cascade(samples, passes), samples, categories)
+            cmp = quality.compare(with_person_verdict(samples, passes), samples, categories)
             per[str(c)] = {"wins": cmp["wins"], "losses": cmp["losses"], "sign_test_p": cmp["sign_test_p"],
                            "categories": cmp["categories"]}
         # the lowest cut that keeps nothing more that is not person_clear (people it newly rejects are losses,

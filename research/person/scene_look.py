@@ -36,8 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench import quality, quality_data, train_art  # noqa: E402
-from catalog.duck import connect  # noqa: E402
-from research.bench_tune import parser, report  # noqa: E402
+from research.bench_tune import parser, report, tune_images, with_person_verdict  # noqa: E402
 
 LOOK, ALSO, C, FOLDS = 0.9, (0.5, 0.8), 0.01, 5
 CUT_ONLY = "person:calibrated_score<=0.9"
@@ -45,33 +44,31 @@ TRAINED = ("person_clear", "person_small", "no_person", "non_photo", "painted_pe
 
 
 def out_of_fold(x: np.ndarray, ids: list[str], cats: list[str]) -> np.ndarray:
-    """Each row's P(person_clear) from a probe fitted from scratch on the other folds' labelled rows."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.preprocessing import StandardScaler
-
+    """Each row's P(person_clear) from a probe (train_art.fit: standardised, logistic) fitted from scratch on the
+    other folds' labelled rows."""
     fold = np.array([train_art.fold_number(i, FOLDS) for i in ids])
     labelled = np.array([c in TRAINED for c in cats])
     y = np.array([c == "person_clear" for c in cats], int)
     p = np.zeros(len(ids))
     for f in range(FOLDS):
         fit = (fold != f) & labelled
-        scaler = StandardScaler().fit(x[fit])
-        model = LogisticRegression(C=C, max_iter=3000).fit(scaler.transform(x[fit]), y[fit])
+        scaler, model = train_art.fit(x[fit], y[fit], C)
         p[fold == f] = model.predict_proba(scaler.transform(x[fold == f]))[:, 1]
     return p
 
 
-def judge(rows: list[dict], look: float) -> dict:
-    """The cascade's keep with the second look at `look`, against the run's."""
-    wins, losses, stage = [], [], Counter()
-    for r in rows:
-        if r["reasons"] == [CUT_ONLY] and r["p"] >= look:
-            stage[r["category"]] += 1
-        rescued = CUT_ONLY in r["reasons"] and r["p"] >= look and not [s for s in r["reasons"] if s != CUT_ONLY]
-        if rescued and not r["keep"]:
-            (wins if r["category"] == "person_clear" else losses).append(f'{r["id"]} ({r["category"]}, P {r["p"]:.3f})')
-    return {"look": look, "wins": wins, "losses": losses, "sign_test_p": round(quality.sign_test(len(wins), len(losses)), 4),
-            "person_stage_newly_passing": dict(sorted(stage.items()))}
+def person_reasons(s: dict) -> list[str]:
+    return [r for r in s["reject_reasons"] if r.split(":")[0] == "person"]
+
+
+def judge(samples: list[dict], p: dict[str, float], categories: dict[str, str], look: float) -> dict:
+    """The second look at `look`: the cascade's keep against the run's (quality.compare), and how many more images
+    of each category the person stage alone passes."""
+    looked = {s["id"] for s in samples if person_reasons(s) == [CUT_ONLY] and p[s["id"]] >= look}
+    passes = {s["id"]: not person_reasons(s) or s["id"] in looked for s in samples}
+    cmp = quality.compare(with_person_verdict(samples, passes), samples, categories)
+    return {"look": look, **{k: cmp[k] for k in ("wins", "losses", "sign_test_p", "categories")},
+            "person_stage_newly_passing": dict(sorted(Counter(categories[i] for i in looked).items()))}
 
 
 def main() -> int:
@@ -82,25 +79,24 @@ def main() -> int:
     ap.add_argument("run", type=Path, help="a curated tune run (bench/quality.py --split tune, score-all)")
     a = ap.parse_args()
     cats = quality_data.split_categories("tune")
-    verdicts = {Path(str(uri)).stem: (bool(keep), list(reasons or [])) for uri, keep, reasons in connect(a.run).execute(
-        "SELECT source_uri, keep, reject_reasons FROM samples").fetchall()}
-    files = {f.stem: f for f in (a.cache / "splits" / "tune").iterdir()}
-    ids = sorted(i for i in cats if i in verdicts)
+    samples = quality.split_samples(a.run, cats, "tune")
+    files = {f.stem: f for f in tune_images(a.cache)[1]}
+    ids = [s["id"] for s in samples]
     backbone = Backbone(default_weights(), threads=1)
     t0 = time.process_time()
     x = train_art.original_features([{"file": files[i]} for i in ids], backbone, 320).astype(np.float64)
     cpu = (time.process_time() - t0) / len(ids)
-    p = out_of_fold(x, ids, [cats[i] for i in ids])
-    rows = [dict(id=i, category=cats[i], keep=verdicts[i][0], reasons=verdicts[i][1], p=float(q)) for i, q in zip(ids, p)]
+    p = dict(zip(ids, out_of_fold(x, ids, [cats[i] for i in ids]).tolist()))
     out = {"run": a.run.name, "images": len(ids), "features": int(x.shape[1]), "C": C, "folds": FOLDS,
-           "rule": judge(rows, LOOK), "also": [judge(rows, t) for t in ALSO],
-           "cut_only_rejects": dict(sorted(Counter(r["category"] for r in rows if r["reasons"] == [CUT_ONLY]).items())),
-           "p_quartiles": {c: [round(float(q), 3) for q in np.percentile([r["p"] for r in rows if r["category"] == c],
+           "rule": judge(samples, p, cats, LOOK), "also": [judge(samples, p, cats, t) for t in ALSO],
+           "cut_only_rejects": dict(sorted(Counter(cats[s["id"]] for s in samples
+                                                   if s["reject_reasons"] == [CUT_ONLY]).items())),
+           "p_quartiles": {c: [round(float(q), 3) for q in np.percentile([p[i] for i in ids if cats[i] == c],
                                                                           [25, 50, 75])] for c in TRAINED},
            "features_cpu_s_per_image": round(cpu, 3)}
-    return report(out, [{k: r[k] for k in ("id", "category", "keep")} | {"p": round(r["p"], 4),
-                                                                         "reasons": ";".join(r["reasons"])}
-                        for r in rows], a.rows)
+    return report(out, [{"id": s["id"], "category": cats[s["id"]], "keep": bool(s["keep"]), "p": round(p[s["id"]], 4),
+                         "reasons": ";".join(s["reject_reasons"])} for s in sorted(samples, key=lambda s: s["id"])],
+                  a.rows)
 
 
 if __name__ == "__main__":
