@@ -27,6 +27,17 @@ Rule, written 2026-12-07 10:09 UTC before the model was converted or any output 
 - wins are person_clear rows newly passing, losses label-0 rows (no_person, person_small's boxes, text_or_mark,
   non_photo); a verdict goes on to the cascade's check and an eval gate only with at least 5 wins and no loss
   (sign test p <= 0.1), painted rows newly passing reported beside it.
+
+The two checks after it, written 10:12 UTC, after the row verdicts were read (pose_score 9 wins to 1 loss, a
+person_small: fails; refit_with_pose 5 to 0: passes) and before either was computed:
+- the cascade's check (tune, --cascade): a tune image passes the person stage when it has no person reason, or its
+  only person reason is the calibrated cut and its row's held-out refit is >= 0.9; every other stage's verdict is
+  the run's (research.bench_tune.with_person_verdict). It passes with no loss against the run (quality.compare)
+  and tune's kept-set targets still met (of kept >= 0.95; non_photo, painted_person, no_person kept <= 0.05, 0.10,
+  0.02); wins are reported;
+- the eval gate, scored once (--eval-run, --eval-labels): the refit fitted on all tune main rows at the C chosen
+  above, applied to eval's rows of `runs/eval-batch15b` (no eval row fits anything) with the same cascade. It goes
+  into the product only with more cascade wins than losses and no target the default meets on eval missed.
 """
 from __future__ import annotations
 
