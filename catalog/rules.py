@@ -94,6 +94,8 @@ BOX_RULES = ("longer_side", "shorter_side", "both")
 # person_calibration.py, column person_score_calibrated) or the detector's raw score (person_score_max)
 PERSON_SCORE_KINDS = ("calibrated", "raw")
 PERSON_SCORE_COLUMNS = {"calibrated": "person_score_calibrated", "raw": "person_score_max"}
+# person.second_look: a second model at the box the calibrated cut rejects (pipeline/stages/person_look.py)
+PERSON_LOOKS = ("movenet", "none")
 
 
 def checked_score_kind(kind) -> str:

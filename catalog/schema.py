@@ -81,6 +81,10 @@ SAMPLE_PERSON = [
     f("person_box_max_px", pa.float32(), "largest box side (longer side of the largest box), px "
       "judged by the box rule (stored px times resolution_scale)"),
     f("person_n_pass", pa.int32(), "persons passing the score and box-size rule of the config"),
+    f("person_look_box", pa.int32(), "index in person_boxes of the box the second look read (where no box passed "
+      "the calibrated cut: the one over the size rule with the highest raw score); null where none ran"),
+    f("person_look_score", pa.float32(), "the second look's pose score of that box: MoveNet Thunder's mean keypoint "
+      "confidence on its crop (person.second_look; the calibration's look fit reads it)"),
     f("person_error", pa.string(), "inference error for this sample"),
 ]
 SAMPLE_TEXT = [

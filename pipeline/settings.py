@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from catalog.config import Check, section, setting
 from catalog.storage.retry import StorageSettings
-from catalog.rules import (ART, ASPECT, BOX_RULES, PERSON_BOX, PERSON_SCORE, PERSON_SCORE_KINDS, SHORT_SIDE, TEXT_AREA,
-                           WATERMARK)
+from catalog.rules import (ART, ASPECT, BOX_RULES, PERSON_BOX, PERSON_LOOKS, PERSON_SCORE, PERSON_SCORE_KINDS,
+                           SHORT_SIDE, TEXT_AREA, WATERMARK)
 from catalog.tars import IMAGE_EXTS
 
 
@@ -111,6 +111,9 @@ class PersonSettings:
     calibration: str | None = setting(None, "null = person_calibration.json shipped next to the stage (fitted for\n"
                                             "yolo11n-pose); a file written by `humanset calibrate --fit-person`",
                                       kinds=("str",), nullable=True)
+    second_look: str = setting("movenet", "movenet: where no box passes the calibrated cut, MoveNet Thunder reads the\n"
+                                          "largest-scoring box over min_box_px and the calibration's look fit may pass\n"
+                                          "it (pipeline/stages/person_look.py) | none", choices=PERSON_LOOKS)
     min_box_px: int = threshold(PERSON_BOX, "Sapiens: box > 300 px")
     box_rule: str = setting("longer_side", "longer_side | shorter_side | both (sides of the box compared to "
                                            "min_box_px)", choices=BOX_RULES)

@@ -149,8 +149,8 @@ def stage_scores(run: str | Path, cfg: dict) -> dict[str, dict[str, float | None
     from pipeline.stages.person import best_passing_score, cut_scores, judged_boxes, thresholds
 
     con = connect(run)
-    cols = ["sample_id", "person_boxes", "person_scores", "person_keypoints", "resolution_scale",
-            "text_area_frac", "watermark_score", "art_score"]
+    cols = ["sample_id", "person_boxes", "person_scores", "person_keypoints", "person_look_box", "person_look_score",
+            "resolution_scale", "text_area_frac", "watermark_score", "art_score"]
     have = {r[0] for r in con.execute("DESCRIBE samples").fetchall()}
     got = [c for c in cols if c in have]
     rows = con.execute(f"SELECT {', '.join(got)} FROM samples").fetchall()

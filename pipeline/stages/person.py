@@ -35,6 +35,10 @@ real photos (pipeline/stages/person_calibration.py, docs/quality.md); `raw` cuts
 score as the paper does. Both are stored; the calibrated one is recomputed from the stored boxes and
 keypoints by `derive`, so `humanset select --set person.calibration=FILE` re-cuts without the model.
 
+Second look (`person.second_look: movenet`, the default): where no box passes the calibrated cut, MoveNet
+Thunder reads the box over the size rule with the highest raw score and the calibration's look fit may pass it
+(pipeline/stages/person_look.py); its pose score is stored, so re-cutting needs no model either.
+
 Size: one concern, the person stage: its rule as pure functions over stored columns (shared by
 reject, derive, select and calibrate), the model's loading and its two runtimes, and measure; the
 calibration's own math and file live in person_calibration.py.
@@ -48,12 +52,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from catalog.rules import PERSON_BOX, PERSON_SCORE, RULES, box_side, checked_box_rule, checked_score_kind
+from catalog.rules import (PERSON_BOX, PERSON_LOOKS, PERSON_SCORE, RULES, box_side, checked_box_rule,
+                           checked_score_kind)
 
 from pipeline.inputs.images import load_rgb
 from pipeline.settings import DEFAULTS
 from pipeline.stages.base import Stage
 from pipeline.stages.person_calibration import Calibration, load_calibration
+from pipeline.stages.person_look import DECODE_PX, PoseLook
 from pipeline.stages.person_model import (BACKENDS, MAX_DET, NMS_IOU, export_onnx, import_ultralytics_offline,
                                           onnx_path)
 from pipeline.stages import person_onnx
@@ -115,13 +121,36 @@ def calibration_of(cfg: dict) -> Calibration:
     return load_calibration(cfg.get("calibration"))
 
 
-def calibrated_column(table: pa.Table, calibration: Calibration) -> list[list[float] | None]:
+def second_look(cfg: dict) -> str:
+    """person.second_look of a config section, checked. A run's full effective config written before it
+    existed (min_score and min_store_score but no second_look) had no second look, and re-cutting it keeps that
+    meaning."""
+    if "second_look" not in cfg and "min_score" in cfg and "min_store_score" in cfg:
+        return "none"
+    look = str(cfg.get("second_look", DEFAULTS.person.second_look))
+    if look not in PERSON_LOOKS:
+        raise ValueError(f"person.second_look={look!r}: expected one of {', '.join(PERSON_LOOKS)}")
+    return look
+
+
+def look_on(cfg: dict, calibration: Calibration) -> bool:
+    """Whether the second look counts: person.second_look=movenet, the calibrated score cut, and a calibration with
+    a look fit."""
+    return second_look(cfg) == "movenet" and score_kind(cfg) == "calibrated" and calibration.look is not None
+
+
+def calibrated_column(table: pa.Table, calibration: Calibration, look: bool = False) -> list[list[float] | None]:
     """Per row, the calibrated score of every box (from the stored boxes in judged pixels, scores and
-    keypoints); None where the row was not measured or holds no keypoints."""
+    keypoints); None where the row was not measured or holds no keypoints. look: with the stored second
+    look where one ran (person_look_box, person_look_score) and the calibration has a look fit."""
+    n = table.num_rows
     scores = table.column("person_scores").to_pylist()
     kpts = (table.column("person_keypoints").to_pylist() if "person_keypoints" in table.column_names
-            else [None] * table.num_rows)
-    return [calibration.box_scores(b, s, k) for b, s, k in zip(_judged_column(table), scores, kpts)]
+            else [None] * n)
+    has = look and "person_look_box" in table.column_names and "person_look_score" in table.column_names
+    looks = (zip(table.column("person_look_box").to_pylist(), table.column("person_look_score").to_pylist())
+             if has else [None] * n)
+    return [calibration.box_scores(b, s, k, lk) for b, s, k, lk in zip(_judged_column(table), scores, kpts, looks)]
 
 
 def _max_or_zero(scores):
@@ -132,7 +161,10 @@ def cut_scores(table: pa.Table, cfg: dict, calibrated=None) -> list:
     """Per row, the per-box scores person.min_score cuts: the raw scores or the calibrated ones."""
     if score_kind(cfg) == "raw":
         return table.column("person_scores").to_pylist()
-    return calibrated if calibrated is not None else calibrated_column(table, calibration_of(cfg))
+    if calibrated is not None:
+        return calibrated
+    calibration = calibration_of(cfg)
+    return calibrated_column(table, calibration, look_on(cfg, calibration))
 
 
 def n_pass_column(table: pa.Table, cfg: dict, calibrated=None) -> list[int | None]:
@@ -159,6 +191,18 @@ def best_passing_score(boxes, scores, min_box_px: float, box_rule: str = "longer
         return None
     good = [float(s) for b, s in zip(boxes, scores) if box_passes(b, min_box_px, box_rule)]
     return max(good, default=0.0)
+
+
+def candidate(boxes, raw, cut, min_score: float, min_box: float, rule: str) -> int | None:
+    """The box to look at (index), or None: none where any box passes the cut (the image passes, or fails the box
+    rule with a confident small box) or no box is over the size rule; else the one over it with the highest raw
+    score (the first of equals). boxes in judged pixels."""
+    if not boxes or cut is None:
+        return None
+    big = [j for j, b in enumerate(boxes) if b is not None and box_passes(b, min_box, rule)]
+    if not big or any(score_passes(s, min_score) for s in cut):
+        return None
+    return max(big, key=lambda j: (raw[j], -j))
 
 
 def thresholds(cfg: dict) -> tuple[float, float, str]:
@@ -192,7 +236,8 @@ class PersonStage(Stage):
     phase = "score"
     reads = ("image", "width", "height", "resolution_scale")
     writes = ("person_boxes", "person_scores", "person_keypoints", "n_persons", "person_score_max",
-              "person_score_calibrated", "person_box_max_px", "person_n_pass", "person_error")
+              "person_score_calibrated", "person_box_max_px", "person_n_pass", "person_look_box",
+              "person_look_score", "person_error")
     stateful = True
     default_batch_size = DEFAULTS.person.batch_size
     rules = RULES["person"]  # applied per box by reject(), not per image
@@ -202,6 +247,8 @@ class PersonStage(Stage):
         thresholds(self.cfg)  # a bad box_rule fails when the config is read, not on the cluster
         self.score_kind = score_kind(self.cfg)
         self.calibration = calibration_of(self.cfg)  # a bad file fails here too
+        self.look_on = look_on(self.cfg, self.calibration)  # a bad second_look fails here too
+        self.pose_look = None
         if self.backend_name not in BACKENDS:
             raise ValueError(f"person.backend={self.backend_name!r}: expected one of {', '.join(BACKENDS)}")
         self.model = self.session = None
@@ -286,6 +333,10 @@ class PersonStage(Stage):
             log.warning("person: the shipped calibration was fitted for %s, not %s; fit one for these weights "
                         "(humanset calibrate --fit-person) or set person.score=raw", DEFAULT_WEIGHTS_FILE, path.name)
         self.kpt_shape = tuple(facts.get("kpt_shape") or (17, 3)) if self.is_pose else None
+        if self.look_on:
+            self.pose_look = PoseLook(self.threads)
+        elif second_look(self.cfg) == "movenet" and self.score_kind == "calibrated":
+            log.warning("person: person.calibration has no look fit, so the second look is off for it")
         self.stride = max(int(facts["stride"]), 32)
         if backend == "onnx" and self.session is None:
             try:
@@ -465,6 +516,17 @@ class PersonStage(Stage):
             out["person_box_max_px"][i] = float(sides.max()) if len(sides) else 0.0
             judged = judged_boxes(box_list, judge)
             calibrated = self.calibration.box_scores(judged, score_list, kps)
+            if self.pose_look is not None:
+                j = candidate(judged, score_list, calibrated, min_score, min_box, rule)
+                if j is not None:
+                    try:
+                        rgb, scale = load_rgb(batch["image"][i], max_side=DECODE_PX)
+                        pose = self.pose_look.score(rgb, box_list[j], scale)
+                    except Exception as e:  # one sample's failure is its own error, not the batch's
+                        out["person_error"][i] = f"second look: {e}"
+                        continue
+                    out["person_look_box"][i], out["person_look_score"][i] = j, pose
+                    calibrated = self.calibration.box_scores(judged, score_list, kps, (j, pose))
             out["person_score_calibrated"][i] = _max_or_zero(calibrated)
             cut = score_list if self.score_kind == "raw" else calibrated
             out["person_n_pass"][i] = count_passing(judged, cut, min_score, min_box, rule)
@@ -474,7 +536,7 @@ class PersonStage(Stage):
     def derive(self, table: pa.Table) -> dict[str, list]:
         """Threshold-dependent columns, recomputed from stored boxes whenever thresholds (or the
         size stage's resolution_scale) change."""
-        calibrated = calibrated_column(table, self.calibration)
+        calibrated = calibrated_column(table, self.calibration, self.look_on)
         return {"person_score_calibrated": [_max_or_zero(c) for c in calibrated],
                 "person_n_pass": n_pass_column(table, self.cfg, calibrated),
                 "person_box_max_px": box_max_column(table)}
@@ -484,7 +546,7 @@ class PersonStage(Stage):
         errors = table.column("person_error").to_pylist()
         boxes = _judged_column(table)
         raw = table.column("person_scores").to_pylist()
-        scores = cut_scores(table, self.cfg, calibrated_column(table, self.calibration))
+        scores = cut_scores(table, self.cfg, calibrated_column(table, self.calibration, self.look_on))
         label = "calibrated_score" if self.score_kind == "calibrated" else PERSON_SCORE.label
         reasons: list[str | None] = []
         for err, b, r, s in zip(errors, boxes, raw, scores):

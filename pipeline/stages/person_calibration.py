@@ -19,6 +19,15 @@ standardisation, the coefficients, what it was fitted on and the date; the shipp
 bench (docs/quality.md) for yolo11n-pose. `humanset calibrate --fit-person OUT` fits one to a user's
 labels (pipeline/select/calibrate.py) and `person.calibration: OUT` points the stage at it.
 A detection model without keypoints has no head_conf: person.score=calibrated then needs a pose model.
+
+The second look (person_look.py) adds an optional `look` fit: where no box passes the cut, MoveNet's pose score
+of the box it looked at and that box's calibrated score c give
+
+    look = sigmoid(intercept + coef_0 * logit(c) + coef_1 * logit(pose))    (logits clipped as raw_logit's)
+
+and that box's cut score is max(c, look). Both coefficients are >= 0 (checked), so neither score can lower it. The
+shipped file's look was fitted on the same tune split; a file `humanset calibrate --fit-person` writes has none,
+and the second look is then off.
 """
 from __future__ import annotations
 
@@ -32,17 +41,22 @@ from catalog.rules import box_side
 FEATURES = ("raw_logit", "box_log2", "head_conf")
 HEAD_KEYPOINTS = (0, 1, 2, 3, 4)  # COCO-17: nose, left eye, right eye, left ear, right ear
 KIND = "humanset.person_calibration"
+LOOK_FEATURES = ("calibrated_logit", "pose_logit")
 DEFAULT_FILE = Path(__file__).with_name("person_calibration.json")
+
+
+def _logit(v: float) -> float:
+    v = min(max(float(v), 1e-4), 1 - 1e-4)
+    return math.log(v / (1 - v))
 
 
 def box_features(score: float, box, keypoints, box_ref_px: float) -> list[float] | None:
     """FEATURES of one box (xyxy in judged pixels, keypoints flat x,y,conf * 17); None without keypoints."""
     if keypoints is None or len(keypoints) < 3 * (max(HEAD_KEYPOINTS) + 1):
         return None
-    s = min(max(float(score), 1e-4), 1 - 1e-4)
     side = max(box_side(box), 1e-6)
     head = sum(float(keypoints[3 * k + 2]) for k in HEAD_KEYPOINTS) / len(HEAD_KEYPOINTS)
-    return [math.log(s / (1 - s)), min(max(math.log2(side / box_ref_px), -2.0), 3.0), head]
+    return [_logit(score), min(max(math.log2(side / box_ref_px), -2.0), 3.0), head]
 
 
 @dataclass(frozen=True)
@@ -58,6 +72,7 @@ class Calibration:
     date: str = ""
     kind: str = KIND
     version: int = 1
+    look: dict | None = None  # the second look's fit: coef (LOOK_FEATURES), intercept, fitted_on, date
 
     def __post_init__(self):
         if list(self.features) != list(FEATURES):
@@ -71,14 +86,34 @@ class Calibration:
         if float(self.coef[0]) < 0:
             raise ValueError("person calibration: the raw score's coefficient is negative, so a higher raw "
                              "score would lower the calibrated one; refit with more labels")
+        if self.look is not None:
+            look = self.look
+            if not isinstance(look, dict) or list(look.get("features", LOOK_FEATURES)) != list(LOOK_FEATURES):
+                raise ValueError(f"person calibration: look must be a mapping with features {list(LOOK_FEATURES)}")
+            try:
+                values = [float(v) for v in [*look["coef"], look["intercept"]]]
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"person calibration: look needs coef (two numbers) and intercept ({e})") from e
+            if len(look["coef"]) != len(LOOK_FEATURES) or not all(math.isfinite(v) for v in values):
+                raise ValueError("person calibration: look's coef must be two finite numbers, its intercept finite")
+            if min(values[:2]) < 0:
+                raise ValueError("person calibration: a coefficient of look is negative, so a higher score would "
+                                 "lower the cut score")
 
     def probability(self, x: list[float]) -> float:
         z = float(self.intercept) + sum(c * (v - m) / s for c, v, m, s in zip(self.coef, x, self.mean, self.scale))
         return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
 
-    def box_scores(self, boxes, scores, keypoints) -> list[float] | None:
+    def look_probability(self, calibrated: float, pose: float) -> float:
+        """The second look's P(a clearly visible person) of a box from its calibrated and pose scores."""
+        z = float(self.look["intercept"]) + sum(float(c) * _logit(v) for c, v in zip(self.look["coef"],
+                                                                                   (calibrated, pose)))
+        return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
+
+    def box_scores(self, boxes, scores, keypoints, look=None) -> list[float] | None:
         """Calibrated score of every box (boxes in judged pixels); None when the row was not measured
-        or has no keypoints (a detection model)."""
+        or has no keypoints (a detection model). look: (box index, pose score) of the row's second look, or
+        None; with this calibration's look fit, that box's score is max(calibrated, look_probability)."""
         if boxes is None or scores is None:
             return None
         if not scores:
@@ -91,6 +126,10 @@ class Calibration:
             if x is None:
                 return None
             out.append(self.probability(x))
+        if look is not None and self.look is not None and look[0] is not None and look[1] is not None:
+            j = int(look[0])
+            if 0 <= j < len(out):
+                out[j] = max(out[j], self.look_probability(out[j], float(look[1])))
         return out
 
     def to_json(self) -> str:

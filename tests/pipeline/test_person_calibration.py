@@ -89,3 +89,41 @@ def test_bad_calibration_files_are_clear_errors(tmp_path):
         load_calibration(bad)
     with pytest.raises(ValueError, match="features"):
         Calibration(coef=[1, 1], intercept=0, mean=[0, 0], scale=[1, 1], features=["a", "b"])
+
+
+# --- the second look's fit ---------------------------------------------------------------------------------------
+def test_shipped_look_fit_is_monotone_and_only_raises_the_box_it_read():
+    cal = load_calibration(None)
+    assert cal.look is not None and min(cal.look["coef"]) > 0 and "tune" in cal.look["fitted_on"]["data"]
+    grid = np.linspace(0.01, 0.99, 25)
+    for c in (0.05, 0.5, 0.85):  # rises with the pose score ...
+        got = [cal.look_probability(c, float(p)) for p in grid]
+        assert all(b > a for a, b in zip(got, got[1:]))
+    for p in (0.1, 0.4):  # ... and with the calibrated score
+        got = [cal.look_probability(float(c), p) for c in grid]
+        assert all(b > a for a, b in zip(got, got[1:]))
+    boxes, scores, kpts = [[0, 0, 200, 400], [0, 0, 100, 350]], [0.6, 0.5], [_kpts(0.1), _kpts(0.1)]
+    base = cal.box_scores(boxes, scores, kpts)
+    looked = cal.box_scores(boxes, scores, kpts, (1, 0.6))
+    assert looked[0] == base[0] and looked[1] == max(base[1], cal.look_probability(base[1], 0.6)) > base[1]
+    assert cal.box_scores(boxes, scores, kpts, (1, 0.01))[1] < 0.01  # a faceless box with no pose stays out
+    assert cal.box_scores(boxes, scores, kpts, (5, 0.9)) == base  # an index past the boxes reads nothing
+    assert cal.box_scores(boxes, scores, kpts, (None, None)) == base  # a row no look ran on
+    no_look = Calibration(**{k: v for k, v in json.loads(DEFAULT_FILE.read_text()).items() if k != "look"})
+    assert no_look.box_scores(boxes, scores, kpts, (1, 0.99)) == base  # a fit without look ignores one
+
+
+@pytest.mark.parametrize("look,match", [
+    ({"coef": [0.4, -1.0], "intercept": 2.0}, "negative"),
+    ({"coef": [0.4], "intercept": 2.0}, "two finite"),
+    ({"coef": [0.4, 1.0]}, "intercept"),
+    ({"coef": [0.4, float("nan")], "intercept": 2.0}, "finite"),
+    ({"features": ["pose_logit"], "coef": [1.0, 1.0], "intercept": 0.0}, "features"),
+    ([0.4, 1.0], "mapping"),
+])
+def test_a_bad_look_fit_is_refused_naming_the_problem(tmp_path, look, match):
+    doc = json.loads(DEFAULT_FILE.read_text()) | {"look": look}
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=match):
+        load_calibration(path)

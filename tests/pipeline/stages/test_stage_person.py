@@ -188,6 +188,46 @@ def test_calibrated_score_is_stored_and_cut_by_default(stage, scored):
                                              zip(out["person_boxes"], out["person_scores"])]
 
 
+def test_second_look_reads_the_box_the_cut_rejects_and_derive_recuts_it(stage, scored):
+    """chelsea (a cat): no box passes the calibrated cut and one is over 300 px, so MoveNet Thunder reads it; its
+    pose score is low and the cat stays rejected. The people pass without a look; coffee has no box to read."""
+    names, _, out = scored
+    assert stage.look_on
+    for n in ("bus", "zidane", "astronaut", "coffee", "garbage"):
+        assert out["person_look_box"][names.index(n)] is None and out["person_look_score"][names.index(n)] is None, n
+    i = names.index("chelsea")
+    assert out["person_look_box"][i] == 0 and out["person_look_score"][i] < 0.2
+    table = _table(out)
+    assert stage.derive(table)["person_score_calibrated"] == pytest.approx(out["person_score_calibrated"], abs=1e-6)
+    assert dict(zip(names, stage.reject(table)))["chelsea"] == "calibrated_score<=0.9"
+
+
+def test_second_look_on_real_people_under_a_stricter_cut():
+    """At min_score 0.9999 no box of bus.jpg, zidane.jpg or the cameraman passes, so each image's box over 300 px
+    with the highest raw score is read: all three are people (pose score > 0.3). Each cut score is the larger of
+    the calibrated one and the look's, derive recomputes it from the stored columns, and with second_look=none
+    nothing is read."""
+    cfg = default_config()["person"] | {"min_score": 0.9999}
+    strict = PersonStage(cfg)
+    strict.setup()
+    images = [_bytes(ASSETS / "bus.jpg"), _bytes(ASSETS / "zidane.jpg"), _bytes(SKIMAGE / "camera.png")]
+    out = strict.measure(_batch(images))
+    table = _table(out)
+    off = PersonStage(cfg | {"second_look": "none"})
+    base = off.derive(table)["person_score_calibrated"]
+    for i in range(3):
+        j = out["person_look_box"][i]
+        boxes = [[v * 1.0 for v in b] for b in out["person_boxes"][i]]
+        big = [k for k, b in enumerate(boxes) if box_passes(b, 300)]
+        assert j == max(big, key=lambda k: out["person_scores"][i][k]), i
+        assert out["person_look_score"][i] > 0.3, i
+        assert out["person_score_calibrated"][i] >= base[i]
+    assert strict.derive(table)["person_score_calibrated"] == pytest.approx(out["person_score_calibrated"], abs=1e-6)
+    off.setup()
+    again = off.measure(_batch(images[:1]))
+    assert again["person_look_box"] == [None] and again["person_score_calibrated"][0] == pytest.approx(base[0])
+
+
 def test_bad_score_kind_and_calibration_file_fail_when_the_config_is_read(tmp_path):
     with pytest.raises(ValueError, match="person.score='best'"):
         PersonStage(default_config()["person"] | {"score": "best"})
