@@ -109,6 +109,22 @@ def person_look_rows(run: Path, labels_csv: Path):
     return rows, meta, bench, package
 
 
+def box_crops(rows: list[dict], meta: dict, decode: int = 1024) -> list:
+    """Each row's box cropped as the person stage's second look crops it (pipeline/stages/person_look.region), from
+    its image decoded at longer side `decode` (each image decoded once; rows of one image are adjacent)."""
+    from pipeline.inputs.images import load_rgb
+    from pipeline.stages.person_look import region
+
+    x, decoded = [], {}
+    for r in rows:
+        path, judged = meta[r["sid"]]
+        if r["sid"] not in decoded:
+            decoded = {r["sid"]: load_rgb(path.read_bytes(), max_side=decode)}
+        rgb, scale = decoded[r["sid"]]
+        x.append(region(rgb, r["box"], scale / judged))
+    return x
+
+
 def held_out_logistic(X, y, groups, train=None, c_grid=(0.1, 1.0, 10.0)):
     """Each row's P(y = 1) from a logistic fit that saw no row of its group (package), fitted on the train rows
     only; C from c_grid by the held-out log loss of the train rows. Returns (P, C, {C: log loss})."""

@@ -39,23 +39,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-CUT, LOOK, SCALE, SIDE, DECODE = 0.9, 0.5, 1.25, 256, 1024
+CUT, LOOK, DECODE = 0.9, 0.5, 1024
 LANDMARK = "mediapipe/modules/pose_landmark/pose_landmark_full.tflite"
 DETECTOR = "mediapipe/modules/pose_detection/pose_detection.tflite"
-
-
-def region(rgb: np.ndarray, box, scale: float) -> np.ndarray:
-    """BlazePose's region for a box (original pixels): a square of side SCALE x the longer side around its centre,
-    zero outside the image, resized to SIDE x SIDE (uint8 RGB)."""
-    x1, y1, x2, y2 = (float(v) * scale for v in box)
-    cx, cy, half = (x1 + x2) / 2, (y1 + y2) / 2, SCALE * max(x2 - x1, y2 - y1) / 2
-    a, b, n = int(round(cx - half)), int(round(cy - half)), max(1, int(round(2 * half)))
-    out = np.zeros((n, n, 3), np.uint8)
-    h, w = rgb.shape[:2]
-    sa, sb, ea, eb = max(0, a), max(0, b), min(w, a + n), min(h, b + n)
-    if ea > sa and eb > sb:
-        out[sb - b:eb - b, sa - a:ea - a] = rgb[sb:eb, sa:ea]
-    return resize(out, SIDE)
 
 
 def infer(regions_npz: str, folder: str, out_npy: str) -> None:
@@ -99,8 +85,8 @@ def logit(v: np.ndarray) -> np.ndarray:
 
 
 def main() -> int:
-    from pipeline.inputs.images import load_rgb
-    from research.bench_tune import bench_quality, held_out_logistic, person_look_rows, report, run_labels_parser
+    from research.bench_tune import (bench_quality, box_crops, held_out_logistic, person_look_rows, report,
+                                     run_labels_parser)
 
     ap = run_labels_parser(__doc__)
     ap.add_argument("--wheel", type=Path, required=True, help="a mediapipe wheel (its pose_landmark_full.tflite)")
@@ -108,13 +94,7 @@ def main() -> int:
     a = ap.parse_args()
     quality = bench_quality()
     rows, meta, bench, package = person_look_rows(a.run, a.labels)
-    x, decoded = [], {}
-    for r in rows:
-        path, judged = meta[r["sid"]]
-        if r["sid"] not in decoded:
-            decoded = {r["sid"]: load_rgb(path.read_bytes(), max_side=DECODE)}
-        rgb, scale = decoded[r["sid"]]
-        x.append(region(rgb, r["box"], scale / judged))
+    x = box_crops(rows, meta, DECODE)
     with tempfile.TemporaryDirectory() as tmp:
         with zipfile.ZipFile(a.wheel) as z:
             for name in (LANDMARK, DETECTOR):
