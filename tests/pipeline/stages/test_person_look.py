@@ -55,6 +55,8 @@ def test_a_missing_model_file_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="person.second_look=none"):
         PoseLook(path=tmp_path / "gone.onnx")
     assert MODEL_FILE.is_file()
+    notice = MODEL_FILE.with_suffix(".NOTICE").read_text()  # ships beside it: its licences and what was changed
+    assert "Apache License, Version 2.0" in notice and "MIT License" in notice and "float16" in notice
 
 
 def test_second_look_setting_is_checked_and_old_runs_keep_theirs():
