@@ -118,10 +118,11 @@ PERSON_BUCKETS = ("1", "2", "3", "4", "5+")
 
 
 # per-image measurements shown beside the rules' columns (catalog.rules), with no threshold of their own
-INFO_COLUMNS = {"dedup": ("dup_cluster_size",), "person": ("n_persons",)}
+INFO_COLUMNS = {"dedup": ("dup_cluster_size",), "person": ("n_persons", "person_look_score")}
 STAGE_ORDER = ("size", "dedup", "person", "text", "watermark", "art")
 # columns whose values are probabilities: histograms over [0, 1] rather than over the data range
-UNIT_RANGE = {"person_score_max", "person_score_calibrated", "watermark_score", "art_score", "text_area_frac"}
+UNIT_RANGE = {"person_score_max", "person_score_calibrated", "person_look_score", "watermark_score", "art_score",
+              "text_area_frac"}
 
 
 def stage_order(con, manifest: dict, p: str = "") -> list[str]:
@@ -247,7 +248,18 @@ def persons(con, manifest: dict, p: str = "", exact: bool = True) -> dict:
     out = quantile_block(con, ["score", "box_longer_side", "box_shorter_side"],
                           {"detected": "", "in_kept_images": "keep"}, persons_source(p), exact)
     out.update(person_rule.rule(manifest))
+    out["second_look"] = second_look(con, p)
     return out
+
+
+def second_look(con, p: str = "") -> dict:
+    """The person stage's second look (person.second_look): images it read (no box passed the cut, one was over
+    the size rule), those that then passed the person rule (it only ever raises a box's score, so every one of
+    them passed because of it) and those kept."""
+    read, passed, kept = con.execute(f"""
+        SELECT count(person_look_box), count(person_look_box) FILTER (WHERE person_n_pass > 0),
+               count(person_look_box) FILTER (WHERE person_n_pass > 0 AND keep) FROM {p}samples""").fetchone()
+    return {"read": read, "passed": passed, "kept": kept}
 
 
 def _stage_measures(stage: str, manifest: dict) -> list[tuple[str, Rule | None]]:

@@ -139,6 +139,9 @@ def make_run(root, n: int = 48, seed: int = 0, person_score: str | None = None) 
                            person_score_max=max(scores, default=None),
                            person_box_max_px=max((max(b[2] - b[0], b[3] - b[1]) for b in boxes), default=None),
                            person_n_pass=n_pass)
+                if reason == "person:score<0.9" or (reason is None and n_pass == 1 and i % 2 == 0):
+                    # the second look read the top box: it failed the person rule there, passed it here
+                    row.update(person_look_box=0, person_look_score=0.1 if reason else 0.6)
                 if person_score is not None:
                     row["person_score_calibrated"] = max(
                         (v * min(1.0, max(b[2] - b[0], b[3] - b[1]) / 310) for b, v in zip(boxes, scores)), default=0.0)

@@ -57,6 +57,14 @@ def test_decode_errors_persons_and_duplicates(run):
     assert s["persons_per_kept_image"] == {"1": per_image[1], "2": per_image[2], "3": per_image[3],
                                            "4": per_image[4], "5+": per_image[5]}
 
+    looked = [r for r in rows if r.get("person_look_box") is not None]
+    assert looked and s["persons"]["second_look"] == {
+        "read": len(looked), "passed": sum(r["person_n_pass"] > 0 for r in looked),
+        "kept": sum(r["person_n_pass"] > 0 and r["keep"] for r in looked)}
+    assert 0 < s["persons"]["second_look"]["kept"] < len(looked)
+    look = next(x for x in s["scores"] if x["column"] == "person_look_score")
+    assert look["n"] == len(looked) and look["threshold"] is None
+
     dups = [r for r in rows if r.get("dup_of")]
     assert s["duplicates"]["duplicates"] == len(dups) == s["duplicates"]["exact"]
     assert s["duplicates"]["clusters"] == len({r["dup_of"] for r in dups})
@@ -118,6 +126,10 @@ def test_cli_text_and_json(run, capsys):
         assert needle in text, needle
     # the person rule printed as catalog/rules.py declares it: strictly greater, as in Sapiens
     assert "(rule: raw score > 0.9, box longer_side > 300 px)" in text and ">=" not in text.split("Detected persons")[1][:80]
+    looked = [r for r in rows if r.get("person_look_box") is not None]
+    passed = [r for r in looked if r["person_n_pass"] > 0]
+    assert (f"second look (MoveNet, where no box passed the cut): read {len(looked)}, passed {len(passed)}, "
+            f"kept {sum(r['keep'] for r in passed)}") in text
 
 
 def test_two_runs_side_by_side(run, tmp_path, capsys):
