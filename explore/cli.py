@@ -234,12 +234,8 @@ def format_stats(runs: list[dict], overlap: dict | None = None) -> str:
                 rows.append(qrow(f"{'raw score' if col == 'score' else col} {scope} {lab}".strip(), r["persons"][scope][col]))
     detected = any(r["persons"]["detected"]["score"].get("n") for r in runs)
     rules = [f"{lab + ': ' if multi else ''}{describe(r['persons'])}" for lab, r in zip(labels, runs)]
-    looks = [f"{lab + ': ' if multi else ''}read {x['read']}, passed {x['passed']}, kept {x['kept']}"
-             for lab, r in zip(labels, runs) for x in [r["persons"]["second_look"]]]
     section(f"Detected persons (rule: {'; '.join(rules)})" + ("\n  per box the raw score; the calibrated score is "
-            "stored per image (Scores per stage)" if any(r["persons"]["score_kind"] != "raw" for r in runs) else "")
-            + ("\n  second look (MoveNet, where no box passed the cut): " + "; ".join(looks)
-               if any(r["persons"]["second_look"]["read"] for r in runs) else ""),
+            "stored per image (Scores per stage)" if any(r["persons"]["score_kind"] != "raw" for r in runs) else ""),
             _table(["measure", "n"] + qhead, rows) if detected else "  no person boxes in the catalog")
 
     rows = []

@@ -256,6 +256,8 @@ def second_look(con, p: str = "") -> dict:
     """The person stage's second look (person.second_look): images it read (no box passed the cut, one was over
     the size rule), those that then passed the person rule (it only ever raises a box's score, so every one of
     them passed because of it) and those kept."""
+    if "person_look_box" not in columns(con, f"{p}samples"):  # a table of only some columns
+        return {"read": 0, "passed": 0, "kept": 0}
     read, passed, kept = con.execute(f"""
         SELECT count(person_look_box), count(person_look_box) FILTER (WHERE person_n_pass > 0),
                count(person_look_box) FILTER (WHERE person_n_pass > 0 AND keep) FROM {p}samples""").fetchone()
@@ -280,8 +282,9 @@ def scores(con, manifest: dict, p: str = "", exact: bool = True) -> list[dict]:
     `fail_threshold` counts measured rows on the rejected side of the threshold, whatever stage
     rejected them first. One scan for all columns.
     """
+    have = columns(con, f"{p}samples")
     measures = [(stage, col, rule, threshold(manifest, rule))
-                for stage in STAGE_ORDER for col, rule in _stage_measures(stage, manifest)]
+                for stage in STAGE_ORDER for col, rule in _stage_measures(stage, manifest) if col in have]
     parts = []
     for _stage, col, rule, t in measures:
         parts.append(quantile_sql(col, exact=exact))
@@ -299,6 +302,11 @@ def scores(con, manifest: dict, p: str = "", exact: bool = True) -> list[dict]:
             d["fail_threshold"] = fails
         out.append(d)
     return out
+
+
+def columns(con, relation: str) -> set[str]:
+    """The column names of a table or view."""
+    return {r[0] for r in con.execute(f"DESCRIBE {relation}").fetchall()}
 
 
 def _number(t) -> bool:
