@@ -526,7 +526,7 @@ class PersonStage(Stage):
                         out["person_error"][i] = f"second look: {e}"
                         continue
                     out["person_look_box"][i], out["person_look_score"][i] = j, pose
-                    calibrated = self.calibration.box_scores(judged, score_list, kps, (j, pose))
+                    calibrated = self.calibration.with_look(calibrated, (j, pose))
             out["person_score_calibrated"][i] = _max_or_zero(calibrated)
             cut = score_list if self.score_kind == "raw" else calibrated
             out["person_n_pass"][i] = count_passing(judged, cut, min_score, min_box, rule)

@@ -126,11 +126,17 @@ class Calibration:
             if x is None:
                 return None
             out.append(self.probability(x))
+        return self.with_look(out, look)
+
+    def with_look(self, scores: list[float], look) -> list[float]:
+        """Calibrated box scores with a row's second look: (box index, pose score) or None; with this
+        calibration's look fit, that box's score becomes max(calibrated, look_probability)."""
         if look is not None and self.look is not None and look[0] is not None and look[1] is not None:
             j = int(look[0])
-            if 0 <= j < len(out):
-                out[j] = max(out[j], self.look_probability(out[j], float(look[1])))
-        return out
+            if 0 <= j < len(scores):
+                scores = list(scores)
+                scores[j] = max(scores[j], self.look_probability(scores[j], float(look[1])))
+        return scores
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1) + "\n"

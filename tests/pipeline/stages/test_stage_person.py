@@ -217,8 +217,7 @@ def test_second_look_on_real_people_under_a_stricter_cut():
     base = off.derive(table)["person_score_calibrated"]
     for i in range(3):
         j = out["person_look_box"][i]
-        boxes = [[v * 1.0 for v in b] for b in out["person_boxes"][i]]
-        big = [k for k, b in enumerate(boxes) if box_passes(b, 300)]
+        big = [k for k, b in enumerate(out["person_boxes"][i]) if box_passes(b, 300)]
         assert j == max(big, key=lambda k: out["person_scores"][i][k]), i
         assert out["person_look_score"][i] > 0.3, i
         assert out["person_score_calibrated"][i] >= base[i]
