@@ -7,6 +7,12 @@ Prints JSON: files tried, aborts (must be 0), outcomes per reason kind and per f
 
     python bench/fuzz.py --n 50000 [--seed 0] [--max-pixels N]
     python bench/fuzz.py --tars 20000 [--seed 0] [--curate 1000]
+    python bench/fuzz.py --look 3000 [--seed 0]
+
+--look N fuzzes the person stage's second look: N mutants of three real photos of people (ultralytics' bus and
+zidane, scikit-image's cameraman) through the person stage at min_score 0.9999, where no box passes, so every
+mutant that still decodes and holds a box over 300 px is cropped and read by MoveNet. Nothing may raise; each
+mutant ends with a decode error, or a full result with or without a look (pose score in [0, 1], box index valid).
 
 --tars N fuzzes the containers instead (bench/fuzz_tars.py): N damaged shards of every kind read
 with UnitReader: shards tried, aborts (must be 0), intact samples lost (must be 0), outcome kinds.
@@ -176,6 +182,62 @@ def run(n: int, seed: int = 0, max_pixels: int | None = None, batch: int = 64) -
             "seconds": round(time.perf_counter() - t0, 2), "abort_examples": examples}
 
 
+def look_seeds() -> dict[str, bytes]:
+    """Three real photos of people, each named by its format for mutants()."""
+    import importlib.util
+    from importlib import resources
+    from pathlib import Path
+    assets = Path(list(importlib.util.find_spec("ultralytics").submodule_search_locations)[0]) / "assets"
+    return {"jpeg_bus": (assets / "bus.jpg").read_bytes(), "jpeg_zidane": (assets / "zidane.jpg").read_bytes(),
+            "png_camera": (resources.files("skimage") / "data" / "camera.png").read_bytes()}
+
+
+def run_look(n: int, seed: int = 0, batch: int = 16) -> dict:
+    """n mutants of look_seeds() through PersonStage.measure with no box passing: outcome counts, and the
+    mutants that raised or whose row is incomplete (aborts, bad rows: both must be 0)."""
+    import warnings
+    from pipeline.config import load_config
+    from pipeline.stages import stage_class
+    from pipeline.stages.decode import error_kind
+    from pipeline.inputs.images import probe
+    warnings.simplefilter("ignore")
+    stage = stage_class("person")(load_config()["person"] | {"min_score": 0.9999})
+    stage.setup()
+    outcomes, aborts, bad, t0 = Counter(), [], [], time.perf_counter()
+    items = list(mutants(n, seed, look_seeds()))
+    for k in range(0, n, batch):
+        chunk = items[k:k + batch]
+        b: dict[str, list] = {c: [] for c in ("sample_id", "image", "width", "height", "exif_orientation", "format")}
+        for i, (_, _, data) in enumerate(chunk):
+            try:
+                info = probe(data)
+            except Exception:
+                info = dict.fromkeys(("width", "height", "exif_orientation", "format"))
+            b["sample_id"].append(str(k + i))
+            b["image"].append(data)
+            for c in ("width", "height", "exif_orientation", "format"):
+                b[c].append(info[c])
+        try:
+            out = stage.measure(b)
+        except Exception as e:
+            aborts.append({"batch": k, "error": f"{type(e).__name__}: {e}"})
+            continue
+        for i, (name, how, _) in enumerate(chunk):
+            err, j, pose = out["person_error"][i], out["person_look_box"][i], out["person_look_score"][i]
+            if err:
+                outcomes[f"{err.split(':')[0]}: {error_kind(err.split(': ', 1)[-1])}"] += 1
+            elif out["person_score_calibrated"][i] is None or out["person_n_pass"][i] is None:
+                bad.append({"mutant": k + i, "format": name, "mutation": how, "why": "no result and no error"})
+            elif j is None:
+                outcomes["no look"] += 1
+            elif not (0 <= j < len(out["person_boxes"][i]) and 0.0 <= pose <= 1.0):
+                bad.append({"mutant": k + i, "format": name, "mutation": how, "why": f"look box {j}, score {pose}"})
+            else:
+                outcomes["look"] += 1
+    return {"files_tried": n, "aborts": len(aborts), "bad_rows": len(bad), "outcomes": dict(outcomes.most_common()),
+            "seconds": round(time.perf_counter() - t0, 1), "examples": (aborts + bad)[:10]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=50_000, help="mutated files (default 50000)")
@@ -184,7 +246,12 @@ def main() -> int:
     ap.add_argument("--tars", type=int, default=None, metavar="N", help="fuzz N damaged shards through the reader")
     ap.add_argument("--curate", type=int, default=0, metavar="M",
                     help="with --tars: also curate M damaged shards in one `humanset curate` run")
+    ap.add_argument("--look", type=int, default=None, metavar="N", help="fuzz the person stage's second look")
     args = ap.parse_args()
+    if args.look is not None:
+        result = run_look(args.look, args.seed)
+        print(json.dumps(result, indent=2))
+        return 1 if result["aborts"] or result["bad_rows"] else 0
     if args.tars is not None:
         result = run_tars(args.tars, args.seed, args.curate)
         print(json.dumps(result, indent=2))

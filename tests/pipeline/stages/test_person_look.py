@@ -7,8 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.inputs.images import load_rgb
+import catalog
+from pipeline.inputs.images import ImageError, load_rgb, probe
 from pipeline.config import default_config
+from pipeline.stages import person as person_module
 from pipeline.stages.person import PersonStage, candidate, second_look
 from pipeline.stages.person_look import MODEL_FILE, PoseLook, region
 
@@ -67,3 +69,50 @@ def test_second_look_setting_is_checked_and_old_runs_keep_theirs():
     with pytest.raises(ValueError, match="person.second_look='yes'"):
         PersonStage(cfg | {"second_look": "yes"})
     assert not PersonStage(cfg | {"score": "raw"}).look_on  # the raw cut has no calibrated score to look past
+
+
+def _bench_fuzz():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_fuzz", Path(__file__).resolve().parents[3] / "bench/fuzz.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_160_mutants_of_real_people_through_the_look_never_raise():
+    """bench/fuzz.py --look: damaged copies of three real photos of people, where no box passes, so every copy that
+    still decodes with a box over 300 px is read by MoveNet. Each ends with a decode error or a whole row."""
+    r = _bench_fuzz().run_look(160, seed=0)
+    assert r["aborts"] == 0 and r["bad_rows"] == 0, r["examples"]
+    assert sum(r["outcomes"].values()) == 160
+    assert r["outcomes"].get("look", 0) >= 40, r["outcomes"]  # the corpus reaches the look, not only the decoder
+    assert any(k.startswith("decode: ") for k in r["outcomes"]), r["outcomes"]
+
+
+def test_a_failed_second_decode_is_that_sample_s_error_and_the_batch_goes_on(monkeypatch):
+    """The look decodes the image again at 1024 px; where that fails (injected here for one of three photos), the
+    sample gets person_error "second look: ..." and the reason `error`, and the other two are read as usual."""
+    fuzz = _bench_fuzz()
+    seeds = fuzz.look_seeds()
+    images = [seeds["jpeg_bus"], seeds["jpeg_zidane"], seeds["png_camera"]]
+    real = person_module.load_rgb
+
+    def second_decode_fails_for_zidane(data, max_side=None, max_pixels=None):
+        if data is images[1] and max_side == person_module.DECODE_PX:
+            raise ImageError("truncated or corrupt pixel data: injected")
+        return real(data, max_side=max_side, max_pixels=max_pixels)
+
+    monkeypatch.setattr(person_module, "load_rgb", second_decode_fails_for_zidane)
+    stage = PersonStage(default_config()["person"] | {"min_score": 0.9999})
+    stage.setup()
+    batch = {"sample_id": ["a", "b", "c"], "image": images}
+    for c in ("width", "height", "exif_orientation", "format"):
+        batch[c] = [probe(d)[c] for d in images]
+    out = stage.measure(batch)
+    assert out["person_error"][1].startswith("second look: truncated or corrupt pixel data")
+    assert out["person_look_box"][1] is None and out["person_boxes"][1]  # the first pass's boxes are kept
+    assert [out["person_error"][i] for i in (0, 2)] == [None, None]
+    assert all(out["person_look_score"][i] > 0.3 for i in (0, 2))
+    table = catalog.conform([{k: v[i] for k, v in out.items()} for i in range(3)], catalog.SAMPLES)
+    reasons = stage.reject(table)
+    assert reasons[1] == "error" and reasons[0] is not None and reasons[2] is not None  # 0.9999: no box passes
