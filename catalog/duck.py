@@ -262,6 +262,24 @@ def connect(run_dir, database: str = ":memory:", prefix: str = "",
     return con
 
 
+def sample_rows(run_dir, columns: list[str], ids=None) -> tuple[list[str], list[tuple]]:
+    """The samples view's rows of the sample ids `ids` (None: every row), with those of `columns` the run has:
+    (the columns read, the rows). The ids are a table DuckDB semi-joins the view with, so what is held grows with
+    the ids, not with the run (`humanset calibrate` reads a few hundred labelled rows of a run of any size:
+    bench/calibrate_scale.py)."""
+    con = connect(run_dir)
+    try:
+        have = {r[0] for r in con.execute("DESCRIBE samples").fetchall()}
+        got = [c for c in columns if c in have]
+        where = ""
+        if ids is not None:
+            con.register("wanted_ids", pa.table({"sample_id": pa.array(sorted(set(ids)), pa.string())}))
+            where = " WHERE sample_id IN (SELECT sample_id FROM wanted_ids)"
+        return got, con.execute(f"SELECT {', '.join(_ident(c) for c in got)} FROM samples{where}").fetchall()
+    finally:
+        con.close()
+
+
 def register(con: duckdb.DuckDBPyConnection, run_dir, prefix: str = "", by_generation: bool = False,
              load: tuple[str, ...] = ()) -> list[str]:
     """Create the run's views on `con`; those named in `load` become temporary tables (load_table).

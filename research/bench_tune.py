@@ -90,7 +90,8 @@ def person_look_rows(run: Path, labels_csv: Path):
     (role "painted": scored, never trained on), each with its box in judged pixels and the shipped calibrated
     probability. Also: sample id -> (image file, resolution_scale), the bench's labels by id, package by id."""
     from catalog import connect
-    from pipeline.select.calibrate import _run_config, person_training_rows, read_labels
+    from pipeline.select.calibrate import _run_config, read_labels
+    from pipeline.select.person_fit import person_training_rows
     from pipeline.stages.person_calibration import box_features, load_calibration
 
     person = read_labels(labels_csv)["person"]
@@ -131,7 +132,7 @@ def held_out_logistic(X, y, groups, train=None, c_grid=(0.1, 1.0, 10.0)):
     import numpy as np
     from sklearn.linear_model import LogisticRegression
 
-    from pipeline.select.calibrate import log_losses
+    from pipeline.select.person_fit import log_losses
 
     train = np.ones(len(y), bool) if train is None else train
     probs, loss = {}, {}

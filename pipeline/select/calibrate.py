@@ -22,10 +22,9 @@ is "of the rejected images, how many really have text / a watermark / are not ph
 threshold printed for a target precision is the one with the highest recall among those reaching it.
 
 For person the score is the one `person.score` names: the calibrated score (default) or the raw one.
-`--fit-person OUT` also fits the calibrated score itself to the person labels (fit_person below: a
-logistic model of pipeline/stages/person_calibration.FEATURES, L2-regularised, the strength chosen by
-leave-one-out log loss) and writes the file `person.calibration: OUT` reads; `humanset select RUN
---set person.calibration=OUT` re-cuts a run with it, without the model.
+`--fit-person OUT` also fits the calibrated score itself, and its second look, to the person labels
+(person_fit.py) and writes the file `person.calibration: OUT` reads; `humanset select RUN --set
+person.calibration=OUT` re-cuts a run with it, without the model.
 
 Two scores are exact only near the configured cut by default: with `text.recognize: needed` and
 `watermark.recognize: needed` (the defaults) the stages stop reading boxes once the verdict at the
@@ -36,13 +35,13 @@ far). Sweeps far from the configured cut want a run curated with `recognize: all
 from __future__ import annotations
 
 import csv
-import datetime as dt
+import dataclasses
 import logging
 import math
+import os
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-import numpy as np
 import pyarrow as pa
 
 from catalog.rules import CALIBRATED
@@ -117,7 +116,8 @@ def read_labels(path: str | Path) -> dict[str, dict[str, int]]:
     """labels.csv -> {stage: {sample_id: 0|1}}. A header row `sample_id,label` is optional."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"--labels {path}: no such file; pass a CSV of sample_id,STAGE=0|1 rows")
+        raise FileNotFoundError(f"--labels {path}: no such file; pass a CSV of sample_id,STAGE=0|1 rows, or write one "
+                                f"by labelling samples in `humanset browse RUN --labels {path}`")
     out: dict[str, dict[str, int]] = {}
     try:
         rows = list(csv.reader(path.read_text().splitlines()))
@@ -142,23 +142,19 @@ def read_labels(path: str | Path) -> dict[str, dict[str, int]]:
     return out
 
 
-def stage_scores(run: str | Path, cfg: dict) -> dict[str, dict[str, float | None]]:
-    """{stage: {sample_id: score or None}} read from the run's catalog with DuckDB."""
-    from catalog import connect
-
+def stage_scores(run: str | Path, cfg: dict, ids=None) -> dict[str, dict[str, float | None]]:
+    """{stage: {sample_id: score or None}} of the labelled samples (`ids`; None: all) from the run's catalog."""
+    from catalog.duck import sample_rows
     from pipeline.stages.person import best_passing_score, cut_scores, judged_boxes, thresholds
 
-    con = connect(run)
     cols = ["sample_id", "person_boxes", "person_scores", "person_keypoints", "person_look_box", "person_look_score",
             "resolution_scale", "text_area_frac", "watermark_score", "art_score"]
-    have = {r[0] for r in con.execute("DESCRIBE samples").fetchall()}
-    got = [c for c in cols if c in have]
-    rows = con.execute(f"SELECT {', '.join(got)} FROM samples").fetchall()
+    got, rows = sample_rows(run, cols, ids)
     table = pa.table({c: [r[i] for r in rows] for i, c in enumerate(got)})
     person = cfg.get("person") or {}
     _, min_box, rule = thresholds(person)
     person_scores = cut_scores(table, person)
-    col = {c: table.column(c).to_pylist() if c in have else [None] * table.num_rows for c in cols}
+    col = {c: table.column(c).to_pylist() if c in got else [None] * table.num_rows for c in cols}
     out: dict[str, dict[str, float | None]] = {s: {} for s in CALIBRATED}
     for i, sid in enumerate(col["sample_id"]):
         boxes = judged_boxes(col["person_boxes"][i], col["resolution_scale"][i])
@@ -168,151 +164,56 @@ def stage_scores(run: str | Path, cfg: dict) -> dict[str, dict[str, float | None
     return out
 
 
-def _run_config(run: Path) -> dict:
+def _run_config(run) -> dict:
+    """The config the run was curated with, from its manifest (a local folder or a URI on an object store); the
+    defaults for a run without one."""
+    from catalog.storage import storage_for
     from pipeline.config import default_config
 
-    manifest = run / "manifest.json"
-    if manifest.is_file():
-        import json
-
-        return json.loads(manifest.read_text()).get("config") or default_config()
-    return default_config()
+    store = storage_for(run)
+    manifest = store.read_json("manifest.json") if store.exists("manifest.json") else {}
+    return manifest.get("config") or default_config()
 
 
-# --- fitting the calibrated person score --------------------------------------------------------------
-L2_GRID = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
-
-
-def person_training_rows(run: str | Path, labels: dict[str, int], cfg: dict) -> list[tuple]:
-    """(sample_id, raw score, box in judged pixels, keypoints) of each labelled sample's box with the highest raw
-    score among those passing the box rule (where the score decides). Samples with no such box are left out:
-    the box rule rejects them whatever the score."""
-    from catalog import connect
-
-    from pipeline.stages.person import box_passes, judged_boxes, thresholds
-
-    _, min_box, rule = thresholds(cfg.get("person") or {})
-    con = connect(run)
-    have = {r[0] for r in con.execute("DESCRIBE samples").fetchall()}
-    scale = "resolution_scale" if "resolution_scale" in have else "NULL"
-    rows = con.execute(f"SELECT sample_id, person_boxes, person_scores, person_keypoints, {scale} FROM samples "
-                       f"WHERE person_scores IS NOT NULL").fetchall()
-    out = []
-    for sid, boxes, scores, kpts, sc in rows:
-        if sid not in labels or not scores:
-            continue
-        boxes = judged_boxes(boxes, sc)
-        big = [j for j, b in enumerate(boxes) if b is not None and box_passes(b, min_box, rule)]
-        if not big:
-            continue
-        j = max(big, key=lambda k: scores[k])
-        out.append((sid, scores[j], boxes[j], kpts[j] if kpts else None))
-    return out
-
-
-def person_training_set(run: str | Path, labels: dict[str, int], cfg: dict, box_ref_px: float = 300.0):
-    """(X, y, sample_ids): the FEATURES of person_training_rows' boxes and their labels."""
-    from pipeline.stages.person_calibration import box_features
-
-    X, y, ids = [], [], []
-    for sid, score, box, kpts in person_training_rows(run, labels, cfg):
-        x = box_features(score, box, kpts, box_ref_px)
-        if x is None:
-            raise ValueError(f"{run}: sample {sid} has no person keypoints; the calibrated score needs a run "
-                             f"curated with a pose model")
-        X.append(x)
-        y.append(labels[sid])
-        ids.append(sid)
-    return np.asarray(X, np.float64).reshape(-1, 3), np.asarray(y, np.int64), ids
-
-
-def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float, iters: int = 100):
-    """L2-regularised logistic regression on standardised features (the intercept is not penalised),
-    by Newton's method. Returns (intercept, coef, mean, scale)."""
-    mean, scale = X.mean(0), X.std(0)
-    scale = np.where(scale > 1e-9, scale, 1.0)
-    Z = np.c_[np.ones(len(X)), (X - mean) / scale]
-    pen = np.r_[0.0, np.ones(X.shape[1])] * l2
-    w = np.zeros(Z.shape[1])
-    for _ in range(iters):
-        p = 1 / (1 + np.exp(-np.clip(Z @ w, -50, 50)))
-        g = Z.T @ (p - y) + pen * w
-        H = (Z * (p * (1 - p))[:, None]).T @ Z + np.diag(pen) + 1e-9 * np.eye(len(w))
-        step = np.linalg.solve(H, g)
-        w -= step
-        if np.abs(step).max() < 1e-10:
-            break
-    return float(w[0]), w[1:], mean, scale
-
-
-def _predict(model, X: np.ndarray) -> np.ndarray:
-    b, coef, mean, scale = model
-    return 1 / (1 + np.exp(-np.clip(b + ((X - mean) / scale) @ coef, -50, 50)))
-
-
-def loo_predictions(X: np.ndarray, y: np.ndarray, l2: float) -> np.ndarray:
-    """Each sample's probability from fit_logistic at strength l2 fitted without it (leave-one-out)."""
-    out = np.empty(len(y))
-    for i in range(len(y)):
-        keep = np.arange(len(y)) != i
-        out[i] = _predict(fit_logistic(X[keep], y[keep], l2), X[i:i + 1])[0]
-    return out
-
-
-def log_losses(p: np.ndarray, y: np.ndarray) -> np.ndarray:
-    p = np.clip(p, 1e-6, 1 - 1e-6)
-    return -np.where(y == 1, np.log(p), np.log(1 - p))
-
-
-def fit_person(X: np.ndarray, y: np.ndarray, fitted_on: dict, box_ref_px: float = 300.0, grid=L2_GRID):
-    """The calibrated person score fitted to (X, y): the L2 strength (on standardised features) is the
-    one of `grid` with the lowest leave-one-out log loss; the leave-one-out recall at 0.9 and the
-    negatives over 0.9 are recorded with the fit, as its held-out estimate."""
-    from pipeline.stages.person_calibration import Calibration
-
-    n_pos = int(y.sum())
-    if n_pos < 5 or len(y) - n_pos < 5:
-        raise ValueError(f"person calibration needs at least 5 positive and 5 negative labelled samples with a "
-                         f"box over the size rule; got {n_pos} and {len(y) - n_pos}")
-    held_out = {l2: loo_predictions(X, y, l2) for l2 in grid}
-    loo = {l2: log_losses(p, y) for l2, p in held_out.items()}
-    l2 = min(loo, key=lambda k: loo[k].mean())
-    b, coef, mean, scale = fit_logistic(X, y, l2)
-    if coef[0] < 0:
-        raise ValueError("person calibration: the fitted weight of the raw score is negative (a higher detector "
-                         "score would lower the calibrated one); the labels are too few or contradict the detector")
-    p = _predict((b, coef, mean, scale), X)
-    info = {**fitted_on, "n": len(y), "positives": n_pos, "l2_grid": list(grid),
-            "loo_log_loss": {str(k): round(float(v.mean()), 4) for k, v in loo.items()},
-            "loo_recall_at_0.9": round(float((held_out[l2][y == 1] > 0.9).mean()), 4),
-            "loo_negatives_over_0.9": int((held_out[l2][y == 0] > 0.9).sum()),
-            "train_recall_at_0.9": round(float((p[y == 1] > 0.9).mean()), 4),
-            "train_negatives_over_0.9": int((p[y == 0] > 0.9).sum())}
-    return Calibration(coef=[round(float(c), 6) for c in coef], intercept=round(b, 6),
-                       mean=[round(float(m), 6) for m in mean], scale=[round(float(s), 6) for s in scale],
-                       box_ref_px=box_ref_px, l2=l2, fitted_on=info, date=dt.date.today().isoformat())
+def run_name(run) -> str:
+    """The last part of a run's folder or URI (what a fitted file records as its run)."""
+    return PurePosixPath(os.fspath(run).rstrip("/")).name
 
 
 # --- the command ------------------------------------------------------------------------------------
 def calibrate(run: str | Path, labels_csv: str | Path, target_precision: float = 0.95,
               out_png: str | Path | None = None, print_fn=print, fit_person_to: str | Path | None = None) -> dict:
     """Print precision/recall per threshold per labelled stage; write the curves to out_png."""
-    run = Path(run)
+    from catalog.duck import run_location
+
+    run = run_location(run)  # a local folder as a Path, a run on an object store as its URI
     cfg = _run_config(run)
     labels = read_labels(labels_csv)
     if fit_person_to:
+        from pipeline.select.person_fit import (LOOK_RULE, fit_look, fit_person, person_look_set,
+                                                person_training_set, training_boxes)
+
         if "person" not in labels:
             raise ValueError(f"--fit-person: {labels_csv} holds no person labels")
-        X, y, _ = person_training_set(run, labels["person"], cfg)
-        fitted = fit_person(X, y, {"run": run.name, "labels": Path(labels_csv).name,
+        boxes = training_boxes(run, labels["person"], cfg)
+        X, y, _ = person_training_set(boxes, labels["person"], run)
+        fitted = fit_person(X, y, {"run": run_name(run), "labels": Path(labels_csv).name,
                                    "rule": "labelled samples with a box over the size rule; the box with the "
                                            "highest raw score"})
+        LX, ly, _ = person_look_set(boxes, labels["person"], fitted)
+        look, why = fit_look(LX, ly, {"run": run_name(run), "labels": Path(labels_csv).name, "rule": LOOK_RULE})
+        fitted = dataclasses.replace(fitted, look=look)
         fitted.save(fit_person_to)
-        print_fn(f"person calibration ({len(y)} samples, {int(y.sum())} positive, l2={fitted.l2:g}): {fit_person_to}\n"
-                 f"  use it: --set person.calibration={fit_person_to} (humanset select re-cuts a run with it)")
+        print_fn(f"person calibration ({len(y)} samples, {int(y.sum())} positive, l2={fitted.l2:g}): {fit_person_to}")
+        if look:
+            print_fn(f"  second look ({len(ly)} samples it read, {int(ly.sum())} positive, l2={look['l2']:g}): "
+                     f"coef {look['coef']}, intercept {look['intercept']}")
+        else:
+            print_fn(f"  no second look fit ({why}): the second look is off with this file")
+        print_fn(f"  use it: --set person.calibration={fit_person_to} (humanset select re-cuts a run with it)")
         cfg = {**cfg, "person": {**(cfg.get("person") or {}), "score": "calibrated",
                                  "calibration": str(fit_person_to)}}
-    scores = stage_scores(run, cfg)
+    scores = stage_scores(run, cfg, {sid for lab in labels.values() for sid in lab})
     report: dict[str, dict] = {}
     for stage, lab in labels.items():
         known = scores[stage]

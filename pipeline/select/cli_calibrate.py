@@ -18,7 +18,9 @@ watermark, art: rejected). The threshold printed for --target-precision is the o
 highest recall among those reaching it, as a --set line for `humanset curate`.
 The person score is the one person.score names (calibrated by default). --fit-person OUT fits the
 calibrated person score to the person labels (raw score, box size, head keypoints: a logistic model,
-docs/quality.md) and writes OUT, which --set person.calibration=OUT reads (curate and select).
+docs/quality.md) and writes OUT, which --set person.calibration=OUT reads (curate and select). OUT also
+holds the second look's fit, from the labelled samples the run's look read (at least 5 people and 5 not);
+without one the second look is off with OUT.
 
 example:
   humanset calibrate runs/r1 --labels labels.csv --target-precision 0.95 --out curves.png
@@ -29,7 +31,11 @@ example:
 
 def run_calibrate(args) -> int:
     from pipeline.select.calibrate import calibrate
-    out = args.out or f"{args.run.rstrip('/')}/calibration.png"
+    from catalog.storage import is_uri
+    from pipeline.select.calibrate import run_name
+    # the curves of a run on an object store go to the working folder: this command writes nothing into a run
+    out = args.out or (f"{run_name(args.run)}-calibration.png" if is_uri(args.run) else
+                       f"{args.run.rstrip('/')}/calibration.png")
     try:
         calibrate(args.run, args.labels, args.target_precision, out, fit_person_to=args.fit_person)
     except (FileNotFoundError, ValueError) as e:
@@ -41,11 +47,12 @@ def run_calibrate(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("calibrate", help="precision/recall of stage scores against hand labels",
                        description=CALIBRATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run", metavar="RUN", help="run directory written by `humanset curate`")
+    p.add_argument("run", metavar="RUN", help="run written by `humanset curate`: a folder or a URI (s3://...)")
     p.add_argument("--labels", required=True, metavar="CSV", help="sample_id,STAGE=0|1 rows")
     p.add_argument("--target-precision", type=float, default=0.95, metavar="P",
                    help="precision the suggested threshold must reach (default 0.95)")
     p.add_argument("--fit-person", metavar="JSON", help="fit the calibrated person score to the person labels "
                    "and write it here (for person.calibration)")
-    p.add_argument("--out", metavar="PNG", help="curves image (default RUN/calibration.png)")
+    p.add_argument("--out", metavar="PNG", help="curves image (default RUN/calibration.png; for a run on an object "
+                   "store, RUNNAME-calibration.png in the working folder)")
     p.set_defaults(func=run_calibrate)

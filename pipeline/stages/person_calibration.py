@@ -17,7 +17,7 @@ falls when the raw score rises with the other evidence fixed. The file (JSON) ho
 standardisation, the coefficients, what it was fitted on and the date; the shipped one
 (person_calibration.json next to this module) was fitted on the tune split of the real-image quality
 bench (docs/quality.md) for yolo11n-pose. `humanset calibrate --fit-person OUT` fits one to a user's
-labels (pipeline/select/calibrate.py) and `person.calibration: OUT` points the stage at it.
+labels (pipeline/select/person_fit.py) and `person.calibration: OUT` points the stage at it.
 A detection model without keypoints has no head_conf: person.score=calibrated then needs a pose model.
 
 The second look (person_look.py) adds an optional `look` fit: where no box passes the cut, MoveNet's pose score
@@ -26,8 +26,8 @@ of the box it looked at and that box's calibrated score c give
     look = sigmoid(intercept + coef_0 * logit(c) + coef_1 * logit(pose))    (logits clipped as raw_logit's)
 
 and that box's cut score is max(c, look). Both coefficients are >= 0 (checked), so neither score can lower it. The
-shipped file's look was fitted on the same tune split; a file `humanset calibrate --fit-person` writes has none,
-and the second look is then off.
+shipped file's look was fitted on the same tune split. `humanset calibrate --fit-person` fits one too, on the labelled
+samples whose box the run's second look read, with c under the new fit; a file without one turns the look off.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ LOOK_FEATURES = ("calibrated_logit", "pose_logit")
 DEFAULT_FILE = Path(__file__).with_name("person_calibration.json")
 
 
-def _logit(v: float) -> float:
+def logit(v: float) -> float:
     v = min(max(float(v), 1e-4), 1 - 1e-4)
     return math.log(v / (1 - v))
 
@@ -56,7 +56,7 @@ def box_features(score: float, box, keypoints, box_ref_px: float) -> list[float]
         return None
     side = max(box_side(box), 1e-6)
     head = sum(float(keypoints[3 * k + 2]) for k in HEAD_KEYPOINTS) / len(HEAD_KEYPOINTS)
-    return [_logit(score), min(max(math.log2(side / box_ref_px), -2.0), 3.0), head]
+    return [logit(score), min(max(math.log2(side / box_ref_px), -2.0), 3.0), head]
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class Calibration:
 
     def look_probability(self, calibrated: float, pose: float) -> float:
         """The second look's P(a clearly visible person) of a box from its calibrated and pose scores."""
-        z = float(self.look["intercept"]) + sum(float(c) * _logit(v) for c, v in zip(self.look["coef"],
+        z = float(self.look["intercept"]) + sum(float(c) * logit(v) for c, v in zip(self.look["coef"],
                                                                                    (calibrated, pose)))
         return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
 

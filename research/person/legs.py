@@ -8,8 +8,8 @@ it has no legs. This script adds
 
   legs_conf   mean confidence of COCO keypoints 11-16 (hips, knees, ankles)
 
-to the three shipped features and fits the shipped recipe (calibrate.fit_logistic, L2 by leave-one-out log
-loss over calibrate.L2_GRID) on the tune rows the shipped fit is trained on: each labelled tune image with a
+to the three shipped features and fits the shipped recipe (person_fit.fit_logistic, L2 by leave-one-out log
+loss over person_fit.L2_GRID) on the tune rows the shipped fit is trained on: each labelled tune image with a
 box over the size rule, its box with the highest raw score, person=1 for person_clear (painted_person left
 out, `bench/quality.py`'s stage_labels). Each row's leave-one-out verdict at 0.9 is compared with the shipped
 fit's verdict on it, and so is a refit of the three shipped features: wins, losses, the exact sign test.
@@ -37,7 +37,8 @@ def rows_of(run: Path, labels: dict[str, int], box_ref_px: float):
     """(ids, X3, legs, y): the shipped fit's training rows of a curated run (bench ids), with the chosen box's
     legs_conf."""
     from catalog import connect
-    from pipeline.select.calibrate import _run_config, person_training_rows
+    from pipeline.select.calibrate import _run_config
+    from pipeline.select.person_fit import person_training_rows
     from pipeline.stages.person_calibration import box_features
 
     bench = {sid: Path(str(uri)).stem for sid, uri in connect(run).execute(
@@ -52,7 +53,8 @@ def rows_of(run: Path, labels: dict[str, int], box_ref_px: float):
 
 
 def main() -> int:
-    from pipeline.select.calibrate import L2_GRID, fit_logistic, log_losses, loo_predictions, read_labels
+    from pipeline.select.calibrate import read_labels
+    from pipeline.select.person_fit import L2_GRID, fit_logistic, log_losses, loo_predictions
     from pipeline.stages.person_calibration import load_calibration
 
     a = run_labels_parser(__doc__).parse_args()

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.select.calibrate import fit_person
+from pipeline.select.person_fit import fit_person
 from pipeline.stages.person_calibration import (DEFAULT_FILE, FEATURES, Calibration, box_features,
                                                 load_calibration)
 

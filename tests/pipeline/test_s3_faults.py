@@ -3,7 +3,7 @@ acknowledgements (tests/faultstore.py in front of the SeaweedFS fixture), as the
 `humanset curate --input s3://.../crawl/ --output s3://.../rN --set 'stages=[decode,size,dedup]'` on
 a crawl of 6 shards, every request of the driver and its workers through the proxy. The run exits 0
 with a catalog and curated shards equal to a clean run's and no object besides the clean run's;
-`select`, `stats` and `report` through the same proxy give what they give on the clean run; the
+`select`, `stats`, `report` and `calibrate` through the same proxy give what they give on the clean run; the
 retries are counted in the markers, the manifest and `humanset stats`. A wrong secret or a missing
 bucket ends the command in one line, exit 3, without a retry loop."""
 import json
@@ -101,6 +101,9 @@ def test_the_retries_are_counted_in_the_markers_the_manifest_and_stats(runs):
 
 def test_select_stats_and_report_through_a_faulty_store_give_what_they_give_on_a_clean_one(runs, s3_server):
     store, _, clean, faulty, cwd, _, _ = runs
+    ids = [r[0] for r in catalog.connect(clean).execute("SELECT sample_id FROM samples ORDER BY sample_id").fetchall()]
+    labels = cwd.parent / "labels.csv"  # calibrate's labels and curves are local files: not in cwd, which stays empty
+    labels.write_text("sample_id,label\n" + "".join(f"{sid},text={i % 2}\n" for i, sid in enumerate(ids[:8])))
     sel = ("select", "--set", "size.min_short_side=400", "--no-progress")
     p = _cli(*sel[:1], clean, *sel[1:], "--output", store.uri_of("sel/clean"), cwd=cwd)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -109,6 +112,7 @@ def test_select_stats_and_report_through_a_faulty_store_give_what_they_give_on_a
         assert p.returncode == 0, p.stderr[-3000:]
         stats = _cli("stats", faulty, "--json", cwd=cwd)
         report = _cli("report", faulty, "--thumbs", "2", cwd=cwd)
+        cal = _cli("calibrate", faulty, "--labels", str(labels), "--out", str(labels.with_suffix(".png")), cwd=cwd)
     assert fs.counts["slowdown"] + fs.counts["cut"] + fs.counts["reset"] + fs.counts["lost_ack"] > 0, fs.counts
     rows, shards = _catalog(store.uri_of("sel/r11"))
     rows_c, shards_c = _catalog(store.uri_of("sel/clean"))
@@ -123,6 +127,10 @@ def test_select_stats_and_report_through_a_faulty_store_give_what_they_give_on_a
     assert got["duplicates"] == clean_stats["duplicates"]
     assert report.returncode == 0, report.stderr[-2000:]
     assert st.open_storage(faulty).exists("report.html")
+    assert cal.returncode == 0, cal.stderr[-2000:]
+    clean_cal = _cli("calibrate", clean, "--labels", str(labels), "--out", str(labels.with_suffix(".png")), cwd=cwd)
+    # the run scored no text (stages decode, size, dedup): every labelled id was found in its catalog, none scored
+    assert cal.stdout == clean_cal.stdout and "8 not scored by the stage, 0 not in the run" in cal.stdout
 
 
 def test_a_wrong_secret_or_a_missing_bucket_is_one_line_exit_3_and_no_retry_loop(runs, s3_server, monkeypatch):

@@ -4,12 +4,16 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
 import catalog
 from humanset.cli import main
 from pipeline.config import default_config
 from pipeline.select.calibrate import at_threshold, pr_curve, read_labels, threshold_for_precision
+from pipeline.select.person_fit import fit_look
+from pipeline.stages.person import PersonStage
 from pipeline.stages.person_calibration import load_calibration
 
 
@@ -98,7 +102,8 @@ def test_calibrate_command_prints_thresholds_and_writes_png(tmp_path, capsys):
 def test_calibrate_command_reports_bad_input(tmp_path, capsys):
     run, _ = _run_dir(tmp_path)
     assert main(["calibrate", str(run), "--labels", str(tmp_path / "none.csv")]) == 2
-    assert "no such file" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no such file" in err and f"humanset browse RUN --labels {tmp_path / 'none.csv'}" in err
 
 
 def _kpts(head: float) -> list[float]:
@@ -134,3 +139,94 @@ def test_fit_person_writes_a_calibration_the_config_reads(tmp_path, capsys):
     neg = cal.box_scores([big], [0.60], [_kpts(0.10)])[0]
     assert pos > 0.9 > neg
     assert "config person.min_score=0.9: precision 1.000, recall 0.875" in text  # p0 (0.80, head 0.55): 0.86
+    assert "no second look fit (the run's second look read none of the labelled samples" in text
+    assert cal.look is None
+
+
+def test_fit_person_fits_the_second_look_on_the_samples_it_read(tmp_path, capsys):
+    """Where the run's second look read a sample's top box, its stored pose score joins that box's calibrated
+    score under the new fit in the look's own fit; the file turns the look on, and the look raises a person's cut
+    score. Too few samples of a class, or a sample whose look read another box, give no look fit."""
+    big, other = [0.0, 0.0, 300.0, 480.0], [0.0, 0.0, 320.0, 400.0]
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(24):
+        y = i % 2
+        score, head = (0.75 + 0.1 * rng.random(), 0.3 + 0.4 * rng.random())
+        pose = (0.45 if y else 0.12) + 0.25 * rng.random()  # the classes overlap a little in calibrated score only
+        rows.append((f"s{i}", score, head, pose, y))
+    table = catalog.conform([{"sample_id": s, "person_boxes": [big, other], "person_scores": [sc, 0.5],
+                              "person_keypoints": [_kpts(h), _kpts(0.1)], "person_look_box": 0,
+                              "person_look_score": pose} for s, sc, h, pose, _ in rows], catalog.SAMPLES)
+    run = tmp_path / "run"
+    catalog.write_parquet(run / "catalog" / "samples" / "part-0.parquet", table)
+    labels = tmp_path / "labels.csv"
+    labels.write_text("sample_id,label\n" + "".join(f"{s},person={y}\n" for s, *_, y in rows))
+    out = tmp_path / "person.json"
+    assert main(["calibrate", str(run), "--labels", str(labels), "--fit-person", str(out),
+                 "--out", str(tmp_path / "c.png")]) == 0
+    text = capsys.readouterr().out
+    assert "second look (24 samples it read, 12 positive" in text
+    # the report after the fit cuts with the look: every person passes 0.9, which the calibrated score alone does not
+    assert "config person.min_score=0.9: precision 1.000, recall 1.000" in text
+    cal = load_calibration(out)
+    assert cal.look["fitted_on"]["n"] == 24 and cal.look["model"] == "movenet_thunder.onnx"
+    assert min(cal.look["coef"]) >= 0 and cal.look["coef"][1] > 1  # the pose score tells the classes apart here
+    cfg = default_config()["person"] | {"calibration": str(out)}
+    assert PersonStage(cfg).look_on
+    plain = cal.box_scores([big], [0.8], [_kpts(0.5)])[0]
+    assert cal.box_scores([big], [0.8], [_kpts(0.5)], look=(0, 0.7))[0] > plain
+    assert cal.box_scores([big], [0.8], [_kpts(0.5)], look=(0, 0.1))[0] == plain  # max(): a poor look never lowers
+
+    # the look read box 1, not the top raw box: no sample counts, so no look fit
+    moved = table.set_column(table.schema.get_field_index("person_look_box"), "person_look_box",
+                             pa.array([1] * len(rows), pa.int32()))
+    catalog.write_parquet(run / "catalog" / "samples" / "part-0.parquet", moved)
+    assert main(["calibrate", str(run), "--labels", str(labels), "--fit-person", str(out),
+                 "--out", str(tmp_path / "c.png")]) == 0
+    text = capsys.readouterr().out
+    assert "no second look fit (the run's second look read none" in text
+    assert "config person.min_score=0.9: precision   -  , recall 0.000" in text
+    assert load_calibration(out).look is None
+    # four people among the samples read: too few to fit
+    X, y = np.array([[0.0, 0.5 * k] for k in range(12)]), np.array([1] * 4 + [0] * 8)
+    look, why = fit_look(X, y, {})
+    assert look is None and "at least 5 positive and 5 negative" in why and "got 4 and 8" in why
+
+
+def test_calibrate_a_run_on_s3(s3_server, tmp_path, capsys, monkeypatch):
+    """A run an ML engineer curated into an object store: calibrate reads its manifest and catalog there (the
+    storage layer, the real S3 server on 127.0.0.1); the labels, the fitted file and the curves stay local, and
+    without --out the curves go to the working folder, not to a local path named like the URI."""
+    from catalog import storage as st
+
+    run, labels = _run_dir(tmp_path)
+    store = st.open_storage(s3_server.prefix("calibrate"))
+    for p in sorted(run.rglob("*")):
+        if p.is_file():
+            store.write_bytes(str(p.relative_to(run)), p.read_bytes())
+    png = tmp_path / "curves.png"
+    assert main(["calibrate", store.uri, "--labels", str(labels), "--target-precision", "1.0", "--out", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "person: 7 labelled samples with a score (4 positive), 1 not scored" in out  # the manifest's raw score
+    assert "--set person.min_score=0.4 (precision 1.000, recall 1.000)" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    monkeypatch.chdir(tmp_path)
+    assert main(["calibrate", store.uri + "/", "--labels", str(labels)]) == 0
+    name = store.uri.rstrip("/").rsplit("/", 1)[-1]
+    assert f"curves: {name}-calibration.png" in capsys.readouterr().out
+    assert (tmp_path / f"{name}-calibration.png").is_file() and not (tmp_path / "s3:").exists()
+    assert not store.exists("calibration.png")  # nothing written into the run
+
+
+def test_only_the_labelled_rows_are_read(tmp_path):
+    """calibrate holds the labelled samples' rows, not the run's (bench/calibrate_scale.py measures the memory):
+    catalog.duck.sample_rows semi-joins the catalog with the ids, and a column the run lacks is left out, not an
+    error."""
+    from catalog.duck import sample_rows
+
+    run, _ = _run_dir(tmp_path)
+    got, rows = sample_rows(run, ["sample_id", "person_scores", "art_score", "no_such_column"], {"p1", "n3", "ghost"})
+    assert got == ["sample_id", "person_scores", "art_score"]
+    assert sorted(r[0] for r in rows) == ["n3", "p1"]
+    assert len(sample_rows(run, ["sample_id"])[1]) == 8  # no ids: every row
