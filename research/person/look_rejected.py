@@ -89,15 +89,10 @@ def cascade(run: Path, split: str, rows: list[dict], fit: np.ndarray, baseline: 
 
 
 def main() -> int:
-    from research.bench_tune import bench_quality, report, run_labels_parser
-    from research.person.movenet_look import run_rows
+    from research.bench_tune import bench_quality, report
+    from research.person.movenet_look import look_parser, run_rows
 
-    ap = run_labels_parser(__doc__)
-    ap.add_argument("--onnx", type=Path, required=True, help="MoveNet Thunder as ONNX (the shipped one)")
-    ap.add_argument("--cascade", action="store_true", help="also the cascade's check on the tune run")
-    ap.add_argument("--eval-run", type=Path, help="the eval gate: an eval run (score-all) ...")
-    ap.add_argument("--eval-labels", type=Path, help="... and its bench/quality.py --write-labels CSV")
-    a = ap.parse_args()
+    a = look_parser(__doc__).parse_args()
     quality = bench_quality()
     rows, pose, _, bench, package = run_rows(a.run, a.labels, a.onnx)
     base, base_c, _, _, _, _ = verdicts(rows, pose, package, only_under=False)

@@ -115,16 +115,23 @@ def cascade(run: Path, split: str, rows: list[dict], refit: np.ndarray) -> dict:
             "targets": scored["targets"], "targets_of_the_run": quality.score(samples, cats)["targets"]}
 
 
-def main() -> int:
-    from research.bench_tune import bench_quality, held_out_logistic, report, run_labels_parser
-    from research.person.blazepose_look import logit
+def look_parser(doc: str):
+    """The options of the second-look scripts: run_labels_parser's, the ONNX model, the tune cascade, the eval gate."""
+    from research.bench_tune import run_labels_parser
 
-    ap = run_labels_parser(__doc__)
+    ap = run_labels_parser(doc)
     ap.add_argument("--onnx", type=Path, required=True, help="MoveNet Thunder converted to ONNX (see above)")
     ap.add_argument("--cascade", action="store_true", help="also the cascade's check on the tune run")
     ap.add_argument("--eval-run", type=Path, help="the eval gate: an eval run (score-all) ...")
     ap.add_argument("--eval-labels", type=Path, help="... and its bench/quality.py --write-labels CSV")
-    a = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    from research.bench_tune import bench_quality, held_out_logistic, report
+    from research.person.blazepose_look import logit
+
+    a = look_parser(__doc__).parse_args()
     quality = bench_quality()
     rows, pose, seconds, bench, package = run_rows(a.run, a.labels, a.onnx)
     is_row = np.array([r["role"] == "row" for r in rows])
