@@ -263,12 +263,13 @@ def connect(run_dir, database: str = ":memory:", prefix: str = "",
 
 
 def sample_rows(run_dir, columns: list[str], ids=None) -> tuple[list[str], list[tuple]]:
-    """The samples view's rows of the sample ids `ids` (None: every row), with those of `columns` the run has:
-    (the columns read, the rows). The ids are a table DuckDB semi-joins the view with, so what is held grows with
-    the ids, not with the run (`humanset calibrate` reads a few hundred labelled rows of a run of any size:
-    bench/calibrate_scale.py)."""
+    """The samples view's rows of `ids` (None: all), with those of `columns` the run has: (columns read, rows). DuckDB
+    semi-joins the view with the ids, so what is held grows with the ids, not the run (bench/calibrate_scale.py)."""
+    from catalog.compact import is_compacted
     con = connect(run_dir)
     try:
+        if is_compacted(run_location(run_dir)):  # prefetching held more as the run grew; parts read faster with it
+            con.execute("SET disable_parquet_prefetching = true")
         have = {r[0] for r in con.execute("DESCRIBE samples").fetchall()}
         got = [c for c in columns if c in have]
         where = ""
