@@ -91,7 +91,6 @@ def person_look_rows(run: Path, labels_csv: Path):
     probability. Also: sample id -> (image file, resolution_scale), the bench's labels by id, package by id."""
     from catalog import connect
     from pipeline.select.calibrate import _run_config, read_labels
-    from pipeline.select.person_fit import person_training_rows
     from pipeline.stages.person_calibration import box_features, load_calibration
 
     person = read_labels(labels_csv)["person"]
@@ -124,6 +123,14 @@ def box_crops(rows: list[dict], meta: dict, decode: int = 1024) -> list:
         rgb, scale = decoded[r["sid"]]
         x.append(region(rgb, r["box"], scale / judged))
     return x
+
+
+def person_training_rows(run: Path, labels: dict[str, int], cfg: dict) -> list[tuple]:
+    """(sample_id, raw score, box in judged pixels, keypoints) of each labelled sample's box with the highest raw
+    score among those passing the box rule (pipeline/select/person_fit.training_boxes, the shipped fit's rows)."""
+    from pipeline.select.person_fit import training_boxes
+
+    return [(sid, score, box, kpts) for sid, _, score, box, kpts, _ in training_boxes(run, labels, cfg)]
 
 
 def held_out_logistic(X, y, groups, train=None, c_grid=(0.1, 1.0, 10.0)):

@@ -36,7 +36,7 @@ def training_boxes(run: str | Path, labels: dict[str, int], cfg: dict) -> list[t
         r = dict(zip(got, row))
         sid, boxes, scores, kpts = r["sample_id"], r.get("person_boxes"), r.get("person_scores"), r.get("person_keypoints")
         sc, look_box, look_score = r.get("resolution_scale"), r.get("person_look_box"), r.get("person_look_score")
-        if sid not in labels or not scores:
+        if not scores:
             continue
         boxes = judged_boxes(boxes, sc)
         big = [j for j, b in enumerate(boxes) if b is not None and box_passes(b, min_box, rule)]
@@ -46,13 +46,6 @@ def training_boxes(run: str | Path, labels: dict[str, int], cfg: dict) -> list[t
         pose = look_score if look_box == j and look_score is not None else None
         out.append((sid, j, scores[j], boxes[j], kpts[j] if kpts else None, pose))
     return out
-
-
-def person_training_rows(run: str | Path, labels: dict[str, int], cfg: dict) -> list[tuple]:
-    """(sample_id, raw score, box in judged pixels, keypoints) of each labelled sample's box with the highest raw
-    score among those passing the box rule (where the score decides). Samples with no such box are left out:
-    the box rule rejects them whatever the score."""
-    return [(sid, score, box, kpts) for sid, _, score, box, kpts, _ in training_boxes(run, labels, cfg)]
 
 
 def person_training_set(boxes: list[tuple], labels: dict[str, int], run, box_ref_px: float = 300.0):

@@ -2,7 +2,7 @@
 behind, from above, under water), without keeping boxes that are not people? Measured on the quality bench's
 tune split. Not used by the product.
 
-The rows are the shipped calibration's training rows (person_fit.person_training_rows on a tune run: each labelled
+The rows are the shipped calibration's training rows (research.bench_tune.person_training_rows on a tune run: each labelled
 image with a box over the size rule, its box with the highest raw score; person_clear = 1). Extra negatives for
 the probe only: every box with raw score >= 0.25 of the tune no_person and text_or_mark images, whatever its size.
 

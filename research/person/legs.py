@@ -38,8 +38,8 @@ def rows_of(run: Path, labels: dict[str, int], box_ref_px: float):
     legs_conf."""
     from catalog import connect
     from pipeline.select.calibrate import _run_config
-    from pipeline.select.person_fit import person_training_rows
     from pipeline.stages.person_calibration import box_features
+    from research.bench_tune import person_training_rows
 
     bench = {sid: Path(str(uri)).stem for sid, uri in connect(run).execute(
         "SELECT sample_id, source_uri FROM samples").fetchall()}

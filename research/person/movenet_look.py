@@ -81,9 +81,8 @@ def run_rows(run: Path, labels_csv: Path, onnx: Path):
     """person_look_rows of a run, plus a row ("extra") for every other sample with a box over the size rule, each
     with its pose score; also the model's CPU seconds per region, the labels and packages."""
     from pipeline.select.calibrate import _run_config
-    from pipeline.select.person_fit import person_training_rows
     from pipeline.stages.person_calibration import box_features, load_calibration
-    from research.bench_tune import box_crops, person_look_rows
+    from research.bench_tune import box_crops, person_look_rows, person_training_rows
 
     rows, meta, bench, package = person_look_rows(run, labels_csv)
     shipped, have = load_calibration(), {r["sid"] for r in rows}
