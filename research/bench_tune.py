@@ -109,6 +109,20 @@ def person_look_rows(run: Path, labels_csv: Path):
     return rows, meta, bench, package
 
 
+def look_rows(run: Path, labels_csv: Path):
+    """person_look_rows of a run plus a row ("extra", label 0) for every other sample with a box over the size rule,
+    with the same returns: the rows a second look at the person box is judged on."""
+    from pipeline.select.calibrate import _run_config
+    from pipeline.stages.person_calibration import box_features, load_calibration
+
+    rows, meta, bench, package = person_look_rows(run, labels_csv)
+    shipped, have = load_calibration(), {r["sid"] for r in rows}
+    for sid, score, box, k in person_training_rows(run, {sid: 0 for sid in meta if sid not in have}, _run_config(run)):
+        rows.append(dict(sid=sid, id=meta[sid][0].stem, y=0, box=box, role="extra",
+                         shipped=shipped.probability(list(box_features(score, box, k, shipped.box_ref_px)))))
+    return rows, meta, bench, package
+
+
 def box_crops(rows: list[dict], meta: dict, decode: int = 1024) -> list:
     """Each row's box cropped as the person stage's second look crops it (pipeline/stages/person_look.region), from
     its image decoded at longer side `decode` (each image decoded once; rows of one image are adjacent)."""

@@ -64,6 +64,7 @@ import math
 import sys
 from pathlib import Path
 
+import cv2
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,15 +74,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 NEW = ("high_key", "backlit", "film_still", "colour_gel")
 
 
-def _cv2():
-    import cv2
-
-    return cv2
-
-
 def high_key(rgb: np.ndarray, rng) -> np.ndarray:
     """One to two stops brighter with a soft roll-off, lifted shadows, lower contrast and saturation."""
-    cv2 = _cv2()
     x = rgb.astype(np.float32) / 255.0
     gain = 2.0 ** rng.uniform(1.0, 2.0)
     x = 1.0 - np.exp(-x * gain * 1.2)
@@ -94,7 +88,6 @@ def high_key(rgb: np.ndarray, rng) -> np.ndarray:
 
 def backlit(rgb: np.ndarray, rng) -> np.ndarray:
     """A strong light behind the subject: mid-tones towards a silhouette, a warm glow from the upper half, haze, bloom."""
-    cv2 = _cv2()
     h, w = rgb.shape[:2]
     x = rgb.astype(np.float32) / 255.0
     x = x ** rng.uniform(1.8, 3.2) * rng.uniform(.5, .8)
@@ -112,7 +105,6 @@ def backlit(rgb: np.ndarray, rng) -> np.ndarray:
 
 def film_still(rgb: np.ndarray, rng) -> np.ndarray:
     """A black-and-white film frame: high-contrast S-curve, grain, softness, vignette, letterbox bars in half."""
-    cv2 = _cv2()
     h, w = rgb.shape[:2]
     g = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY).astype(np.float32) / 255.0
     g = cv2.GaussianBlur(g, (0, 0), rng.uniform(.4, 1.2))
@@ -130,7 +122,6 @@ def film_still(rgb: np.ndarray, rng) -> np.ndarray:
 def colour_gel(rgb: np.ndarray, rng) -> np.ndarray:
     """The scene lit through a saturated gel or coloured smoke: luma times a strong colour, mixed with the
     original, and a smooth haze of that colour."""
-    cv2 = _cv2()
     h, w = rgb.shape[:2]
     x = rgb.astype(np.float32) / 255.0
     hue = rng.uniform(0, 180)

@@ -78,17 +78,10 @@ CUT_ONLY = "person:calibrated_score<=0.9"
 
 
 def run_rows(run: Path, labels_csv: Path, onnx: Path):
-    """person_look_rows of a run, plus a row ("extra") for every other sample with a box over the size rule, each
-    with its pose score; also the model's CPU seconds per region, the labels and packages."""
-    from pipeline.select.calibrate import _run_config
-    from pipeline.stages.person_calibration import box_features, load_calibration
-    from research.bench_tune import box_crops, person_look_rows, person_training_rows
+    """research.bench_tune.look_rows of a run, each with its pose score; also the model's CPU seconds per region, the labels and packages."""
+    from research.bench_tune import box_crops, look_rows
 
-    rows, meta, bench, package = person_look_rows(run, labels_csv)
-    shipped, have = load_calibration(), {r["sid"] for r in rows}
-    for sid, score, box, k in person_training_rows(run, {sid: 0 for sid in meta if sid not in have}, _run_config(run)):
-        rows.append(dict(sid=sid, id=meta[sid][0].stem, y=0, box=box, role="extra",
-                         shipped=shipped.probability(list(box_features(score, box, k, shipped.box_ref_px)))))
+    rows, meta, bench, package = look_rows(run, labels_csv)
     kp, seconds = infer(onnx, box_crops(rows, meta, DECODE))
     return rows, kp.mean(axis=1), seconds, bench, package
 

@@ -93,20 +93,13 @@ def verdicts(parts: list[tuple], box, t: float = PART) -> dict[str, bool]:
 def main() -> int:
     import time
 
-    from pipeline.inputs.images import load_rgb
-    from pipeline.select.calibrate import _run_config
-    from pipeline.stages.person_calibration import box_features, load_calibration
-    from research.bench_tune import (bench_quality, person_look_rows, person_training_rows, report,
-                                     run_labels_parser, with_person_verdict)
     from bench import quality_data
+    from pipeline.inputs.images import load_rgb
+    from research.bench_tune import bench_quality, look_rows, report, run_labels_parser, with_person_verdict
 
     a = run_labels_parser(__doc__).parse_args()
     quality = bench_quality()
-    rows, meta, bench, _ = person_look_rows(a.run, a.labels)
-    shipped, have = load_calibration(), {r["sid"] for r in rows}
-    for sid, score, box, k in person_training_rows(a.run, {sid: 0 for sid in meta if sid not in have}, _run_config(a.run)):
-        rows.append(dict(sid=sid, id=meta[sid][0].stem, y=0, box=box, role="extra",
-                         shipped=shipped.probability(list(box_features(score, box, k, shipped.box_ref_px)))))
+    rows, meta, bench, _ = look_rows(a.run, a.labels)
     cats = quality_data.split_categories("tune")
     samples = quality.split_samples(a.run, cats, "tune")
     person = {s["id"]: [r for r in s["reject_reasons"] if r.split(":")[0] == "person"] for s in samples}
@@ -122,7 +115,7 @@ def main() -> int:
     out = {"run": a.run.name, "images_read": len(parts),
            "cpu_s_per_image_median": round(float(np.median(seconds)), 4) if seconds else None}
     under = [r for r in rows if r["sid"] in parts]
-    # the box is in judged pixels; the parts in original pixels (resolution_scale is 1 for every bench image)
+    # the box is in judged pixels, the parts in original pixels
     judged = {sid: j for sid, (_, j) in meta.items()}
     box_of = {r["sid"]: [v / judged[r["sid"]] for v in r["box"]] for r in under}
     for rule in ("face", "parts2"):
