@@ -32,7 +32,9 @@ The images are real files from registry packages, labelled by eye into six categ
                      {category: ids}: the mistakes by name
      stages_scored   {stage: samples it measured}, errors {stage: samples with an inference error}
      stage_seconds   work seconds per stage from RUN/stats/*.json where the run wrote them
-     targets         each issue-38 target: value, target, met (read them on eval)
+     targets         each issue-38 target: value, target, met (read them on eval); k and n (value = k/n),
+                     interval (the 95 % Wilson interval of k/n), settled (the whole interval on one side
+                     of the target: the split's size does not decide met or missed)
      compare         with --compare BASELINE (a run of the same split): image by image, per category the
                      ids this run keeps and the baseline does not (newly_kept) and the reverse
                      (newly_rejected); wins (images this run gets right and the baseline wrong), losses,
@@ -73,13 +75,13 @@ BEFORE_WATERMARK = ("decode", "size", "dedup", "person", "text")
 # clean photos the watermark stage must pass, by name (issue 38): an official portrait whose jacket's
 # four cuff buttons were once read as the year "2000" in the bottom band
 WATERMARK_MUST_PASS = ("face-recognition-obama",)
-TARGETS = {  # issue #38's done-when, read on eval: (value key, comparison, target)
-    "person_clear_kept": ("categories.person_clear.keep_rate", ">=", 0.90),
-    "kept_person_clear_share": ("kept.person_clear_share", ">=", 0.95),
-    "non_photo_kept": ("categories.non_photo.keep_rate", "<=", 0.05),
-    "painted_person_kept": ("categories.painted_person.keep_rate", "<=", 0.10),
-    "no_person_kept": ("categories.no_person.keep_rate", "<=", 0.02),
-    "watermark_false_positive_rate": ("watermark.false_positive_rate", "<=", 0.01),
+TARGETS = {  # issue #38's done-when, read on eval: (count key, out-of key, comparison, target)
+    "person_clear_kept": ("categories.person_clear.kept", "categories.person_clear.n", ">=", 0.90),
+    "kept_person_clear_share": ("categories.person_clear.kept", "kept.n", ">=", 0.95),
+    "non_photo_kept": ("categories.non_photo.kept", "categories.non_photo.n", "<=", 0.05),
+    "painted_person_kept": ("categories.painted_person.kept", "categories.painted_person.n", "<=", 0.10),
+    "no_person_kept": ("categories.no_person.kept", "categories.no_person.n", "<=", 0.02),
+    "watermark_false_positive_rate": ("watermark.rejected", "watermark.scored", "<=", 0.01),
 }
 
 
@@ -198,11 +200,27 @@ def score(samples: list[dict], categories: dict[str, str], before_watermark=BEFO
         "errors": dict(errors),
     }
     out["targets"] = {}
-    for name, (key, op, target) in TARGETS.items():
-        value = _get(out, key)
+    for name, (count_key, of_key, op, target) in TARGETS.items():
+        k, n = _get(out, count_key) or 0, _get(out, of_key) or 0
+        value = _rate(k, n)
         met = None if value is None else (value >= target if op == ">=" else value <= target)
-        out["targets"][name] = {"value": value, "target": f"{op} {target}", "met": met}
+        lo, hi = wilson(k, n) if n else (None, None)
+        # settled: the whole interval lies on one side of the target, so the split's size is not what decides
+        settled = None if lo is None else (lo >= target or hi < target if op == ">=" else hi <= target or lo > target)
+        out["targets"][name] = {"value": value, "target": f"{op} {target}", "met": met, "k": k, "n": n,
+                                "interval": None if lo is None else [round(lo, 4), round(hi, 4)], "settled": settled}
     return out
+
+
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval of a proportion k/n (95 % at the default z): where the rate the bench's images
+    were drawn from could lie. Unlike k/n +- z*se it stays inside [0, 1] and is not empty at 0/n or n/n."""
+    if n <= 0 or not 0 <= k <= n:
+        raise ValueError(f"wilson needs 0 <= k <= n and n > 0, got {k}/{n}")
+    p, z2 = k / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return (0.0 if k == 0 else centre - half), (1.0 if k == n else centre + half)
 
 
 def sign_test(wins: int, losses: int) -> float:

@@ -80,9 +80,38 @@ def test_score_of_a_synthetic_catalog(tmp_path):
     assert out["ids"] == {"person_clear_rejected": ["pc-lost"], "person_clear_lost_to": {"pc-lost": "watermark"},
                           "kept_not_person_clear": {"painted_person": ["pp-1"], "person_small": ["ps-kept"]}}
     t = out["targets"]
-    assert t["person_clear_kept"] == {"value": 0.6667, "target": ">= 0.9", "met": False}
+    assert t["person_clear_kept"] == {"value": 0.6667, "target": ">= 0.9", "met": False, "k": 2, "n": 3,
+                                      "interval": [0.2077, 0.9385], "settled": False}
     assert t["non_photo_kept"]["met"] is True and t["painted_person_kept"]["met"] is False
     assert t["no_person_kept"]["met"] is True and t["watermark_false_positive_rate"]["met"] is False
+
+
+def test_wilson_interval():
+    """The 95 % Wilson interval: closed forms at 0/n and n/n, mirror symmetry, and a textbook value."""
+    lo, hi = quality.wilson(0, 10)
+    assert lo == 0.0 and hi == pytest.approx(3.8415 / (10 + 3.8415), abs=1e-4)  # z^2 / (n + z^2)
+    lo, hi = quality.wilson(10, 10)
+    assert hi == 1.0 and lo == pytest.approx(10 / (10 + 3.8415), abs=1e-4)
+    a, b = quality.wilson(83, 102), quality.wilson(19, 102)
+    assert a[0] == pytest.approx(1 - b[1]) and a[1] == pytest.approx(1 - b[0])
+    assert quality.wilson(83, 102) == pytest.approx((0.72730, 0.87738), abs=1e-5)  # scipy's binomtest gives the same
+    with pytest.raises(ValueError, match="0 <= k <= n"):
+        quality.wilson(3, 2)
+
+
+def test_targets_say_when_the_split_cannot_settle_them():
+    """settled: the interval lies wholly on one side of the target (met or missed whatever the draw)."""
+    rows = {f"pc-{i}": "person_clear" for i in range(100)} | {f"np-{i}": "no_person" for i in range(100)}
+    samples = [{"id": i, "keep": c == "person_clear" and int(i[3:]) < 97, "scored_stages": ALL,
+                "person_n_pass": c == "person_clear"} for i, c in rows.items()]
+    t = quality.score(samples, rows)["targets"]
+    assert t["person_clear_kept"]["met"] is True and t["person_clear_kept"]["settled"] is True  # 97/100: [0.915, 0.990]
+    assert t["no_person_kept"]["met"] is True and t["no_person_kept"]["settled"] is False  # 0/100: up to 0.037
+    assert t["kept_person_clear_share"]["k"] == 97 and t["kept_person_clear_share"]["n"] == 97
+    few = quality.score(samples[:10] + samples[100:110], rows)["targets"]
+    assert few["person_clear_kept"]["met"] is True and few["person_clear_kept"]["settled"] is False  # 10/10: from 0.72
+    odd = quality.score(samples[1:100:2] + samples[100:], rows)["targets"]["person_clear_kept"]
+    assert (odd["k"], odd["n"], odd["met"], odd["settled"]) == (48, 50, True, False)  # 0.96, from 0.865
 
 
 def test_lost_people_by_the_stages_that_failed_them():
