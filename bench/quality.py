@@ -63,6 +63,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.select.calibrate import wilson  # noqa: E402  (the Wilson interval `humanset calibrate` prints)
+
 # the sibling script, loaded by path: bench/ never goes on sys.path (its scripts would shadow modules)
 _spec = importlib.util.spec_from_file_location("quality_data", Path(__file__).with_name("quality_data.py"))
 quality_data = importlib.util.module_from_spec(_spec)
@@ -210,17 +212,6 @@ def score(samples: list[dict], categories: dict[str, str], before_watermark=BEFO
         out["targets"][name] = {"value": value, "target": f"{op} {target}", "met": met, "k": k, "n": n,
                                 "interval": None if lo is None else [round(lo, 4), round(hi, 4)], "settled": settled}
     return out
-
-
-def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """The Wilson score interval of a proportion k/n (95 % at the default z): where the rate the bench's images
-    were drawn from could lie. Unlike k/n +- z*se it stays inside [0, 1] and is not empty at 0/n or n/n."""
-    if n <= 0 or not 0 <= k <= n:
-        raise ValueError(f"wilson needs 0 <= k <= n and n > 0, got {k}/{n}")
-    p, z2 = k / n, z * z
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
-    return (0.0 if k == 0 else centre - half), (1.0 if k == n else centre + half)
 
 
 def sign_test(wins: int, losses: int) -> float:

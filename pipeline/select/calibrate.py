@@ -20,6 +20,8 @@ declaration the stages' reject() apply) reads its config:
 So for person, precision is "of the kept images, how many really show a person"; for the filters it
 is "of the rejected images, how many really have text / a watermark / are not photos". The
 threshold printed for a target precision is the one with the highest recall among those reaching it.
+Each precision and recall comes with its 95 % Wilson interval: a few hundred labels pin a cut's
+precision to a few points, a few dozen do not, and the command says how many kept samples would.
 
 For person the score is the one `person.score` names: the calibrated score (default) or the raw one.
 `--fit-person OUT` also fits the calibrated score itself, and its second look, to the person labels
@@ -89,6 +91,31 @@ def pr_curve(scores: list[float], labels: list[int]) -> list[Point]:
             i += 1
         points.append(_point(t, tp, fp, pos, neg))
     return points
+
+
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval of a proportion k/n (95 % at the default z): where the rate the labelled
+    samples were drawn from could lie. Unlike k/n +- z*se it stays inside [0, 1] and is not empty at 0/n or n/n."""
+    if n <= 0 or not 0 <= k <= n:
+        raise ValueError(f"wilson needs 0 <= k <= n and n > 0, got {k}/{n}")
+    p, z2 = k / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return (0.0 if k == 0 else centre - half), (1.0 if k == n else centre + half)
+
+
+def samples_to_settle(precision: float, target: float, limit: int = 1_000_000) -> int | None:
+    """How many samples predicted positive, at this precision, put the Wilson interval's lower end at the
+    target or above (None: the precision does not exceed the target, or it takes more than `limit`)."""
+    if math.isnan(precision) or precision <= target:
+        return None
+    lo, hi = 1, limit
+    if wilson(round(precision * hi), hi)[0] < target:
+        return None
+    while lo < hi:  # the lower end grows with n at a fixed precision (up to rounding of k)
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if wilson(round(precision * mid), mid)[0] < target else (lo, mid)
+    return lo
 
 
 def _point(t: float, tp: int, fp: int, pos: int, neg: int) -> Point:
@@ -257,13 +284,29 @@ def _print_stage(stage: str, r: dict, print_fn) -> None:
     at = r["at_config"]
     if at is not None and not math.isnan(r["config_threshold"]):
         print_fn(f"  config {r['config_key']}={r['config_threshold']:g}: precision {_fmt(at.precision)}, "
-                 f"recall {_fmt(at.recall)}")
-    best = r["best"]
+                 f"recall {_fmt(at.recall)}{_intervals(at)}")
+    best, target = r["best"], r["target_precision"]
     if best is None:
-        print_fn(f"  no threshold reaches precision {r['target_precision']:g}")
-    else:
-        print_fn(f"  precision >= {r['target_precision']:g}: --set {r['config_key']}={best.threshold:.4g} "
-                 f"(precision {_fmt(best.precision)}, recall {_fmt(best.recall)})")
+        print_fn(f"  no threshold reaches precision {target:g}")
+        return
+    print_fn(f"  precision >= {target:g}: --set {r['config_key']}={best.threshold:.4g} "
+             f"(precision {_fmt(best.precision)}, recall {_fmt(best.recall)}){_intervals(best)}")
+    predicted = best.tp + best.fp
+    low = wilson(best.tp, predicted)[0]
+    if low < target:
+        need = samples_to_settle(best.precision, target)
+        more = f"; about {need} at this precision would" if need else ""
+        print_fn(f"  {predicted} labelled samples pass: precision could be {low:.3f} (95 % interval), so "
+                 f">= {target:g} is not settled{more}")
+
+
+def _interval(k: int, n: int) -> str:
+    return "-" if n == 0 else "{:.3f}-{:.3f}".format(*wilson(k, n))
+
+
+def _intervals(p: Point) -> str:
+    """'; 95 % intervals a-b, c-d': the Wilson intervals of the point's precision and recall."""
+    return f"; 95 % intervals {_interval(p.tp, p.tp + p.fp)}, {_interval(p.tp, p.tp + p.fn)}"
 
 
 def plot_curves(report: dict, out_png: str | Path) -> None:

@@ -86,19 +86,6 @@ def test_score_of_a_synthetic_catalog(tmp_path):
     assert t["no_person_kept"]["met"] is True and t["watermark_false_positive_rate"]["met"] is False
 
 
-def test_wilson_interval():
-    """The 95 % Wilson interval: closed forms at 0/n and n/n, mirror symmetry, and a textbook value."""
-    lo, hi = quality.wilson(0, 10)
-    assert lo == 0.0 and hi == pytest.approx(3.8415 / (10 + 3.8415), abs=1e-4)  # z^2 / (n + z^2)
-    lo, hi = quality.wilson(10, 10)
-    assert hi == 1.0 and lo == pytest.approx(10 / (10 + 3.8415), abs=1e-4)
-    a, b = quality.wilson(83, 102), quality.wilson(19, 102)
-    assert a[0] == pytest.approx(1 - b[1]) and a[1] == pytest.approx(1 - b[0])
-    assert quality.wilson(83, 102) == pytest.approx((0.72730, 0.87738), abs=1e-5)  # scipy's binomtest gives the same
-    with pytest.raises(ValueError, match="0 <= k <= n"):
-        quality.wilson(3, 2)
-
-
 def test_targets_say_when_the_split_cannot_settle_them():
     """settled: the interval lies wholly on one side of the target (met or missed whatever the draw)."""
     rows = {f"pc-{i}": "person_clear" for i in range(100)} | {f"np-{i}": "no_person" for i in range(100)}

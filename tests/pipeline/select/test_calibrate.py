@@ -11,7 +11,8 @@ import pytest
 import catalog
 from humanset.cli import main
 from pipeline.config import default_config
-from pipeline.select.calibrate import at_threshold, pr_curve, read_labels, threshold_for_precision
+from pipeline.select.calibrate import (at_threshold, pr_curve, read_labels, samples_to_settle, threshold_for_precision,
+                                       wilson)
 from pipeline.select.person_fit import fit_look
 from pipeline.stages.person import PersonStage
 from pipeline.stages.person_calibration import load_calibration
@@ -43,6 +44,29 @@ def test_threshold_for_target_precision():
     assert threshold_for_precision(curve, 0.8).threshold == pytest.approx(0.2)  # 4 tp / 5 -> 0.8
     assert threshold_for_precision(pr_curve([0.9, 0.8], [0, 0]), 0.5) is None
     assert at_threshold(curve, 0.55).threshold == 0.5
+
+
+def test_wilson_interval():
+    """The 95 % Wilson interval: closed forms at 0/n and n/n, mirror symmetry, and scipy's value."""
+    lo, hi = wilson(0, 10)
+    assert lo == 0.0 and hi == pytest.approx(3.8415 / (10 + 3.8415), abs=1e-4)  # z^2 / (n + z^2)
+    lo, hi = wilson(10, 10)
+    assert hi == 1.0 and lo == pytest.approx(10 / (10 + 3.8415), abs=1e-4)
+    a, b = wilson(83, 102), wilson(19, 102)
+    assert a[0] == pytest.approx(1 - b[1]) and a[1] == pytest.approx(1 - b[0])
+    assert wilson(83, 102) == pytest.approx((0.72730, 0.87738), abs=1e-5)  # scipy's binomtest gives the same
+    with pytest.raises(ValueError, match="0 <= k <= n"):
+        wilson(3, 2)
+
+
+def test_samples_to_settle():
+    """At precision 1, the lower end reaches 0.95 at n = z^2 * 0.95 / 0.05 = 73; a precision at or under the target
+    never settles it."""
+    assert samples_to_settle(1.0, 0.95) == 73
+    assert wilson(73, 73)[0] >= 0.95 > wilson(72, 72)[0]
+    n = samples_to_settle(0.98, 0.95)
+    assert wilson(round(0.98 * n), n)[0] >= 0.95 > wilson(round(0.98 * (n - 1)), n - 1)[0]
+    assert samples_to_settle(0.95, 0.95) is None and samples_to_settle(math.nan, 0.9) is None
 
 
 def test_read_labels_validates(tmp_path):
@@ -90,9 +114,11 @@ def test_calibrate_command_prints_thresholds_and_writes_png(tmp_path, capsys):
     # person: the small box of p3 (0.99) and of n1 (0.97) do not count under min_box_px 300,
     # so p3's score is 0.85 and n1's 0; n3 scores 0.40. Precision 1 holds above 0.40, recall 4/4.
     assert "person: 7 labelled samples with a score (4 positive), 1 not scored" in out
-    assert "--set person.min_score=0.4 (precision 1.000, recall 1.000)" in out
+    assert "--set person.min_score=0.4 (precision 1.000, recall 1.000); 95 % intervals 0.510-1.000, 0.510-1.000" in out
+    # four labels cannot show a precision of 1: the command says so
+    assert "4 labelled samples pass: precision could be 0.510 (95 % interval), so >= 1 is not settled\n" in out
     # the config's 0.9 keeps only p1 and p4: recall 0.5
-    assert "config person.min_score=0.9: precision 1.000, recall 0.500" in out
+    assert "config person.min_score=0.9: precision 1.000, recall 0.500; 95 % intervals 0.342-1.000, 0.150-0.850" in out
     # text: n1 (0.2) and n2 (0.11) have text, n3 (0.04), p1, p2 do not; ghost is not in the run
     assert "text: 5 labelled samples with a score (2 positive), 0 not scored by the stage, 1 not in the run" in out
     assert "--set text.max_area_frac=0.04 (precision 1.000, recall 1.000)" in out
