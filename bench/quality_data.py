@@ -29,6 +29,8 @@ a label correction keeps the image where it is (docs/quality.md).
 
 usage: python bench/quality_data.py [--cache DIR] [--split tune|eval|all]
        python bench/quality_data.py --sheets OUT [--split tune] [--category C]   (contact sheets for labelling)
+       python bench/quality_data.py --append FINDS.csv    (labelled finds appended as the next batch, split by the rule;
+                                                            then run it plainly to fetch and verify them)
 """
 from __future__ import annotations
 
@@ -115,6 +117,50 @@ def frozen_category(label: dict) -> str:
     if old not in CATEGORIES:
         raise ValueError(f"note {note!r}: 'relabelled from' names no category")
     return old
+
+
+FIND_COLUMNS = ("id", "package", "version", "kind", "member", "sha256", "width", "height", "licence", "category", "note")
+
+
+def append_batch(finds: list[dict], images_csv: Path | None = None, labels_csv: Path | None = None) -> list[dict]:
+    """Append labelled finds (FIND_COLUMNS) to both CSVs as the next batch, split by split_rule.
+
+    Refuses the whole batch, writing nothing, on: a missing column, an id that is not [a-z0-9-] or is
+    already listed, an unknown category or kind, a sha256 already in the manifest or twice in the batch,
+    a reserved package, or an earlier image whose stored split the rule would move. Returns the new rows.
+    """
+    images_csv, labels_csv = images_csv or IMAGES_CSV, labels_csv or LABELS_CSV
+    rows, labels = read_csv(images_csv), read_csv(labels_csv)
+    seen_ids, seen_sha = {r["id"] for r in rows}, {r["sha256"] for r in rows}
+    for f in finds:
+        missing = [c for c in FIND_COLUMNS if c not in f]
+        where = f"find {f.get('id')!r}"
+        if missing:
+            raise ValueError(f"{where}: missing {', '.join(missing)}")
+        if not re.fullmatch(r"[a-z0-9-]+", f["id"]) or f["id"] in seen_ids:
+            raise ValueError(f"{where}: an id must be [a-z0-9-] and new to the bench")
+        if f["category"] not in CATEGORIES or f["kind"] not in KINDS:
+            raise ValueError(f"{where}: category must be one of {CATEGORIES}, kind one of {KINDS}")
+        if not re.fullmatch(r"[0-9a-f]{64}", f["sha256"]) or f["sha256"] in seen_sha:
+            raise ValueError(f"{where}: sha256 must be 64 hex digits of a file not yet in the bench")
+        if any(word in (f["package"] + f["member"]).lower() for word in RESERVED):
+            raise ValueError(f"{where}: {RESERVED} are reserved for an independent check")
+        seen_ids.add(f["id"])
+        seen_sha.add(f["sha256"])
+    batch = str(max(int(r.get("batch") or 1) for r in rows) + 1)
+    by_id = {lb["id"]: lb for lb in labels}
+    earlier = [dict(r, category=frozen_category(by_id[r["id"]])) for r in rows]
+    new = [dict(f, batch=batch) for f in finds]
+    split = split_rule(earlier + new)
+    moved = [r["id"] for r in rows if split[r["id"]] != r["split"]]
+    if moved:
+        raise ValueError(f"the split rule would move {moved[:5]}: fix the CSVs before appending")
+    for n in new:
+        n["split"] = split[n["id"]]
+    for path, cols in ((images_csv, list(rows[0])), (labels_csv, ["id", "category", "split", "note"])):
+        with open(path, "a", newline="") as fh:
+            csv.DictWriter(fh, cols, extrasaction="ignore", lineterminator="\n").writerows(new)
+    return new
 
 
 def image_name(row: dict) -> str:
@@ -348,7 +394,14 @@ def main(argv=None) -> int:
     ap.add_argument("--split", choices=(*SPLITS, "all"), default="all")
     ap.add_argument("--sheets", type=Path, help="write contact sheets of the split here")
     ap.add_argument("--category", choices=CATEGORIES, help="with --sheets: only this label")
+    ap.add_argument("--append", type=Path, metavar="FINDS.csv",
+                    help="append these labelled finds as the next batch (columns: " + ", ".join(FIND_COLUMNS) + ")")
     args = ap.parse_args(argv)
+    if args.append:
+        new = append_batch(read_csv(args.append))
+        print(json.dumps({"batch": new[0]["batch"] if new else None, "appended": len(new),
+                          "splits": {s: sum(n["split"] == s for n in new) for s in SPLITS}}))
+        return 0
     rows = read_manifest()
     labels = read_labels()
     folder = split_dir(args.cache, rows, args.split)

@@ -195,3 +195,78 @@ def test_split_categories_are_the_manifests_split_with_the_labels_categories():
         cats = qd.split_categories(split)
         assert set(cats) == {r["id"] for r in MANIFEST if r["split"] == split} and cats
         assert all(cats[i] == LABELS[i]["category"] for i in cats)
+
+
+def _bench_csvs(tmp_path):
+    """A bench of three batch-1 no_person images, as the two CSVs."""
+    images, labels = tmp_path / "images.csv", tmp_path / "labels.csv"
+    head = "id,split,package,version,kind,member,sha256,width,height,licence,batch\n"
+    rows = [f"a{i},{s},pkg,1,debian,usr/a{i}.jpg,{i:064x},640,480,MIT,1\n" for i, s in enumerate(("tune", "eval", "tune"))]
+    images.write_text(head + "".join(rows))
+    labels.write_text("id,category,split,note\n" + "".join(f"a{i},no_person,{s},\n"
+                                                            for i, s in enumerate(("tune", "eval", "tune"))))
+    return images, labels
+
+
+def _find(i: int, category: str = "no_person", **over) -> dict:
+    f = {"id": f"n{i}", "package": "other", "version": "2", "kind": "npm", "member": f"package/n{i}.jpg",
+         "sha256": f"{i + 100:064x}", "width": "800", "height": "600", "licence": "MIT", "category": category,
+         "note": "a note, with a comma"}
+    return f | over
+
+
+def test_append_batch_adds_the_next_batch_split_by_the_rule(tmp_path):
+    images, labels = _bench_csvs(tmp_path)
+    new = qd.append_batch([_find(0), _find(1), _find(2, "person_clear")], images, labels)
+    assert [n["batch"] for n in new] == ["2", "2", "2"]
+    rows, labs = qd.read_csv(images), qd.read_csv(labels)
+    assert [r["id"] for r in rows] == ["a0", "a1", "a2", "n0", "n1", "n2"]
+    assert [r["id"] for r in labs] == [r["id"] for r in rows]
+    assert labs[3]["note"] == "a note, with a comma" and labs[5]["category"] == "person_clear"
+    # no_person after batch 1's tune, eval, tune: eval first; a new category starts with tune
+    assert [r["split"] for r in rows[3:]] == ["eval", "tune", "tune"]
+    stored = qd.split_rule([dict(r, category=lb["category"]) for r, lb in zip(rows, labs)])
+    assert all(stored[r["id"]] == r["split"] == lb["split"] for r, lb in zip(rows, labs))
+    assert qd.append_batch([_find(3)], images, labels)[0]["batch"] == "3"
+
+
+@pytest.mark.parametrize("bad, says", [
+    ({"id": "a0"}, "new to the bench"),
+    ({"id": "Bad_id"}, "[a-z0-9-]"),
+    ({"sha256": f"{1:064x}"}, "not yet in the bench"),
+    ({"category": "person"}, "category must be one of"),
+    ({"kind": "conda"}, "kind one of"),
+    ({"package": "wesnoth-data"}, "reserved"),
+])
+def test_append_batch_refuses_a_bad_find_and_writes_nothing(tmp_path, bad, says):
+    images, labels = _bench_csvs(tmp_path)
+    before = images.read_text(), labels.read_text()
+    with pytest.raises(ValueError, match=re.escape(says)):
+        qd.append_batch([_find(0), _find(1, **bad)], images, labels)
+    missing = {k: v for k, v in _find(2).items() if k != "licence"}
+    with pytest.raises(ValueError, match="missing licence"):
+        qd.append_batch([missing], images, labels)
+    with pytest.raises(ValueError, match="not yet in the bench"):
+        qd.append_batch([_find(4), _find(5, sha256=f"{104:064x}")], images, labels)  # twice in one batch
+    assert (images.read_text(), labels.read_text()) == before
+
+
+def test_append_from_the_command_line(tmp_path, monkeypatch, capsys):
+    images, labels = _bench_csvs(tmp_path)
+    monkeypatch.setattr(qd, "IMAGES_CSV", images)
+    monkeypatch.setattr(qd, "LABELS_CSV", labels)
+    finds = tmp_path / "finds.csv"
+    with open(finds, "w", newline="") as fh:
+        w = qd.csv.DictWriter(fh, qd.FIND_COLUMNS)
+        w.writeheader()
+        w.writerows([_find(0), _find(1)])
+    assert qd.main(["--append", str(finds)]) == 0
+    assert '"appended": 2' in capsys.readouterr().out
+    assert len(qd.read_csv(images)) == len(qd.read_csv(labels)) == 5
+
+
+def test_append_batch_refuses_a_bench_whose_stored_split_the_rule_would_move(tmp_path):
+    images, labels = _bench_csvs(tmp_path)
+    images.write_text(images.read_text().replace("a2,tune", "a2,eval"))
+    with pytest.raises(ValueError, match=r"would move \['a2'\]"):
+        qd.append_batch([_find(0)], images, labels)
