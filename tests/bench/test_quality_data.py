@@ -243,6 +243,12 @@ def test_append_batch_refuses_a_bad_find_and_writes_nothing(tmp_path, bad, says)
     before = images.read_text(), labels.read_text()
     with pytest.raises(ValueError, match=re.escape(says)):
         qd.append_batch([_find(0), _find(1, **bad)], images, labels)
+    assert (images.read_text(), labels.read_text()) == before
+
+
+def test_append_batch_refuses_a_missing_column_or_a_file_twice_in_the_batch(tmp_path):
+    images, labels = _bench_csvs(tmp_path)
+    before = images.read_text(), labels.read_text()
     missing = {k: v for k, v in _find(2).items() if k != "licence"}
     with pytest.raises(ValueError, match="missing licence"):
         qd.append_batch([missing], images, labels)
